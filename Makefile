@@ -1,0 +1,43 @@
+# wasmop: the two commands are `make demo` (the main job) and `make test` (everything CI checks).
+# Other targets: `make cluster` (a local control plane until Ctrl-C), `make provision` (build the
+# control-plane binaries into the cache), plus those in mk/*.mk (modules, benchmarks, ...).
+
+CARGO ?= cargo
+TESTENV := target/debug/testenv
+export CARGO_TERM_COLOR ?= never
+
+.PHONY: test lint fmt-check clippy unit prereqs provision cluster demo testenv
+
+## The test command (CI runs exactly this): formatting, lints, unit tests and end-to-end tests
+## against a real local control plane.
+test: prereqs fmt-check clippy provision
+	$(CARGO) test --workspace
+	@echo "make test: all checks passed"
+
+prereqs:
+	@command -v $(CARGO) >/dev/null || { echo "cargo not found: install Rust with rustup" >&2; exit 1; }
+	@if command -v rustup >/dev/null && ! rustup target list --installed | grep -qx wasm32-wasip2; then \
+		echo "installing the wasm32-wasip2 Rust target"; rustup target add wasm32-wasip2; fi
+
+fmt-check:
+	$(CARGO) fmt --all --check
+
+clippy:
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+testenv:
+	$(CARGO) build -p wasmop-testenv --bin testenv
+
+## Find or build (first time: minutes, with progress) the control-plane binaries.
+provision: testenv
+	$(TESTENV) provision
+
+## A local control plane for people: prints `export KUBECONFIG=...`, stays up until Ctrl-C.
+cluster: testenv
+	$(TESTENV) cluster
+
+## The main job: a local control plane, visibly working. DEMO_ONCE=1 runs the scenario and exits.
+demo: testenv
+	DEMO_ONCE=$(DEMO_ONCE) TESTENV=$(TESTENV) bash scripts/demo.sh
+
+-include mk/*.mk

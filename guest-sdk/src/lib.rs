@@ -1,0 +1,1 @@
+//! The wasmop guest SDK: write a Kubernetes reconciler once, ship it as a Wasm component.

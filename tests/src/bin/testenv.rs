@@ -1,0 +1,117 @@
+//! `testenv`: provide and run the local control plane for people and scripts.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Instant;
+
+use clap::{Parser, Subcommand};
+use wasmop_testenv::{Assets, ControlPlane, Options};
+
+/// A real local Kubernetes control plane: etcd, kube-apiserver, kube-controller-manager,
+/// kube-scheduler and kwok fake nodes.
+#[derive(Debug, Parser)]
+#[command(name = "testenv")]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Debug, Subcommand)]
+enum Cmd {
+    /// Find or build the binaries (into the cache), and print their paths.
+    Provision,
+    /// Print the path of one provided binary (etcd, kube-apiserver, kubectl, kwok, ...).
+    Which {
+        /// The binary's name.
+        binary: String,
+    },
+    /// Start a cluster, print `export KUBECONFIG=...`, and keep it up until Ctrl-C or SIGTERM.
+    Cluster {
+        /// Number of kwok nodes.
+        #[arg(long, default_value_t = 2)]
+        nodes: usize,
+        /// Also write the kubeconfig path to this file once the cluster is ready (for scripts).
+        #[arg(long)]
+        kubeconfig_out: Option<PathBuf>,
+    },
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("testenv: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Cmd::Provision => {
+            let start = Instant::now();
+            let assets = tokio::task::spawn_blocking(Assets::provide).await??;
+            println!("{assets:#?}");
+            eprintln!("provisioned in {:.1}s", start.elapsed().as_secs_f64());
+        }
+        Cmd::Which { binary } => {
+            let assets = tokio::task::spawn_blocking(Assets::provide).await??;
+            let path = match binary.as_str() {
+                "etcd" => assets.etcd,
+                "kube-apiserver" => assets.kube_apiserver,
+                "kube-controller-manager" => assets.kube_controller_manager,
+                "kube-scheduler" => assets.kube_scheduler,
+                "kubectl" => assets.kubectl,
+                "kwok" => assets.kwok,
+                other => anyhow::bail!(
+                    "unknown binary {other:?}: one of etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, kwok"
+                ),
+            };
+            println!("{}", path.display());
+        }
+        Cmd::Cluster {
+            nodes,
+            kubeconfig_out,
+        } => {
+            let start = Instant::now();
+            let cp = ControlPlane::start(Options {
+                nodes,
+                ..Options::default()
+            })
+            .await?;
+            let bin_dir = cp
+                .assets()
+                .kubectl
+                .parent()
+                .map(|p| p.display().to_string())
+                .unwrap_or_default();
+            eprintln!(
+                "control plane ready in {:.1}s ({} kwok nodes Ready); component logs: {}",
+                start.elapsed().as_secs_f64(),
+                cp.nodes().len(),
+                cp.log_dir().display()
+            );
+            eprintln!(
+                "kubectl {} is in {bin_dir}",
+                wasmop_testenv::assets::KUBERNETES_VERSION
+            );
+            println!("export KUBECONFIG={}", cp.kubeconfig().display());
+            if let Some(out) = kubeconfig_out {
+                std::fs::write(&out, cp.kubeconfig().display().to_string())?;
+            }
+            eprintln!("press Ctrl-C to stop");
+            let mut term =
+                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+            eprintln!("stopping the control plane...");
+            drop(cp);
+            eprintln!("stopped");
+        }
+    }
+    Ok(())
+}

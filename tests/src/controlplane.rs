@@ -1,0 +1,571 @@
+//! Starting and stopping a real local control plane.
+//!
+//! etcd, kube-apiserver (TLS, RBAC, service-account issuer and keys), kube-controller-manager,
+//! kube-scheduler and kwok, all on loopback with ephemeral ports and one temporary directory,
+//! then fake nodes that kwok keeps Ready so pods are scheduled and become Running/Ready.
+//!
+//! # Guarantees
+//! - [`ControlPlane::start`] returns only when `/readyz` is ok, the controller-manager and the
+//!   scheduler answer `/healthz`, every node is Ready and untainted, and the `default`
+//!   ServiceAccount exists (so the controller-manager's controllers are running).
+//! - Dropping the [`ControlPlane`] stops every process (SIGTERM, then SIGKILL after a grace
+//!   period) and removes the temporary directory, unless [`ControlPlane::keep`] was called.
+//!   If the owning process dies without dropping it, the [`Reaper`] does the same.
+//!
+//! # Errors
+//! See [`Error`]: missing binaries, a component that exits or does not become ready in time
+//! (with the tail of its log and the log directory).
+
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{Node, ServiceAccount};
+use kube::api::{Api, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Client, Config};
+
+use crate::assets::Assets;
+use crate::error::{Error, Result};
+use crate::pki::Pki;
+use crate::process::{KEEP_MARKER, Process, Reaper, tail};
+
+/// How to start a control plane.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// How many kwok nodes to create (at least 1).
+    pub nodes: usize,
+    /// Budget for each readiness wait.
+    pub ready_timeout: Duration,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            nodes: 2,
+            ready_timeout: Duration::from_secs(90),
+        }
+    }
+}
+
+/// A running local control plane. Drop it to tear it down.
+#[derive(Debug)]
+pub struct ControlPlane {
+    dir: PathBuf,
+    logs: PathBuf,
+    kubeconfig: PathBuf,
+    server: String,
+    pki: Pki,
+    assets: Assets,
+    nodes: Vec<String>,
+    processes: Vec<Process>,
+    reaper: Option<Reaper>,
+    started_in: Duration,
+}
+
+fn free_port() -> Result<u16> {
+    let listener = TcpListener::bind("127.0.0.1:0").map_err(Error::io("binding", "127.0.0.1:0"))?;
+    let port = listener
+        .local_addr()
+        .map_err(Error::io("binding", "127.0.0.1:0"))?
+        .port();
+    Ok(port)
+}
+
+fn new_cluster_dir() -> Result<PathBuf> {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    static N: AtomicUsize = AtomicUsize::new(0);
+    let dir = std::env::temp_dir().join(format!(
+        "wasmop-testenv-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).map_err(Error::io("creating", &dir))?;
+    Ok(dir)
+}
+
+/// Writes a kubeconfig for `server` authenticating with the given client certificate.
+///
+/// # Errors
+/// [`Error::Io`] if it cannot be written.
+pub fn write_kubeconfig(
+    path: &Path,
+    server: &str,
+    ca: &Path,
+    cert: &Path,
+    key: &Path,
+    user: &str,
+) -> Result<()> {
+    let text = format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: wasmop-testenv\n  cluster:\n    server: {server}\n    certificate-authority: {ca}\n\
+         users:\n- name: {user}\n  user:\n    client-certificate: {cert}\n    client-key: {key}\n\
+         contexts:\n- name: wasmop-testenv\n  context:\n    cluster: wasmop-testenv\n    user: {user}\n\
+         current-context: wasmop-testenv\n",
+        ca = ca.display(),
+        cert = cert.display(),
+        key = key.display(),
+    );
+    std::fs::write(path, text).map_err(Error::io("writing", path))
+}
+
+/// Builds a client from a kubeconfig file.
+///
+/// # Errors
+/// [`Error::Kubeconfig`] if it cannot be read, [`Error::Kube`] if no client can be made from it.
+pub async fn client_from_kubeconfig(path: &Path) -> Result<Client> {
+    let kubeconfig = Kubeconfig::read_from(path).map_err(|e| Error::Kubeconfig {
+        path: path.into(),
+        detail: e.to_string(),
+    })?;
+    let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+        .await
+        .map_err(|e| Error::Kubeconfig {
+            path: path.into(),
+            detail: e.to_string(),
+        })?;
+    Ok(Client::try_from(config)?)
+}
+
+impl ControlPlane {
+    /// Provides the binaries (building them the first time) and starts a control plane.
+    ///
+    /// Port clashes with other processes are retried, up to three attempts.
+    ///
+    /// # Errors
+    /// See the module docs.
+    pub async fn start(options: Options) -> Result<Self> {
+        let assets = tokio::task::spawn_blocking(Assets::provide)
+            .await
+            .map_err(|e| Error::MissingBinary {
+                binary: "control plane".into(),
+                version: String::new(),
+                reason: format!("the provisioning task failed: {e}"),
+                cache: crate::assets::cache_dir(),
+            })??;
+        let mut last = None;
+        for attempt in 1..=3 {
+            match Self::start_once(&assets, &options).await {
+                Ok(cp) => return Ok(cp),
+                Err(e) => {
+                    let retry = matches!(e, Error::Exited { .. }) && attempt < 3;
+                    if !retry {
+                        return Err(e);
+                    }
+                    eprintln!(
+                        "[testenv] start attempt {attempt} failed, retrying with new ports: {e}"
+                    );
+                    last = Some(e);
+                }
+            }
+        }
+        Err(last.unwrap_or_else(|| Error::NotReady {
+            what: "control plane".into(),
+            seconds: 0,
+            last: "no attempt made".into(),
+            logs: PathBuf::new(),
+        }))
+    }
+
+    async fn start_once(assets: &Assets, options: &Options) -> Result<Self> {
+        let began = Instant::now();
+        let dir = new_cluster_dir()?;
+        let logs = dir.join("logs");
+        std::fs::create_dir_all(&logs).map_err(Error::io("creating", &logs))?;
+        let reaper = Reaper::start(&dir)?;
+        let pki = Pki::write(&dir.join("pki"))?;
+        let secure_port = free_port()?;
+        let server = format!("https://127.0.0.1:{secure_port}");
+        let kubeconfig = dir.join("kubeconfig");
+        write_kubeconfig(
+            &kubeconfig,
+            &server,
+            &pki.ca_cert,
+            &pki.admin_cert,
+            &pki.admin_key,
+            "wasmop-admin",
+        )?;
+        let mut cp = ControlPlane {
+            dir,
+            logs,
+            kubeconfig,
+            server,
+            pki,
+            assets: assets.clone(),
+            nodes: Vec::new(),
+            processes: Vec::new(),
+            reaper: Some(reaper),
+            started_in: Duration::ZERO,
+        };
+        cp.start_etcd_and_apiserver(secure_port, options).await?;
+        cp.start_controllers(options).await?;
+        cp.create_nodes(options).await?;
+        cp.started_in = began.elapsed();
+        Ok(cp)
+    }
+
+    fn spawn(&mut self, name: &'static str, binary: PathBuf, args: Vec<String>) -> Result<()> {
+        let reaper = self.reaper.as_mut().ok_or_else(|| Error::Spawn {
+            component: name,
+            binary: binary.clone(),
+            source: std::io::Error::other("the control plane is shutting down"),
+        })?;
+        let process = Process::spawn(name, &binary, &args, &self.logs, reaper)?;
+        self.processes.push(process);
+        Ok(())
+    }
+
+    /// Fails with [`Error::Exited`] if any component has exited.
+    fn check_running(&mut self) -> Result<()> {
+        self.processes
+            .iter_mut()
+            .try_for_each(Process::check_running)
+    }
+
+    /// Polls `probe` every 100 ms until it returns `Ok(true)`, failing early if a component exits.
+    async fn wait_for<F, Fut>(&mut self, what: &str, timeout: Duration, mut probe: F) -> Result<()>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = std::result::Result<bool, String>>,
+    {
+        let start = Instant::now();
+        let mut last;
+        loop {
+            self.check_running()?;
+            match probe().await {
+                Ok(true) => return Ok(()),
+                Ok(false) => last = "not yet".into(),
+                Err(e) => last = e,
+            }
+            if start.elapsed() > timeout {
+                return Err(Error::NotReady {
+                    what: what.into(),
+                    seconds: timeout.as_secs(),
+                    last,
+                    logs: self.logs.clone(),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    async fn start_etcd_and_apiserver(
+        &mut self,
+        secure_port: u16,
+        options: &Options,
+    ) -> Result<()> {
+        let etcd_client = free_port()?;
+        let etcd_peer = free_port()?;
+        let data = self.dir.join("etcd");
+        self.spawn(
+            "etcd",
+            self.assets.etcd.clone(),
+            vec![
+                "--name=wasmop-testenv".into(),
+                format!("--data-dir={}", data.display()),
+                format!("--listen-client-urls=http://127.0.0.1:{etcd_client}"),
+                format!("--advertise-client-urls=http://127.0.0.1:{etcd_client}"),
+                format!("--listen-peer-urls=http://127.0.0.1:{etcd_peer}"),
+                format!("--initial-advertise-peer-urls=http://127.0.0.1:{etcd_peer}"),
+                format!("--initial-cluster=wasmop-testenv=http://127.0.0.1:{etcd_peer}"),
+                "--unsafe-no-fsync=true".into(),
+                "--quota-backend-bytes=8589934592".into(),
+                "--log-level=warn".into(),
+            ],
+        )?;
+        let addr = SocketAddr::from(([127, 0, 0, 1], etcd_client));
+        self.wait_for("etcd", options.ready_timeout, || async move {
+            Ok(TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok())
+        })
+        .await?;
+
+        let pki = self.pki.clone();
+        let cert_dir = self.dir.join("apiserver-certs");
+        self.spawn(
+            "kube-apiserver",
+            self.assets.kube_apiserver.clone(),
+            vec![
+                format!("--etcd-servers=http://127.0.0.1:{etcd_client}"),
+                format!("--secure-port={secure_port}"),
+                "--bind-address=127.0.0.1".into(),
+                "--advertise-address=127.0.0.1".into(),
+                // A loopback address cannot be the `kubernetes` Service's endpoint.
+                "--endpoint-reconciler-type=none".into(),
+                format!("--cert-dir={}", cert_dir.display()),
+                format!("--tls-cert-file={}", pki.server_cert.display()),
+                format!("--tls-private-key-file={}", pki.server_key.display()),
+                format!("--client-ca-file={}", pki.ca_cert.display()),
+                "--authorization-mode=RBAC".into(),
+                "--allow-privileged=true".into(),
+                "--service-cluster-ip-range=10.96.0.0/16".into(),
+                "--service-account-issuer=https://kubernetes.default.svc.cluster.local".into(),
+                format!(
+                    "--service-account-key-file={}",
+                    pki.service_account_pub.display()
+                ),
+                format!(
+                    "--service-account-signing-key-file={}",
+                    pki.service_account_key.display()
+                ),
+                // A test cluster: no request throttling.
+                "--max-requests-inflight=0".into(),
+                "--max-mutating-requests-inflight=0".into(),
+                "--enable-priority-and-fairness=false".into(),
+                "--profiling=false".into(),
+            ],
+        )?;
+        let client = client_from_kubeconfig(&self.kubeconfig).await?;
+        self.wait_for("kube-apiserver /readyz", options.ready_timeout, || {
+            let client = client.clone();
+            async move {
+                let req = http::Request::get("/readyz")
+                    .body(Vec::new())
+                    .map_err(|e| e.to_string())?;
+                client
+                    .request_text(req)
+                    .await
+                    .map(|body| body.trim() == "ok")
+                    .map_err(|e| e.to_string())
+            }
+        })
+        .await
+    }
+
+    async fn start_controllers(&mut self, options: &Options) -> Result<()> {
+        let kubeconfig = self.kubeconfig.display().to_string();
+        let pki = self.pki.clone();
+        let common = |port: u16| -> Vec<String> {
+            vec![
+                format!("--kubeconfig={kubeconfig}"),
+                format!("--authentication-kubeconfig={kubeconfig}"),
+                format!("--authorization-kubeconfig={kubeconfig}"),
+                "--bind-address=127.0.0.1".into(),
+                format!("--secure-port={port}"),
+                "--authorization-always-allow-paths=/healthz,/readyz,/livez,/metrics".into(),
+                "--leader-elect=false".into(),
+                "--kube-api-qps=5000".into(),
+                "--kube-api-burst=10000".into(),
+            ]
+        };
+        let kcm_port = free_port()?;
+        let mut kcm_args = common(kcm_port);
+        kcm_args.extend([
+            // Every default controller: garbage collector, deployment, replicaset, statefulset,
+            // namespace, service accounts and their tokens, node lifecycle (removes the
+            // not-ready taint once kwok reports a node Ready), endpoints, jobs...
+            "--controllers=*".into(),
+            format!("--root-ca-file={}", pki.ca_cert.display()),
+            format!(
+                "--service-account-private-key-file={}",
+                pki.service_account_key.display()
+            ),
+            format!("--cluster-signing-cert-file={}", pki.ca_cert.display()),
+            format!("--cluster-signing-key-file={}", pki.ca_key.display()),
+            "--concurrent-gc-syncs=5".into(),
+        ]);
+        self.spawn(
+            "kube-controller-manager",
+            self.assets.kube_controller_manager.clone(),
+            kcm_args,
+        )?;
+        let sched_port = free_port()?;
+        self.spawn(
+            "kube-scheduler",
+            self.assets.kube_scheduler.clone(),
+            common(sched_port),
+        )?;
+        self.spawn(
+            "kwok",
+            self.assets.kwok.clone(),
+            vec![
+                format!("--kubeconfig={kubeconfig}"),
+                format!("--config={}", self.assets.kwok_stages.display()),
+                "--manage-all-nodes=true".into(),
+                "--node-lease-duration-seconds=40".into(),
+                "--cidr=10.244.0.0/16".into(),
+            ],
+        )?;
+        for (name, port) in [
+            ("kube-controller-manager", kcm_port),
+            ("kube-scheduler", sched_port),
+        ] {
+            let mut config = Config::new(format!("https://127.0.0.1:{port}").parse().map_err(
+                |e: http::uri::InvalidUri| Error::Kubeconfig {
+                    path: PathBuf::new(),
+                    detail: e.to_string(),
+                },
+            )?);
+            // Their serving certificates are self-signed; only liveness is asked of them.
+            config.accept_invalid_certs = true;
+            let client = Client::try_from(config)?;
+            self.wait_for(&format!("{name} /healthz"), options.ready_timeout, || {
+                let client = client.clone();
+                async move {
+                    let req = http::Request::get("/healthz")
+                        .body(Vec::new())
+                        .map_err(|e| e.to_string())?;
+                    client
+                        .request_text(req)
+                        .await
+                        .map(|body| body.trim() == "ok")
+                        .map_err(|e| e.to_string())
+                }
+            })
+            .await?;
+        }
+        Ok(())
+    }
+
+    async fn create_nodes(&mut self, options: &Options) -> Result<()> {
+        let client = client_from_kubeconfig(&self.kubeconfig).await?;
+        let nodes: Api<Node> = Api::all(client.clone());
+        for i in 0..options.nodes.max(1) {
+            let name = format!("kwok-node-{i}");
+            let node: Node = serde_json::from_value(serde_json::json!({
+                "apiVersion": "v1",
+                "kind": "Node",
+                "metadata": {
+                    "name": name,
+                    "annotations": { "kwok.x-k8s.io/node": "fake", "node.alpha.kubernetes.io/ttl": "0" },
+                    "labels": {
+                        "type": "kwok",
+                        "kubernetes.io/hostname": name,
+                        "kubernetes.io/os": "linux",
+                        "kubernetes.io/arch": "amd64",
+                        "topology.kubernetes.io/zone": format!("zone-{}", i % 2),
+                    }
+                },
+                "status": {
+                    "allocatable": { "cpu": "32", "memory": "256Gi", "pods": "110" },
+                    "capacity": { "cpu": "32", "memory": "256Gi", "pods": "110" }
+                }
+            }))
+            .map_err(|e| Error::Kubeconfig { path: PathBuf::new(), detail: format!("node template: {e}") })?;
+            nodes.create(&PostParams::default(), &node).await?;
+            self.nodes.push(name);
+        }
+        let names = self.nodes.clone();
+        self.wait_for(
+            "kwok nodes Ready and untainted",
+            options.ready_timeout,
+            || {
+                let (nodes, names) = (nodes.clone(), names.clone());
+                async move {
+                    for name in &names {
+                        let node = nodes.get(name).await.map_err(|e| e.to_string())?;
+                        if !node_ready(&node) {
+                            return Err(format!("node {name} is not Ready yet"));
+                        }
+                        let tainted = node
+                            .spec
+                            .as_ref()
+                            .and_then(|s| s.taints.as_ref())
+                            .is_some_and(|t| !t.is_empty());
+                        if tainted {
+                            return Err(format!("node {name} still has taints"));
+                        }
+                    }
+                    Ok(true)
+                }
+            },
+        )
+        .await?;
+        let accounts: Api<ServiceAccount> = Api::namespaced(client, "default");
+        self.wait_for(
+            "ServiceAccount default/default",
+            options.ready_timeout,
+            || {
+                let accounts = accounts.clone();
+                async move {
+                    accounts
+                        .get_opt("default")
+                        .await
+                        .map(|sa| sa.is_some())
+                        .map_err(|e| e.to_string())
+                }
+            },
+        )
+        .await
+    }
+
+    /// The admin kubeconfig (user in `system:masters`).
+    pub fn kubeconfig(&self) -> &Path {
+        &self.kubeconfig
+    }
+
+    /// The apiserver's URL, `https://127.0.0.1:<port>`.
+    pub fn server(&self) -> &str {
+        &self.server
+    }
+
+    /// The certificates and keys (tests can sign more client certificates with the CA).
+    pub fn pki(&self) -> &Pki {
+        &self.pki
+    }
+
+    /// The binaries in use.
+    pub fn assets(&self) -> &Assets {
+        &self.assets
+    }
+
+    /// The kwok node names.
+    pub fn nodes(&self) -> &[String] {
+        &self.nodes
+    }
+
+    /// The directory with one log file per component.
+    pub fn log_dir(&self) -> &Path {
+        &self.logs
+    }
+
+    /// How long [`ControlPlane::start`] took after the binaries were provided.
+    pub fn started_in(&self) -> Duration {
+        self.started_in
+    }
+
+    /// A new admin client.
+    ///
+    /// # Errors
+    /// [`Error::Kubeconfig`] or [`Error::Kube`] if no client can be built.
+    pub async fn client(&self) -> Result<Client> {
+        client_from_kubeconfig(&self.kubeconfig).await
+    }
+
+    /// Keeps the cluster directory (logs, certificates, etcd data) after teardown.
+    pub fn keep(&self) {
+        let _ = std::fs::write(self.dir.join(KEEP_MARKER), b"kept because a test failed\n");
+    }
+
+    /// The last `lines` lines of every component log, for a failure report.
+    pub fn log_tails(&self, lines: usize) -> String {
+        let mut out = String::new();
+        for p in &self.processes {
+            out.push_str(&format!(
+                "---- {} ({}) ----\n{}\n",
+                p.name,
+                p.log.display(),
+                tail(&p.log, lines)
+            ));
+        }
+        out
+    }
+}
+
+fn node_ready(node: &Node) -> bool {
+    node.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+impl Drop for ControlPlane {
+    fn drop(&mut self) {
+        // Reverse start order: kwok, scheduler, controller-manager, apiserver, etcd.
+        while let Some(mut p) = self.processes.pop() {
+            p.stop(Duration::from_secs(10));
+        }
+        if let Some(reaper) = self.reaper.take() {
+            reaper.finish();
+        }
+    }
+}

@@ -1,0 +1,25 @@
+//! A real local Kubernetes control plane for wasmop's end-to-end tests and demo.
+//!
+//! etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kwok (fake nodes whose pods
+//! become Running/Ready), built from pinned Go modules the first time and cached, started on
+//! loopback in a temporary directory and torn down with the process that started them.
+//!
+//! - [`Assets`] finds or builds the binaries.
+//! - [`ControlPlane`] starts and stops one cluster.
+//! - [`TestEnv`] shares one cluster between the tests of a test binary, a namespace per test.
+//!
+//! The `testenv` binary offers the same to people: `testenv cluster` (what `make cluster` runs).
+
+pub mod assets;
+pub mod controlplane;
+pub mod error;
+pub mod pki;
+pub mod process;
+pub mod shared;
+pub mod wait;
+
+pub use assets::Assets;
+pub use controlplane::{ControlPlane, Options};
+pub use error::{Error, Result};
+pub use shared::{TestEnv, shared};
+pub use wait::eventually;
