@@ -298,8 +298,16 @@ fn build_component(cache: &Path, component: Component) -> Result<()> {
             }
         }
     }
-    let mut out_dir = staging.clone().into_os_string();
-    out_dir.push("/");
+    // With several packages, `-o DIR/` writes one binary each, named after the package; a single
+    // package is named explicitly (`go.etcd.io/etcd/server/v3` would otherwise become `server`).
+    let out_dir = match component.binaries {
+        [(name, _)] => staging.join(name).into_os_string(),
+        _ => {
+            let mut dir = staging.clone().into_os_string();
+            dir.push("/");
+            dir
+        }
+    };
     let mut cmd = go_command(&work);
     cmd.arg("build")
         .arg("-v")
