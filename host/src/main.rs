@@ -1,13 +1,33 @@
 //! The `wasmop` command.
 
+use std::process::ExitCode;
+
 use clap::Parser;
 
-/// A WebAssembly-hosted reconcile runtime for Kubernetes.
-#[derive(Debug, Parser)]
-#[command(name = "wasmop", version = wasmop::VERSION)]
-struct Cli {}
-
-fn main() -> anyhow::Result<()> {
-    let _cli = Cli::parse();
-    Ok(())
+fn main() -> ExitCode {
+    let cli = wasmop::cli::Cli::parse();
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("wasmop: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(wasmop::cli::run(cli)) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("wasmop: {e}");
+            ExitCode::FAILURE
+        }
+    }
 }

@@ -4,8 +4,8 @@
 //! A [`Reaper`] (a tiny `sh` in yet another process group) is told each group as it starts and
 //! holds the read end of a pipe whose write end only this process has: when this process ends
 //! for any reason (normal exit, panic, Ctrl-C, SIGKILL), the pipe closes and the reaper sends
-//! SIGTERM, then SIGKILL, to every group, and removes the cluster's temporary directory unless a
-//! failing test asked to keep it.
+//! SIGTERM, then SIGKILL, to every group (etcd last), and removes the cluster's temporary
+//! directory unless a failing test asked to keep it.
 
 use std::fs::File;
 use std::io::Write;
@@ -22,18 +22,31 @@ use crate::error::{Error, Result};
 /// The file whose presence in the cluster directory keeps it (and its logs) after teardown.
 pub const KEEP_MARKER: &str = "KEEP";
 
+// The first group registered is etcd: it is stopped after the others (as `ControlPlane`'s drop
+// does), because a kube-apiserver whose etcd goes away while it shuts down ignores SIGTERM until
+// it is SIGKILLed. A group whose leader is a zombie is gone (only init has yet to reap it).
 const REAPER_SCRIPT: &str = r#"
-dir="$1"; groups=""
-while read -r g; do groups="$groups $g"; done
-for g in $groups; do kill -TERM "-$g" 2>/dev/null; done
-i=0
-while [ "$i" -lt 100 ]; do
-  alive=0
-  for g in $groups; do kill -0 "-$g" 2>/dev/null && alive=1; done
-  [ "$alive" = 0 ] && break
-  sleep 0.1; i=$((i+1))
+dir="$1"; first=""; rest=""
+while read -r g; do
+  if [ -z "$first" ]; then first="$g"; else rest="$g $rest"; fi
 done
-for g in $groups; do kill -KILL "-$g" 2>/dev/null; done
+running() {
+  kill -0 "-$1" 2>/dev/null || return 1
+  case "$(cat "/proc/$1/stat" 2>/dev/null)" in *") Z "*) return 1 ;; esac
+}
+stop() {
+  for g in "$@"; do kill -TERM "-$g" 2>/dev/null; done
+  i=0
+  while [ "$i" -lt 50 ]; do
+    alive=0
+    for g in "$@"; do running "$g" && alive=1; done
+    [ "$alive" = 0 ] && break
+    sleep 0.1; i=$((i+1))
+  done
+}
+stop $rest
+stop $first
+for g in $first $rest; do kill -KILL "-$g" 2>/dev/null; done
 [ -e "$dir/KEEP" ] || rm -rf "$dir"
 "#;
 

@@ -1,0 +1,89 @@
+//! `wasmop inspect MODULE.wasm`: what a module is.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use serde_json::json;
+
+use super::{CliError, engine, to_yaml};
+use crate::contract::{WIT_PACKAGE, WIT_VERSION};
+use crate::engine::{Compiled, Limits};
+
+/// Arguments of `inspect`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// The module (a `.wasm` component).
+    pub module: PathBuf,
+    /// Print YAML instead of text.
+    #[arg(long)]
+    pub yaml: bool,
+    /// Do not use the compiled-module cache.
+    #[arg(long)]
+    pub no_cache: bool,
+}
+
+pub(crate) fn run(args: Args) -> Result<ExitCode, CliError> {
+    let bytes = std::fs::read(&args.module).map_err(CliError::read(&args.module))?;
+    let engine = engine(!args.no_cache)?;
+    let module = engine
+        .load(&bytes, &Limits::default())
+        .map_err(|source| CliError::Load {
+            path: args.module.clone(),
+            source,
+        })?;
+    let m = module.metadata();
+    let kinds = |ks: &mut dyn Iterator<Item = String>| {
+        let v: Vec<String> = ks.collect();
+        if v.is_empty() {
+            "(none)".to_string()
+        } else {
+            v.join(", ")
+        }
+    };
+    if args.yaml {
+        let doc = json!({
+            "module": args.module.display().to_string(),
+            "contract": format!("{WIT_PACKAGE}@{WIT_VERSION}"),
+            "size": module.size(),
+            "sha256": module.sha256(),
+            "metadata": m,
+        });
+        print!("{}", to_yaml(&doc));
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!("module:     {} {}", m.name, m.version);
+    println!(
+        "file:       {} ({} bytes)",
+        args.module.display(),
+        module.size()
+    );
+    println!("sha256:     {}", module.sha256());
+    println!("contract:   {WIT_PACKAGE}@{WIT_VERSION}");
+    println!("primary:    {}", m.primary);
+    println!(
+        "owns:       {}",
+        kinds(&mut m.owns.iter().map(ToString::to_string))
+    );
+    println!(
+        "related:    {}",
+        kinds(&mut m.related.iter().map(|r| {
+            let sel = r.selector.to_query();
+            if sel.is_empty() {
+                r.kind.to_string()
+            } else {
+                format!("{} [{sel}]", r.kind)
+            }
+        }))
+    );
+    println!("finalizes:  {}", if m.finalizes { "yes" } else { "no" });
+    println!("validates:  {}", if m.validates { "yes" } else { "no" });
+    println!(
+        "compiled:   {} in {:.1} ms",
+        match module.compiled() {
+            Compiled::Fresh => "with Cranelift",
+            Compiled::FromCache => "from the cache",
+        },
+        module.load_time().as_secs_f64() * 1e3
+    );
+    Ok(ExitCode::SUCCESS)
+}

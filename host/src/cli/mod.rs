@@ -1,0 +1,152 @@
+//! The `wasmop` command: `inspect`, `test` (offline), and the cluster-facing subcommands.
+//!
+//! # Errors
+//! Every subcommand returns a [`CliError`] whose text says what failed and what to do; the
+//! binary prints it and exits non-zero.
+
+mod inspect;
+mod test;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+use crate::engine::{CallError, Engine, EngineConfig, LoadError};
+use crate::intents::Rejected;
+
+/// A WebAssembly-hosted reconcile runtime for Kubernetes.
+#[derive(Debug, Parser)]
+#[command(name = "wasmop", version = crate::VERSION, about, long_about = None)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Print a module's metadata, contract version, size and sha256.
+    Inspect(inspect::Args),
+    /// Run a module offline on fixture objects; print the validated intents as YAML and compare
+    /// them with a golden file.
+    Test(test::Args),
+}
+
+/// What can go wrong in a subcommand.
+#[derive(Debug, thiserror::Error)]
+pub enum CliError {
+    /// A file could not be read or written.
+    #[error("{action} {path}: {source}")]
+    Io {
+        /// Reading, writing...
+        action: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// A YAML or JSON input is malformed.
+    #[error("{path}: {detail}")]
+    Input {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        detail: String,
+    },
+    /// The module could not be loaded.
+    #[error("cannot load {path}: {source}")]
+    Load {
+        /// The module file.
+        path: PathBuf,
+        /// Why.
+        source: LoadError,
+    },
+    /// The module failed.
+    #[error("{0}")]
+    Call(#[from] CallError),
+    /// The module's intents were refused.
+    #[error("{0}")]
+    Rejected(#[from] Rejected),
+    /// The output differs from the golden file.
+    #[error(
+        "the intents differ from {0} (see the diff above); if the change is intended, run again with --update"
+    )]
+    Differs(PathBuf),
+    /// Anything else, with its explanation.
+    #[error("{0}")]
+    Other(String),
+}
+
+impl CliError {
+    pub(crate) fn read(path: &std::path::Path) -> impl FnOnce(std::io::Error) -> CliError + '_ {
+        move |source| CliError::Io {
+            action: "cannot read",
+            path: path.to_path_buf(),
+            source,
+        }
+    }
+}
+
+/// The directory of caches: `$WASMOP_CACHE`, else `$XDG_CACHE_HOME/wasmop`, else `~/.cache/wasmop`.
+pub fn cache_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("WASMOP_CACHE").filter(|v| !v.is_empty()) {
+        return PathBuf::from(dir);
+    }
+    if let Some(dir) = std::env::var_os("XDG_CACHE_HOME").filter(|v| !v.is_empty()) {
+        return PathBuf::from(dir).join("wasmop");
+    }
+    std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(std::env::temp_dir)
+        .join(".cache")
+        .join("wasmop")
+}
+
+/// An engine for the command line: the compiled-module cache in `<cache>/compiled`.
+///
+/// # Errors
+/// [`CliError::Other`] if the engine cannot be built.
+pub fn engine(use_cache: bool) -> Result<Engine, CliError> {
+    let config = EngineConfig {
+        cache_dir: use_cache.then(|| cache_dir().join("compiled")),
+        max_instances: 16,
+        ..EngineConfig::default()
+    };
+    Engine::new(&config).map_err(|e| CliError::Other(e.to_string()))
+}
+
+/// Parses YAML text (one or more documents) into JSON values, skipping empty documents.
+///
+/// # Errors
+/// [`CliError::Input`] naming the file.
+pub fn yaml_documents(
+    text: &str,
+    path: &std::path::Path,
+) -> Result<Vec<serde_json::Value>, CliError> {
+    serde_saphyr::from_str_multiple::<serde_json::Value, Vec<serde_json::Value>>(text)
+        .map(|docs| docs.into_iter().filter(|d| !d.is_null()).collect())
+        .map_err(|e| CliError::Input {
+            path: path.to_path_buf(),
+            detail: format!("not valid YAML: {e}"),
+        })
+}
+
+/// Renders a value as YAML.
+pub fn to_yaml(value: &impl serde::Serialize) -> String {
+    let mut text =
+        serde_saphyr::to_string(value).unwrap_or_else(|e| format!("# cannot render YAML: {e}"));
+    if !text.ends_with('\n') {
+        text.push('\n');
+    }
+    text
+}
+
+/// Runs a parsed command line.
+pub async fn run(cli: Cli) -> Result<ExitCode, CliError> {
+    match cli.command {
+        Command::Inspect(args) => inspect::run(args),
+        Command::Test(args) => test::run(args),
+    }
+}

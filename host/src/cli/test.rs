@@ -1,0 +1,230 @@
+//! `wasmop test MODULE.wasm --object CR.yaml [--observed FILE.yaml]... [--expect GOLDEN.yaml]`:
+//! run a module offline, validate its intents exactly as the host would, print them as YAML and
+//! compare them with a golden file.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde_json::{Value, json};
+
+use super::{CliError, engine, to_yaml, yaml_documents};
+use crate::contract::{
+    Context, Gvk, KindObjects, Operation, ReconcileRequest, Trigger, ValidateRequest,
+};
+use crate::engine::Limits;
+use crate::intents::{self, Grant, Primary, WellKnownScopes};
+
+/// Arguments of `test`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// The module (a `.wasm` component).
+    pub module: PathBuf,
+    /// The primary object (YAML).
+    #[arg(long)]
+    pub object: PathBuf,
+    /// Observed objects: owned children or related objects (YAML, several documents allowed).
+    #[arg(long)]
+    pub observed: Vec<PathBuf>,
+    /// The golden file to compare the intents with.
+    #[arg(long)]
+    pub expect: Option<PathBuf>,
+    /// Write the intents to the --expect file instead of comparing.
+    #[arg(long, requires = "expect")]
+    pub update: bool,
+    /// The reconciler config handed to the module (JSON).
+    #[arg(long, default_value = "{}")]
+    pub config: String,
+    /// The reconciler name (the value of the `wasmop.dev/reconciler` label).
+    #[arg(long, default_value = "test")]
+    pub reconciler: String,
+    /// Run finalize instead of reconcile.
+    #[arg(long, conflicts_with = "validate")]
+    pub finalize: bool,
+    /// Run validate instead of reconcile: the creation of --object, or with --old a change.
+    #[arg(long)]
+    pub validate: bool,
+    /// With --validate: the object before the change.
+    #[arg(long, requires = "validate")]
+    pub old: Option<PathBuf>,
+    /// The time the module sees, in milliseconds since the Unix epoch (default: now).
+    #[arg(long)]
+    pub now_unix_ms: Option<u64>,
+    /// The call's deadline, in milliseconds.
+    #[arg(long, default_value_t = 2000)]
+    pub deadline_ms: u64,
+    /// The module's memory cap, in MiB.
+    #[arg(long, default_value_t = 64)]
+    pub memory_mib: u64,
+}
+
+fn read_one(path: &Path) -> Result<Value, CliError> {
+    let text = std::fs::read_to_string(path).map_err(CliError::read(path))?;
+    let mut docs = yaml_documents(&text, path)?;
+    if docs.len() != 1 {
+        return Err(CliError::Input {
+            path: path.to_path_buf(),
+            detail: format!("expected one YAML document, found {}", docs.len()),
+        });
+    }
+    Ok(docs.remove(0))
+}
+
+fn kind_of(v: &Value) -> Option<Gvk> {
+    Some(Gvk::new(
+        v.get("apiVersion")?.as_str()?,
+        v.get("kind")?.as_str()?,
+    ))
+}
+
+pub(crate) fn run(args: Args) -> Result<ExitCode, CliError> {
+    let bytes = std::fs::read(&args.module).map_err(CliError::read(&args.module))?;
+    let limits = Limits {
+        deadline: Duration::from_millis(args.deadline_ms),
+        memory_bytes: args.memory_mib << 20,
+        ..Limits::default()
+    };
+    let config: Value = serde_json::from_str(&args.config)
+        .map_err(|e| CliError::Other(format!("--config is not JSON: {e}")))?;
+    let engine = engine(true)?;
+    let module = engine
+        .load(&bytes, &limits)
+        .map_err(|source| CliError::Load {
+            path: args.module.clone(),
+            source,
+        })?;
+    let metadata = module.metadata().clone();
+    let primary_value = read_one(&args.object)?;
+    let primary = Primary::from_object(&primary_value).map_err(|detail| CliError::Input {
+        path: args.object.clone(),
+        detail,
+    })?;
+    if primary.kind != metadata.primary {
+        return Err(CliError::Input {
+            path: args.object.clone(),
+            detail: format!(
+                "the object is a {}, but module {} reconciles {}",
+                primary.kind, metadata.name, metadata.primary
+            ),
+        });
+    }
+    let output = if args.validate {
+        let old = args.old.as_deref().map(read_one).transpose()?;
+        let request = ValidateRequest {
+            operation: if old.is_some() {
+                Operation::Update
+            } else {
+                Operation::Create
+            },
+            old: old.map(|o| o.to_string()),
+            new: primary_value.to_string(),
+            config: config.to_string(),
+        };
+        let verdict = module.validate(request, &limits).result?;
+        serde_json::to_value(verdict).map_err(|e| CliError::Other(e.to_string()))?
+    } else {
+        let mut owned: Vec<KindObjects> = metadata
+            .owns
+            .iter()
+            .map(|k| KindObjects {
+                kind: k.clone(),
+                objects: Vec::new(),
+            })
+            .collect();
+        let mut related: Vec<KindObjects> = metadata
+            .related
+            .iter()
+            .map(|r| KindObjects {
+                kind: r.kind.clone(),
+                objects: Vec::new(),
+            })
+            .collect();
+        for path in &args.observed {
+            let text = std::fs::read_to_string(path).map_err(CliError::read(path))?;
+            for doc in yaml_documents(&text, path)? {
+                let kind = kind_of(&doc).ok_or_else(|| CliError::Input {
+                    path: path.clone(),
+                    detail: "an object has no apiVersion or kind".into(),
+                })?;
+                let group = owned
+                    .iter_mut()
+                    .chain(related.iter_mut())
+                    .find(|g| g.kind == kind)
+                    .ok_or_else(|| CliError::Input {
+                        path: path.clone(),
+                        detail: format!(
+                            "observed {kind} is neither owned nor related by module {}",
+                            metadata.name
+                        ),
+                    })?;
+                group.objects.push(doc.to_string());
+            }
+        }
+        let now = args.now_unix_ms.unwrap_or_else(|| {
+            SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map(|d| d.as_millis() as u64)
+                .unwrap_or_default()
+        });
+        let request = ReconcileRequest {
+            primary: primary_value.to_string(),
+            owned,
+            related,
+            context: Context {
+                reconciler: args.reconciler.clone(),
+                trigger: Trigger::DryRun,
+                attempt: 1,
+                config: config.to_string(),
+                now_unix_ms: now,
+            },
+        };
+        let grant = Grant::from_metadata(&metadata);
+        let (done, response) = if args.finalize {
+            let (done, response) = module.finalize(request, &limits).result?.into_response();
+            (Some(done), response)
+        } else {
+            (None, module.reconcile(request, &limits).result?)
+        };
+        let validated = intents::validate(
+            &args.reconciler,
+            &primary,
+            &grant,
+            &WellKnownScopes,
+            response,
+        )?;
+        let mut v = serde_json::to_value(&validated).map_err(|e| CliError::Other(e.to_string()))?;
+        if let (Some(done), Some(map)) = (done, v.as_object_mut()) {
+            map.insert("done".into(), json!(done));
+        }
+        v
+    };
+    let rendered = to_yaml(&output);
+    let Some(expect) = &args.expect else {
+        print!("{rendered}");
+        return Ok(ExitCode::SUCCESS);
+    };
+    if args.update {
+        std::fs::write(expect, &rendered).map_err(|source| CliError::Io {
+            action: "cannot write",
+            path: expect.clone(),
+            source,
+        })?;
+        eprintln!("wrote {}", expect.display());
+        return Ok(ExitCode::SUCCESS);
+    }
+    let golden = read_one(expect)?;
+    if golden == output {
+        print!("{rendered}");
+        eprintln!("ok: the intents match {}", expect.display());
+        return Ok(ExitCode::SUCCESS);
+    }
+    let want = to_yaml(&golden);
+    let diff = similar::TextDiff::from_lines(&want, &rendered);
+    print!(
+        "{}",
+        diff.unified_diff()
+            .context_radius(3)
+            .header(&expect.display().to_string(), "actual")
+    );
+    Err(CliError::Differs(expect.clone()))
+}

@@ -1,0 +1,160 @@
+//! What can go wrong loading or calling a module.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// A module could not be loaded. Each variant says what the author or admin should do.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    /// The bytes are not WebAssembly at all.
+    #[error(
+        "not a WebAssembly module ({len} bytes, starting {head:02x?}): expected the `\\0asm` magic; push the `.wasm` file built with `cargo build --release --target wasm32-wasip2`"
+    )]
+    NotWasm {
+        /// Size of the input.
+        len: usize,
+        /// Its first bytes.
+        head: Vec<u8>,
+    },
+    /// A core module, not a component.
+    #[error(
+        "a core WebAssembly module, not a component: build the module for `wasm32-wasip2` (which links a component), or wrap it with `wasm-tools component new`"
+    )]
+    CoreModule,
+    /// Cranelift refused it (invalid or unsupported Wasm).
+    #[error("the component does not compile: {0}")]
+    Compile(String),
+    /// It implements another version of the contract.
+    #[error(
+        "the module implements {found} but this host serves wasmop:reconciler@{supported}: rebuild it against wasmop-sdk for {supported} (or run a host that serves {found})"
+    )]
+    VersionMismatch {
+        /// What the module has (`wasmop:reconciler/guest@0.2.0`).
+        found: String,
+        /// What the host serves.
+        supported: &'static str,
+    },
+    /// It does not export the `guest` interface, or lacks functions of it.
+    #[error(
+        "the module does not implement the wasmop:reconciler@{supported} world: missing {missing}; it exports [{exports}]; build it with wasmop-sdk's `export!`"
+    )]
+    MissingExports {
+        /// What is missing.
+        missing: String,
+        /// What it exports.
+        exports: String,
+        /// The version the host serves.
+        supported: &'static str,
+    },
+    /// It imports something the host does not provide.
+    #[error(
+        "the module imports {import}, which a wasmop host does not provide (modules may import wasmop:reconciler/host and WASI 0.2 interfaces only)"
+    )]
+    UnsupportedImport {
+        /// The import's name.
+        import: String,
+    },
+    /// Its imports or exports have the right names but wrong types.
+    #[error("the module's interface does not match wasmop:reconciler@{supported}: {detail}")]
+    TypeMismatch {
+        /// The type checker's message.
+        detail: String,
+        /// The version the host serves.
+        supported: &'static str,
+    },
+    /// `metadata()` failed or returned nonsense.
+    #[error("the module's metadata() {0}")]
+    Metadata(String),
+    /// The compiled-artifact cache could not be written (loading still fails only if compiling
+    /// failed; this is reported for `wasmop inspect --cache`).
+    #[error("cannot use the compiled-module cache {path}: {source}")]
+    Cache {
+        /// The cache path.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The engine could not be built.
+    #[error("cannot configure the Wasm engine: {0}")]
+    Engine(String),
+}
+
+/// A call into a module failed. The host never panics or aborts because of a module: every
+/// failure is one of these.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CallError {
+    /// The call ran past its wall-clock deadline and was interrupted.
+    #[error(
+        "the module ran past its deadline of {deadline:?} and was stopped (an endless loop, or too much work per reconcile: raise spec.limits.deadline if the work is legitimate)"
+    )]
+    Deadline {
+        /// The deadline.
+        deadline: Duration,
+    },
+    /// The module tried to grow its memory past the cap.
+    #[error(
+        "the module tried to grow its memory to {requested} bytes, over its cap of {limit} bytes, and was stopped (raise spec.limits.memory if legitimate)"
+    )]
+    Memory {
+        /// What it asked for.
+        requested: u64,
+        /// The cap.
+        limit: u64,
+    },
+    /// The module panicked (Rust) or aborted; the message is what it printed.
+    #[error("the module panicked: {message}")]
+    Panic {
+        /// The panic message.
+        message: String,
+    },
+    /// Any other trap (out-of-bounds access, stack overflow...).
+    #[error("the module trapped: {trap}{}", if .stderr.is_empty() { String::new() } else { format!(" (it printed: {})", .stderr) })]
+    Trap {
+        /// The trap.
+        trap: String,
+        /// The tail of what it printed to stderr.
+        stderr: String,
+    },
+    /// The module returned text that is not the JSON it should be.
+    #[error("the module returned malformed output: {detail}")]
+    Malformed {
+        /// Where and what.
+        detail: String,
+    },
+    /// The module returned more than the output cap.
+    #[error("the module returned {size} bytes of intents, over the cap of {limit} bytes")]
+    OutputTooLarge {
+        /// Size returned.
+        size: usize,
+        /// Cap.
+        limit: usize,
+    },
+    /// The module returned its own error.
+    #[error("the module reported an error: {message}")]
+    Module {
+        /// The module's message.
+        message: String,
+    },
+    /// No sandbox could be created (for example, the instance pool is exhausted).
+    #[error("could not create a sandbox for the module: {detail}")]
+    Sandbox {
+        /// Why.
+        detail: String,
+    },
+}
+
+impl CallError {
+    /// A short, stable name for metrics and Event reasons (`Deadline`, `Memory`...).
+    pub fn reason(&self) -> &'static str {
+        match self {
+            CallError::Deadline { .. } => "ModuleDeadlineExceeded",
+            CallError::Memory { .. } => "ModuleMemoryExceeded",
+            CallError::Panic { .. } => "ModulePanicked",
+            CallError::Trap { .. } => "ModuleTrapped",
+            CallError::Malformed { .. } => "ModuleOutputMalformed",
+            CallError::OutputTooLarge { .. } => "ModuleOutputTooLarge",
+            CallError::Module { .. } => "ModuleError",
+            CallError::Sandbox { .. } => "SandboxUnavailable",
+        }
+    }
+}

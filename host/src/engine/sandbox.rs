@@ -1,0 +1,145 @@
+//! The per-call sandbox state: WASI with nothing granted, the memory limiter, the log budget.
+
+use wasmtime::ResourceLimiter;
+use wasmtime::component::ResourceTable;
+use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
+use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
+
+use super::bindings::wasmop::reconciler::host::{Host, LogLevel};
+
+/// How much of a module's stderr is kept (for panic messages).
+const STDERR_CAPACITY: usize = 64 * 1024;
+/// The longest log line kept; longer lines are cut.
+const LOG_LINE_MAX: usize = 4096;
+
+/// The store data of one call.
+pub(crate) struct State {
+    wasi: WasiCtx,
+    table: ResourceTable,
+    pub(crate) limiter: Limiter,
+    pub(crate) stderr: MemoryOutputPipe,
+    module: std::sync::Arc<str>,
+    log_budget: usize,
+    pub(crate) logs_dropped: usize,
+}
+
+impl State {
+    pub(crate) fn new(module: std::sync::Arc<str>, memory_cap: u64, log_budget: usize) -> Self {
+        let stderr = MemoryOutputPipe::new(STDERR_CAPACITY);
+        // No preopened directories, no environment, no arguments, no network (all addresses are
+        // denied by default and name lookup is off), stdin closed, stdout discarded.
+        let wasi = WasiCtx::builder()
+            .stderr(stderr.clone())
+            .allow_tcp(false)
+            .allow_udp(false)
+            .allow_ip_name_lookup(false)
+            .build();
+        State {
+            wasi,
+            table: ResourceTable::new(),
+            limiter: Limiter::new(memory_cap),
+            stderr,
+            module,
+            log_budget,
+            logs_dropped: 0,
+        }
+    }
+
+    /// What the module printed to stderr (lossy UTF-8), at most the last `max` bytes.
+    pub(crate) fn stderr_tail(&self, max: usize) -> String {
+        let bytes = self.stderr.contents();
+        let start = bytes.len().saturating_sub(max);
+        String::from_utf8_lossy(&bytes[start..]).trim().to_string()
+    }
+}
+
+impl WasiView for State {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView {
+            ctx: &mut self.wasi,
+            table: &mut self.table,
+        }
+    }
+}
+
+impl Host for State {
+    fn log(&mut self, level: LogLevel, message: String) {
+        if self.log_budget == 0 {
+            self.logs_dropped += 1;
+            return;
+        }
+        self.log_budget -= 1;
+        let mut message = message;
+        if message.len() > LOG_LINE_MAX {
+            let mut cut = LOG_LINE_MAX;
+            while !message.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            message.truncate(cut);
+            message.push_str("...");
+        }
+        let module = &*self.module;
+        match level {
+            LogLevel::Trace => tracing::trace!(target: "wasmop::module", module, "{message}"),
+            LogLevel::Debug => tracing::debug!(target: "wasmop::module", module, "{message}"),
+            LogLevel::Info => tracing::info!(target: "wasmop::module", module, "{message}"),
+            LogLevel::Warn => tracing::warn!(target: "wasmop::module", module, "{message}"),
+            LogLevel::Error => tracing::error!(target: "wasmop::module", module, "{message}"),
+        }
+    }
+}
+
+/// Caps linear memory and records the high-water mark.
+pub(crate) struct Limiter {
+    cap: u64,
+    pub(crate) peak: u64,
+    pub(crate) denied: Option<u64>,
+}
+
+/// The error a denied memory growth traps with (found again in the error chain).
+#[derive(Debug)]
+pub(crate) struct MemoryCapExceeded;
+
+impl std::fmt::Display for MemoryCapExceeded {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("memory cap exceeded")
+    }
+}
+
+impl std::error::Error for MemoryCapExceeded {}
+
+impl Limiter {
+    fn new(cap: u64) -> Self {
+        Limiter {
+            cap,
+            peak: 0,
+            denied: None,
+        }
+    }
+}
+
+impl ResourceLimiter for Limiter {
+    fn memory_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        let desired = desired as u64;
+        if desired > self.cap {
+            self.denied = Some(desired);
+            return Err(wasmtime::Error::new(MemoryCapExceeded));
+        }
+        self.peak = self.peak.max(desired);
+        Ok(true)
+    }
+
+    fn table_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        Ok(desired <= 1_000_000)
+    }
+}

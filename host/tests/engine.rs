@@ -1,0 +1,275 @@
+//! The sandbox against real modules: misbehaving guests become typed errors within their
+//! limits, and the same engine goes on to run good modules correctly.
+
+use std::time::{Duration, Instant};
+
+use wasmop::contract::{Context, Gvk, KindObjects, ReconcileRequest, Trigger};
+use wasmop::engine::{CallError, Compiled, Engine, EngineConfig, Limits, LoadError, Module};
+use wasmop_test_modules as modules;
+
+fn engine() -> Engine {
+    Engine::new(&EngineConfig::default()).expect("engine")
+}
+
+fn load(engine: &Engine, path: &str) -> Module {
+    engine
+        .load(&modules::bytes(path), &Limits::default())
+        .unwrap_or_else(|e| panic!("loading {path}: {e}"))
+}
+
+fn widget(mode: &str) -> ReconcileRequest {
+    ReconcileRequest {
+        primary: serde_json::json!({
+            "apiVersion": "test.wasmop.dev/v1", "kind": "Widget",
+            "metadata": {"name": format!("w-{mode}"), "namespace": "ns", "uid": "u"},
+            "spec": {"mode": mode}
+        })
+        .to_string(),
+        owned: vec![KindObjects {
+            kind: Gvk::new("v1", "ConfigMap"),
+            objects: vec![],
+        }],
+        related: vec![],
+        context: Context {
+            reconciler: "r".into(),
+            trigger: Trigger::PrimaryChanged,
+            attempt: 3,
+            config: "{}".into(),
+            now_unix_ms: 0,
+        },
+    }
+}
+
+fn limits() -> Limits {
+    Limits {
+        deadline: Duration::from_millis(300),
+        memory_bytes: 32 << 20,
+        output_bytes: 1 << 20,
+        log_lines: 10,
+    }
+}
+
+fn assert_good(module: &Module) {
+    let out = module.reconcile(widget("good"), &limits());
+    let response = out.result.expect("the good widget reconciles");
+    assert_eq!(response.children.len(), 1);
+    assert_eq!(
+        response.children[0].objects[0]["metadata"]["name"],
+        "w-good-out"
+    );
+    let status = response.status.expect("status");
+    assert_eq!(
+        status.fields["attempt"], 3,
+        "the context reaches the module"
+    );
+    assert!(out.stats.memory_peak > 0);
+}
+
+#[test]
+fn each_misbehaviour_is_a_typed_error_and_the_engine_keeps_working() {
+    let engine = engine();
+    let module = load(&engine, modules::MISBEHAVE);
+    assert_good(&module);
+
+    let started = Instant::now();
+    let err = module
+        .reconcile(widget("loop"), &limits())
+        .result
+        .unwrap_err();
+    let took = started.elapsed();
+    assert_eq!(
+        err,
+        CallError::Deadline {
+            deadline: Duration::from_millis(300)
+        }
+    );
+    assert!(took < Duration::from_millis(800), "stopped after {took:?}");
+    assert_good(&module);
+
+    let err = module
+        .reconcile(widget("memory"), &limits())
+        .result
+        .unwrap_err();
+    assert!(
+        matches!(err, CallError::Memory { limit, requested } if limit == 32 << 20 && requested > limit),
+        "{err:?}"
+    );
+    assert_good(&module);
+
+    let err = module
+        .reconcile(widget("panic"), &limits())
+        .result
+        .unwrap_err();
+    match &err {
+        CallError::Panic { message } => assert!(
+            message.contains("deliberate panic while reconciling w-panic"),
+            "{message}"
+        ),
+        other => panic!("expected a panic, got {other:?}"),
+    }
+    assert_good(&module);
+
+    let err = module
+        .reconcile(widget("garbage"), &limits())
+        .result
+        .unwrap_err();
+    match &err {
+        CallError::Malformed { detail } => {
+            assert!(
+                detail.contains("children[v1/ConfigMap][0] is not JSON"),
+                "{detail}"
+            )
+        }
+        other => panic!("expected malformed output, got {other:?}"),
+    }
+    assert_good(&module);
+
+    let err = module
+        .reconcile(widget("oversized"), &limits())
+        .result
+        .unwrap_err();
+    assert!(
+        matches!(err, CallError::OutputTooLarge { size, limit } if limit == 1 << 20 && size > 3 << 20),
+        "{err:?}"
+    );
+    assert_good(&module);
+
+    let err = module
+        .reconcile(widget("error"), &limits())
+        .result
+        .unwrap_err();
+    assert_eq!(
+        err,
+        CallError::Module {
+            message: "widget w-error cannot be reconciled: deliberate error".into()
+        }
+    );
+
+    // A child of a kind the module did not declare is not an engine error: the output is well
+    // formed. Intent validation refuses it (see the intents tests and `wasmop test`).
+    let response = module
+        .reconcile(widget("undeclared"), &limits())
+        .result
+        .expect("well formed");
+    assert_eq!(response.children[0].kind, Gvk::new("v1", "Secret"));
+
+    // And a different good module in the same engine.
+    let image_updater = load(&engine, modules::IMAGE_UPDATER);
+    assert_eq!(image_updater.metadata().name, "image-updater");
+    assert_good(&module);
+}
+
+#[test]
+fn a_deadline_in_validate_is_enforced_too() {
+    let engine = engine();
+    let module = load(&engine, modules::MISBEHAVE);
+    let request = wasmop::contract::ValidateRequest {
+        operation: wasmop::contract::Operation::Create,
+        old: None,
+        new: serde_json::json!({"spec": {"mode": "loop"}}).to_string(),
+        config: "{}".into(),
+    };
+    let limits = Limits {
+        deadline: Duration::from_millis(50),
+        ..limits()
+    };
+    let started = Instant::now();
+    let err = module.validate(request, &limits).result.unwrap_err();
+    assert_eq!(
+        err,
+        CallError::Deadline {
+            deadline: Duration::from_millis(50)
+        }
+    );
+    assert!(started.elapsed() < Duration::from_millis(500));
+}
+
+#[test]
+fn calls_from_many_threads_are_isolated() {
+    let engine = engine();
+    let module = load(&engine, modules::MISBEHAVE);
+    std::thread::scope(|s| {
+        for i in 0..8 {
+            let module = module.clone();
+            s.spawn(move || {
+                for _ in 0..5 {
+                    let mode = if i % 2 == 0 { "good" } else { "panic" };
+                    let out = module.reconcile(widget(mode), &limits());
+                    assert_eq!(out.result.is_ok(), mode == "good", "{:?}", out.result);
+                }
+            });
+        }
+    });
+    assert_good(&module);
+}
+
+#[test]
+fn bad_modules_are_refused_with_what_to_do() {
+    let engine = engine();
+    let err = engine
+        .load(b"definitely not wasm", &Limits::default())
+        .unwrap_err();
+    assert!(matches!(err, LoadError::NotWasm { .. }), "{err}");
+    assert!(err.to_string().contains("wasm32-wasip2"), "{err}");
+
+    // The smallest valid core module.
+    let err = engine
+        .load(b"\0asm\x01\0\0\0", &Limits::default())
+        .unwrap_err();
+    assert!(matches!(err, LoadError::CoreModule), "{err}");
+
+    let err = engine
+        .load(&modules::bytes(modules::WRONG_VERSION), &Limits::default())
+        .unwrap_err();
+    match &err {
+        LoadError::VersionMismatch { found, supported } => {
+            assert_eq!(found, "wasmop:reconciler/guest@0.2.0");
+            assert_eq!(*supported, "0.1.0");
+        }
+        other => panic!("expected a version mismatch, got {other}"),
+    }
+
+    // A truncated component does not compile.
+    let mut bytes = modules::bytes(modules::MISBEHAVE);
+    bytes.truncate(bytes.len() / 2);
+    let err = engine.load(&bytes, &Limits::default()).unwrap_err();
+    assert!(matches!(err, LoadError::Compile(_)), "{err}");
+
+    // The engine still loads good modules.
+    load(&engine, modules::MISBEHAVE);
+}
+
+#[test]
+fn compiled_modules_are_cached_on_disk() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = EngineConfig {
+        cache_dir: Some(dir.path().to_path_buf()),
+        ..EngineConfig::default()
+    };
+    let bytes = modules::bytes(modules::MISBEHAVE);
+    let first = Engine::new(&config)
+        .expect("engine")
+        .load(&bytes, &Limits::default())
+        .expect("load");
+    assert_eq!(first.compiled(), Compiled::Fresh);
+    // A new engine (as after a restart) finds the artifact.
+    let second = Engine::new(&config)
+        .expect("engine")
+        .load(&bytes, &Limits::default())
+        .expect("load");
+    assert_eq!(second.compiled(), Compiled::FromCache);
+    assert_eq!(first.sha256(), second.sha256());
+    assert_good(&second);
+    // A corrupted artifact is a miss, not a crash.
+    for entry in std::fs::read_dir(dir.path()).expect("read_dir").flatten() {
+        if entry.path().extension().is_some_and(|e| e == "cwasm") {
+            std::fs::write(entry.path(), b"garbage").expect("corrupt");
+        }
+    }
+    let third = Engine::new(&config)
+        .expect("engine")
+        .load(&bytes, &Limits::default())
+        .expect("load");
+    assert_eq!(third.compiled(), Compiled::Fresh);
+    assert_good(&third);
+}

@@ -1,0 +1,190 @@
+//! A test guest that misbehaves on request. Its primary kind is `test.wasmop.dev/v1 Widget`; it
+//! owns ConfigMaps. The WasmReconciler config (or `wasmop test --config`) picks the behaviour:
+//! `{"mode": "good" | "loop" | "memory" | "panic" | "garbage" | "oversized" | "undeclared" |
+//! "error" | "foreign-namespace" | "slow"}`; the primary's `spec.mode`, when present, wins (so
+//! one reconciler can serve well-behaved and misbehaving objects).
+
+// wit-bindgen's generated export glue is `unsafe` (raw ABI functions).
+#[cfg(target_family = "wasm")]
+#[allow(unsafe_code)]
+mod guest {
+    wit_bindgen::generate!({ world: "module", path: "../../../wit" });
+
+    use exports::wasmop::reconciler::guest::Guest;
+    use wasmop::reconciler::types::*;
+
+    struct Misbehave;
+
+    fn mode(primary: &serde_json::Value, config: &str) -> String {
+        let config: serde_json::Value = serde_json::from_str(config).unwrap_or_default();
+        primary
+            .pointer("/spec/mode")
+            .or_else(|| config.get("mode"))
+            .and_then(|m| m.as_str())
+            .unwrap_or("good")
+            .to_string()
+    }
+
+    fn config_map(name: &str, namespace: Option<&str>, data: serde_json::Value) -> String {
+        let mut meta = serde_json::json!({ "name": name });
+        if let Some(ns) = namespace {
+            meta["namespace"] = ns.into();
+        }
+        serde_json::json!({ "apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": data })
+            .to_string()
+    }
+
+    fn children(objects: Vec<String>) -> Vec<ChildSet> {
+        vec![ChildSet {
+            kind: Gvk {
+                api_version: "v1".into(),
+                kind: "ConfigMap".into(),
+            },
+            objects,
+        }]
+    }
+
+    impl Guest for Misbehave {
+        fn metadata() -> ModuleMetadata {
+            ModuleMetadata {
+                name: "misbehave".into(),
+                version: "0.1.0".into(),
+                primary: Gvk {
+                    api_version: "test.wasmop.dev/v1".into(),
+                    kind: "Widget".into(),
+                },
+                owns: vec![Gvk {
+                    api_version: "v1".into(),
+                    kind: "ConfigMap".into(),
+                }],
+                related: vec![],
+                finalizes: false,
+                validates: true,
+            }
+        }
+
+        fn reconcile(request: ReconcileRequest) -> Result<ReconcileResponse, ReconcileError> {
+            let primary: serde_json::Value =
+                serde_json::from_str(&request.primary).map_err(|e| ReconcileError {
+                    message: e.to_string(),
+                })?;
+            let name = primary
+                .pointer("/metadata/name")
+                .and_then(|n| n.as_str())
+                .unwrap_or("widget")
+                .to_string();
+            let mut response = ReconcileResponse {
+                children: vec![],
+                actions: vec![],
+                status: None,
+                events: vec![],
+                requeue_after_ms: None,
+            };
+            match mode(&primary, &request.context.config).as_str() {
+                "loop" => {
+                    let mut n: u64 = 0;
+                    loop {
+                        n = std::hint::black_box(n.wrapping_add(1));
+                    }
+                }
+                "slow" => {
+                    // About 100 ms of work, then a normal answer (for deadline tests).
+                    let start = std::time::Instant::now();
+                    while start.elapsed() < std::time::Duration::from_millis(100) {
+                        std::hint::black_box(());
+                    }
+                }
+                "memory" => {
+                    let mut hoard: Vec<Vec<u8>> = Vec::new();
+                    loop {
+                        hoard.push(vec![7u8; 16 << 20]);
+                        std::hint::black_box(&hoard);
+                    }
+                }
+                "panic" => panic!("deliberate panic while reconciling {name}"),
+                "garbage" => {
+                    response.children = children(vec![
+                        "{\"apiVersion\": \"v1\", \"kind\": \"ConfigMap\", oops".into(),
+                    ]);
+                    return Ok(response);
+                }
+                "oversized" => {
+                    let big = "x".repeat(3 << 20);
+                    response.children = children(vec![config_map(
+                        &name,
+                        None,
+                        serde_json::json!({ "big": big }),
+                    )]);
+                    return Ok(response);
+                }
+                "undeclared" => {
+                    response.children = vec![ChildSet {
+                        kind: Gvk { api_version: "v1".into(), kind: "Secret".into() },
+                        objects: vec![serde_json::json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name}}).to_string()],
+                    }];
+                    return Ok(response);
+                }
+                "foreign-namespace" => {
+                    response.children = children(vec![config_map(
+                        &name,
+                        Some("kube-system"),
+                        serde_json::json!({}),
+                    )]);
+                    return Ok(response);
+                }
+                "error" => {
+                    return Err(ReconcileError {
+                        message: format!("widget {name} cannot be reconciled: deliberate error"),
+                    });
+                }
+                _ => {}
+            }
+            let attempt = request.context.attempt;
+            response.children = children(vec![config_map(
+                &format!("{name}-out"),
+                None,
+                serde_json::json!({ "owner": name }),
+            )]);
+            response.status = Some(Status {
+                fields: serde_json::json!({ "attempt": attempt }).to_string(),
+                conditions: vec![Condition {
+                    type_: "Ready".into(),
+                    status: ConditionStatus::True,
+                    reason: "Reconciled".into(),
+                    message: format!("reconciled {name}"),
+                }],
+            });
+            wasmop::reconciler::host::log(
+                wasmop::reconciler::host::LogLevel::Info,
+                &format!("reconciled {name}"),
+            );
+            Ok(response)
+        }
+
+        fn finalize(_request: ReconcileRequest) -> Result<FinalizeResponse, ReconcileError> {
+            Ok(FinalizeResponse {
+                done: true,
+                actions: vec![],
+                status: None,
+                events: vec![],
+                requeue_after_ms: None,
+            })
+        }
+
+        fn validate(request: ValidateRequest) -> ValidateResponse {
+            let new: serde_json::Value = serde_json::from_str(&request.new).unwrap_or_default();
+            match mode(&new, &request.config).as_str() {
+                "loop" => loop {
+                    std::hint::black_box(());
+                },
+                "forbidden" => ValidateResponse::Denied(Denial {
+                    message: "widgets in forbidden mode are refused".into(),
+                    field: Some("spec.mode".into()),
+                }),
+                _ => ValidateResponse::Allowed(vec![]),
+            }
+        }
+    }
+
+    export!(Misbehave);
+}

@@ -1,0 +1,17 @@
+//! Paths of the example and test guest modules, built for `wasm32-wasip2` by this crate's build
+//! script (so a bare `cargo test` has them).
+//!
+//! - [`IMAGE_UPDATER`], [`IMAGE_UPDATER_V2`]: the image-updater example, and a build of it that
+//!   annotates its children (for hot swaps).
+//! - [`MISBEHAVE`]: a guest whose config picks a misbehaviour.
+//! - [`WRONG_VERSION`]: a module for `wasmop:reconciler@0.2.0`.
+
+include!(concat!(env!("OUT_DIR"), "/modules.rs"));
+
+/// Reads a module's bytes.
+///
+/// # Panics
+/// If the file is missing (the build script failed to produce it): this is test support.
+pub fn bytes(path: &str) -> Vec<u8> {
+    std::fs::read(path).unwrap_or_else(|e| panic!("cannot read the test module {path}: {e}"))
+}
