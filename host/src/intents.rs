@@ -83,7 +83,7 @@ impl Scopes for WellKnownScopes {
 
 /// What the administrator allows a reconciler (the WasmReconciler's grant, intersected with the
 /// module's metadata by the caller; offline, the metadata itself).
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Grant {
     /// Kinds whose objects may be children.
     pub owned: BTreeSet<Gvk>,

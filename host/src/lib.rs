@@ -6,12 +6,27 @@
 //! - [`contract`]: the host's types for the `wasmop:reconciler@0.1.0` WIT contract.
 //! - [`engine`]: the sandbox (the only module that touches wasmtime).
 //! - [`intents`]: checks a module's intents before anything is sent to a cluster.
+//! - [`crd`]: the WasmReconciler custom resource.
+//! - [`manager`]: one supervised controller per WasmReconciler, module loading and hot swap.
+//! - [`controller`]: the reconcile loop of one WasmReconciler.
+//! - [`apply`]: writes a validated response under the module's identity.
+//! - [`slot`]: the swappable active module.
+//! - [`host`]: the running host (used by `wasmop run` and the end-to-end tests).
 //! - [`cli`]: the `wasmop` command.
 
+pub mod apply;
 pub mod cli;
+pub mod conditions;
 pub mod contract;
+pub mod controller;
+pub mod crd;
+pub mod discovery;
 pub mod engine;
+pub mod host;
 pub mod intents;
+pub mod manager;
+pub mod slot;
+pub mod source;
 
 /// The version of this host, as built.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

@@ -75,7 +75,7 @@ fn each_misbehaviour_is_a_typed_error_and_the_engine_keeps_working() {
     let err = module
         .reconcile(widget("loop"), &limits())
         .result
-        .unwrap_err();
+        .expect_err("must fail");
     let took = started.elapsed();
     assert_eq!(
         err,
@@ -89,7 +89,7 @@ fn each_misbehaviour_is_a_typed_error_and_the_engine_keeps_working() {
     let err = module
         .reconcile(widget("memory"), &limits())
         .result
-        .unwrap_err();
+        .expect_err("must fail");
     assert!(
         matches!(err, CallError::Memory { limit, requested } if limit == 32 << 20 && requested > limit),
         "{err:?}"
@@ -99,7 +99,7 @@ fn each_misbehaviour_is_a_typed_error_and_the_engine_keeps_working() {
     let err = module
         .reconcile(widget("panic"), &limits())
         .result
-        .unwrap_err();
+        .expect_err("must fail");
     match &err {
         CallError::Panic { message } => assert!(
             message.contains("deliberate panic while reconciling w-panic"),
@@ -112,7 +112,7 @@ fn each_misbehaviour_is_a_typed_error_and_the_engine_keeps_working() {
     let err = module
         .reconcile(widget("garbage"), &limits())
         .result
-        .unwrap_err();
+        .expect_err("must fail");
     match &err {
         CallError::Malformed { detail } => {
             assert!(
@@ -127,7 +127,7 @@ fn each_misbehaviour_is_a_typed_error_and_the_engine_keeps_working() {
     let err = module
         .reconcile(widget("oversized"), &limits())
         .result
-        .unwrap_err();
+        .expect_err("must fail");
     assert!(
         matches!(err, CallError::OutputTooLarge { size, limit } if limit == 1 << 20 && size > 3 << 20),
         "{err:?}"
@@ -137,7 +137,7 @@ fn each_misbehaviour_is_a_typed_error_and_the_engine_keeps_working() {
     let err = module
         .reconcile(widget("error"), &limits())
         .result
-        .unwrap_err();
+        .expect_err("must fail");
     assert_eq!(
         err,
         CallError::Module {
@@ -174,7 +174,10 @@ fn a_deadline_in_validate_is_enforced_too() {
         ..limits()
     };
     let started = Instant::now();
-    let err = module.validate(request, &limits).result.unwrap_err();
+    let err = module
+        .validate(request, &limits)
+        .result
+        .expect_err("must fail");
     assert_eq!(
         err,
         CallError::Deadline {
@@ -208,19 +211,19 @@ fn bad_modules_are_refused_with_what_to_do() {
     let engine = engine();
     let err = engine
         .load(b"definitely not wasm", &Limits::default())
-        .unwrap_err();
+        .expect_err("must fail");
     assert!(matches!(err, LoadError::NotWasm { .. }), "{err}");
     assert!(err.to_string().contains("wasm32-wasip2"), "{err}");
 
     // The smallest valid core module.
     let err = engine
         .load(b"\0asm\x01\0\0\0", &Limits::default())
-        .unwrap_err();
+        .expect_err("must fail");
     assert!(matches!(err, LoadError::CoreModule), "{err}");
 
     let err = engine
         .load(&modules::bytes(modules::WRONG_VERSION), &Limits::default())
-        .unwrap_err();
+        .expect_err("must fail");
     match &err {
         LoadError::VersionMismatch { found, supported } => {
             assert_eq!(found, "wasmop:reconciler/guest@0.2.0");
@@ -232,7 +235,9 @@ fn bad_modules_are_refused_with_what_to_do() {
     // A truncated component does not compile.
     let mut bytes = modules::bytes(modules::MISBEHAVE);
     bytes.truncate(bytes.len() / 2);
-    let err = engine.load(&bytes, &Limits::default()).unwrap_err();
+    let err = engine
+        .load(&bytes, &Limits::default())
+        .expect_err("must fail");
     assert!(matches!(err, LoadError::Compile(_)), "{err}");
 
     // The engine still loads good modules.

@@ -5,6 +5,8 @@
 //! binary prints it and exits non-zero.
 
 mod inspect;
+pub mod push;
+mod run;
 mod test;
 
 use std::path::PathBuf;
@@ -19,6 +21,9 @@ use crate::intents::Rejected;
 #[derive(Debug, Parser)]
 #[command(name = "wasmop", version = crate::VERSION, about, long_about = None)]
 pub struct Cli {
+    /// Log format: `text` or `json`.
+    #[arg(long, global = true, default_value = "text", value_parser = ["text", "json"])]
+    pub log_format: String,
     /// What to do.
     #[command(subcommand)]
     pub command: Command,
@@ -32,6 +37,12 @@ pub enum Command {
     /// Run a module offline on fixture objects; print the validated intents as YAML and compare
     /// them with a golden file.
     Test(test::Args),
+    /// Run the operator host: reconcile every WasmReconciler's primaries with its module.
+    Run(run::Args),
+    /// Put a module in a ConfigMap (gzip-compressed when large), checking it first.
+    Push(push::Args),
+    /// Print the CustomResourceDefinitions the host serves (YAML).
+    Crdgen,
 }
 
 /// What can go wrong in a subcommand.
@@ -148,5 +159,11 @@ pub async fn run(cli: Cli) -> Result<ExitCode, CliError> {
     match cli.command {
         Command::Inspect(args) => inspect::run(args),
         Command::Test(args) => test::run(args),
+        Command::Run(args) => run::run(args).await,
+        Command::Push(args) => push::run(args).await,
+        Command::Crdgen => {
+            print!("{}", crate::crd::crds_yaml());
+            Ok(ExitCode::SUCCESS)
+        }
     }
 }

@@ -1,0 +1,425 @@
+//! Applying a validated response to the cluster, with the module's own identity.
+//!
+//! Order: children (server-side apply, field manager `wasmop/<reconciler>`, forced), pruning of
+//! owned children missing from a complete set, actions in order, the status (a conditional
+//! replace of the /status subresource), then Events.
+//!
+//! # Guarantees
+//! - Every request goes through the client it is given: the reconciler's impersonating client, so
+//!   the module's ServiceAccount's RBAC decides; nothing is written with the host's own rights.
+//! - Pruning deletes only children of this primary (controller ownerReference uid) that carry
+//!   this reconciler's label, of kinds whose complete set the module sent.
+//! - A failed write does not stop the others: every intent is attempted and every failure is
+//!   reported, classified (forbidden, conflict, invalid, transient).
+//! - The status is written only when it differs from the object's, conditioned on the primary's
+//!   resourceVersion: a stale write is a conflict, never a lost update.
+
+use std::collections::BTreeSet;
+
+use futures::future::join_all;
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::api::{
+    Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams, PropagationPolicy,
+};
+use kube::runtime::events::{Event as KubeEvent, EventType as KubeEventType, Recorder};
+use kube::{Client, ResourceExt};
+use serde_json::Value;
+
+use crate::contract::{Action, EventType, Gvk, ObjectRef, Propagation};
+use crate::discovery::{Discovery, Resolved};
+use crate::intents::{Validated, status_object};
+
+/// How a write failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailureKind {
+    /// 403: the module's ServiceAccount may not do this.
+    Forbidden,
+    /// 409: the object changed since it was read.
+    Conflict,
+    /// 400/422: the API server refused the content.
+    Invalid,
+    /// Anything else (network, 5xx, unknown kind): worth retrying.
+    Transient,
+}
+
+/// One failed write.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WriteFailure {
+    /// Which intent (`apply apps/v1/Deployment demo/web`).
+    pub intent: String,
+    /// How it failed.
+    pub kind: FailureKind,
+    /// The API server's message.
+    pub message: String,
+}
+
+impl std::fmt::Display for WriteFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.intent, self.message)
+    }
+}
+
+/// What applying did.
+#[derive(Debug, Clone, Default)]
+pub struct ApplyReport {
+    /// Children applied.
+    pub applied: usize,
+    /// Children pruned.
+    pub pruned: usize,
+    /// Actions carried out.
+    pub actions: usize,
+    /// Whether the status was written.
+    pub status_written: bool,
+    /// Events recorded.
+    pub events: usize,
+    /// Every failed write.
+    pub failures: Vec<WriteFailure>,
+}
+
+impl ApplyReport {
+    /// The failures of one kind.
+    pub fn of(&self, kind: FailureKind) -> impl Iterator<Item = &WriteFailure> {
+        self.failures.iter().filter(move |f| f.kind == kind)
+    }
+}
+
+fn classify(intent: String, e: &kube::Error) -> WriteFailure {
+    let (kind, message) = match e {
+        kube::Error::Api(s) => (
+            match s.code {
+                403 => FailureKind::Forbidden,
+                409 => FailureKind::Conflict,
+                400 | 422 => FailureKind::Invalid,
+                _ => FailureKind::Transient,
+            },
+            s.message.clone(),
+        ),
+        other => (FailureKind::Transient, other.to_string()),
+    };
+    WriteFailure {
+        intent,
+        kind,
+        message,
+    }
+}
+
+fn is_not_found(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == 404)
+}
+
+/// Observed children of one owned kind (already filtered to this primary).
+#[derive(Debug, Clone)]
+pub struct Observed {
+    /// The kind.
+    pub kind: Gvk,
+    /// The objects.
+    pub objects: Vec<DynamicObject>,
+}
+
+/// Writes validated responses with one identity.
+#[derive(Clone)]
+pub struct Applier {
+    client: Client,
+    field_manager: String,
+    discovery: Discovery,
+    recorder: Recorder,
+}
+
+impl std::fmt::Debug for Applier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Applier")
+            .field("field_manager", &self.field_manager)
+            .finish()
+    }
+}
+
+fn api_for(client: &Client, resolved: &Resolved, namespace: Option<&str>) -> Api<DynamicObject> {
+    match (resolved.namespaced, namespace) {
+        (true, Some(ns)) => Api::namespaced_with(client.clone(), ns, &resolved.resource),
+        _ => Api::all_with(client.clone(), &resolved.resource),
+    }
+}
+
+/// An ObjectReference for Events.
+pub fn object_reference(r: &ObjectRef, uid: Option<String>) -> ObjectReference {
+    ObjectReference {
+        api_version: Some(r.api_version.clone()),
+        kind: Some(r.kind.clone()),
+        namespace: r.namespace.clone(),
+        name: Some(r.name.clone()),
+        uid,
+        ..Default::default()
+    }
+}
+
+impl Applier {
+    /// An applier writing through `client` (the reconciler's impersonating client) as field
+    /// manager `wasmop/<reconciler>`, recording Events as `reporter`.
+    pub fn new(client: Client, reconciler: &str, discovery: Discovery, recorder: Recorder) -> Self {
+        Applier {
+            client,
+            field_manager: format!("wasmop/{reconciler}"),
+            discovery,
+            recorder,
+        }
+    }
+
+    /// The field manager.
+    pub fn field_manager(&self) -> &str {
+        &self.field_manager
+    }
+
+    async fn resolve(
+        &self,
+        kind: &Gvk,
+        intent: &str,
+        report: &mut ApplyReport,
+    ) -> Option<Resolved> {
+        match self.discovery.resolve(kind).await {
+            Ok(r) => Some(r),
+            Err(e) => {
+                report.failures.push(WriteFailure {
+                    intent: intent.to_string(),
+                    kind: FailureKind::Transient,
+                    message: e.to_string(),
+                });
+                None
+            }
+        }
+    }
+
+    /// Applies `validated` for `primary` (as read, with its resourceVersion), pruning against
+    /// `observed`.
+    pub async fn apply(
+        &self,
+        primary: &DynamicObject,
+        primary_resource: &Resolved,
+        observed: &[Observed],
+        validated: Validated,
+    ) -> ApplyReport {
+        let mut report = ApplyReport::default();
+        let primary_uid = primary.uid().unwrap_or_default();
+        let params = PatchParams::apply(&self.field_manager).force();
+
+        // Children, concurrently within each kind.
+        for set in &validated.children {
+            let Some(resolved) = self
+                .resolve(&set.kind, &format!("apply {}", set.kind), &mut report)
+                .await
+            else {
+                continue;
+            };
+            let writes = set.objects.iter().map(|child| {
+                let api = api_for(&self.client, &resolved, child.namespace.as_deref());
+                let params = params.clone();
+                async move {
+                    let intent = format!(
+                        "apply {} {}",
+                        set.kind,
+                        display_name(child.namespace.as_deref(), &child.name)
+                    );
+                    api.patch(&child.name, &params, &Patch::Apply(&child.object))
+                        .await
+                        .map(|_| ())
+                        .map_err(|e| classify(intent, &e))
+                }
+            });
+            for result in join_all(writes).await {
+                match result {
+                    Ok(()) => report.applied += 1,
+                    Err(f) => report.failures.push(f),
+                }
+            }
+            // Prune what this primary owns of this kind that is not in the complete set.
+            let keep: BTreeSet<(Option<String>, String)> = set
+                .objects
+                .iter()
+                .map(|c| (c.namespace.clone(), c.name.clone()))
+                .collect();
+            let stale = observed
+                .iter()
+                .filter(|o| o.kind == set.kind)
+                .flat_map(|o| o.objects.iter())
+                .filter(|o| controlled_by(o, &primary_uid))
+                .filter(|o| !keep.contains(&(o.namespace(), o.name_any())));
+            for object in stale {
+                let namespace = object.namespace();
+                let intent = format!(
+                    "prune {} {}",
+                    set.kind,
+                    display_name(namespace.as_deref(), &object.name_any())
+                );
+                let api = api_for(&self.client, &resolved, namespace.as_deref());
+                match api
+                    .delete(&object.name_any(), &DeleteParams::background())
+                    .await
+                {
+                    Ok(_) => report.pruned += 1,
+                    Err(e) if is_not_found(&e) => {}
+                    Err(e) => report.failures.push(classify(intent, &e)),
+                }
+            }
+        }
+
+        for action in validated.actions {
+            if self.action(&action, &mut report).await {
+                report.actions += 1;
+            }
+        }
+
+        if let Some(status) = &validated.status {
+            self.status(primary, primary_resource, status, &mut report)
+                .await;
+        }
+
+        for event in &validated.events {
+            let regarding = event.regarding.clone().unwrap_or_else(|| ObjectRef {
+                api_version: primary
+                    .types
+                    .as_ref()
+                    .map(|t| t.api_version.clone())
+                    .unwrap_or_default(),
+                kind: primary
+                    .types
+                    .as_ref()
+                    .map(|t| t.kind.clone())
+                    .unwrap_or_default(),
+                namespace: primary.namespace(),
+                name: primary.name_any(),
+            });
+            let uid = (regarding.name == primary.name_any()
+                && regarding.namespace == primary.namespace())
+            .then(|| primary_uid.clone());
+            let ev = KubeEvent {
+                type_: match event.type_ {
+                    EventType::Normal => KubeEventType::Normal,
+                    EventType::Warning => KubeEventType::Warning,
+                },
+                reason: event.reason.clone(),
+                note: Some(event.message.clone()),
+                action: event.action.clone(),
+                secondary: None,
+            };
+            match self
+                .recorder
+                .publish(&ev, &object_reference(&regarding, uid))
+                .await
+            {
+                Ok(()) => report.events += 1,
+                Err(e) => report.failures.push(classify(
+                    format!("event {} on {regarding}", event.reason),
+                    &e,
+                )),
+            }
+        }
+        report
+    }
+
+    /// Carries out one action; true on success.
+    async fn action(&self, action: &Action, report: &mut ApplyReport) -> bool {
+        let target = action.target();
+        let intent = format!("{} {target}", action.name());
+        let Some(resolved) = self.resolve(&target.gvk(), &intent, report).await else {
+            return false;
+        };
+        let api = api_for(&self.client, &resolved, target.namespace.as_deref());
+        let result = match action {
+            Action::MergePatch { patch, .. } => api
+                .patch(&target.name, &PatchParams::default(), &Patch::Merge(patch))
+                .await
+                .map(|_| ()),
+            Action::JsonPatch { patch, .. } => {
+                match serde_json::from_value::<json_patch::Patch>(patch.clone()) {
+                    Ok(p) => api
+                        .patch(&target.name, &PatchParams::default(), &Patch::<()>::Json(p))
+                        .await
+                        .map(|_| ()),
+                    Err(e) => {
+                        report.failures.push(WriteFailure {
+                            intent,
+                            kind: FailureKind::Invalid,
+                            message: e.to_string(),
+                        });
+                        return false;
+                    }
+                }
+            }
+            Action::Delete { propagation, .. } => {
+                let dp = DeleteParams {
+                    propagation_policy: Some(match propagation {
+                        Propagation::Background => PropagationPolicy::Background,
+                        Propagation::Foreground => PropagationPolicy::Foreground,
+                        Propagation::Orphan => PropagationPolicy::Orphan,
+                    }),
+                    ..DeleteParams::default()
+                };
+                match api.delete(&target.name, &dp).await {
+                    Ok(_) => Ok(()),
+                    Err(e) if is_not_found(&e) => Ok(()),
+                    Err(e) => Err(e),
+                }
+            }
+        };
+        match result {
+            Ok(()) => true,
+            Err(e) => {
+                report.failures.push(classify(intent, &e));
+                false
+            }
+        }
+    }
+
+    async fn status(
+        &self,
+        primary: &DynamicObject,
+        resource: &Resolved,
+        status: &crate::contract::Status,
+        report: &mut ApplyReport,
+    ) {
+        let previous = primary.data.get("status");
+        let generation = primary.metadata.generation.unwrap_or_default();
+        let now = k8s_openapi::jiff::Timestamp::now()
+            .round(k8s_openapi::jiff::Unit::Second)
+            .unwrap_or_else(|_| k8s_openapi::jiff::Timestamp::now());
+        let wanted = status_object(status, previous, generation, &now.to_string());
+        if previous == Some(&wanted) {
+            return;
+        }
+        let mut object = primary.clone();
+        object.data["status"] = wanted;
+        let intent = format!(
+            "status of {}",
+            display_name(primary.namespace().as_deref(), &primary.name_any())
+        );
+        let api = api_for(&self.client, resource, primary.namespace().as_deref());
+        match api
+            .replace_status(&primary.name_any(), &PostParams::default(), &object)
+            .await
+        {
+            Ok(_) => report.status_written = true,
+            Err(e) => report.failures.push(classify(intent, &e)),
+        }
+    }
+}
+
+/// Whether `object`'s controller ownerReference is the object with `uid`.
+pub fn controlled_by(object: &DynamicObject, uid: &str) -> bool {
+    object
+        .metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .any(|o| o.controller == Some(true) && o.uid == uid)
+}
+
+fn display_name(namespace: Option<&str>, name: &str) -> String {
+    match namespace {
+        Some(ns) => format!("{ns}/{name}"),
+        None => name.to_string(),
+    }
+}
+
+/// The status value of an object, if any (for tests and status comparison).
+pub fn status_of(object: &DynamicObject) -> Option<&Value> {
+    object.data.get("status")
+}

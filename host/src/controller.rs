@@ -1,0 +1,823 @@
+//! One WasmReconciler's controller: watches its primary, owned and related kinds, and runs the
+//! module for every primary that needs it.
+//!
+//! Built on kube-runtime's [`Controller`]: an informer cache per watched kind, a work queue that
+//! deduplicates and never runs two reconciles of one object at once, a concurrency limit, and
+//! requeues. On top of it: per-object exponential backoff (5 ms doubling to 5 min, reset on
+//! success), a periodic resync, the module's requeue-after, trigger tracking, the finalizer, and
+//! writes under the module's own identity.
+//!
+//! # Guarantees
+//! - Per-object serialization: one reconcile of an object at a time (kube-runtime's runner).
+//! - Level-triggered: every reconcile reads the whole current state from the caches; a missed
+//!   or coalesced event only delays, never loses, work (the resync bounds the delay).
+//! - A module failure, an invalid response or a failed write affects only that object: it gets a
+//!   Warning Event and a backoff; other objects and other reconcilers go on.
+//! - Stale writes (409) are retried on fresh state; nothing is silently dropped.
+//!
+//! # Errors
+//! [`ReconcileError`] is what one reconcile can fail with; the controller itself only stops
+//! when told to.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use futures::StreamExt;
+use kube::api::{Api, DynamicObject, Patch, PatchParams};
+use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
+use kube::runtime::events::{Event as KubeEvent, EventType as KubeEventType, Recorder};
+use kube::runtime::reflector::{ObjectRef as KubeRef, Store, store::Writer};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, ResourceExt};
+use serde_json::json;
+use tracing::{Instrument, info_span};
+
+use crate::apply::{Applier, FailureKind, Observed, controlled_by, object_reference};
+use crate::contract::{
+    Context, Gvk, KindObjects, Mapping, ObjectRef, ReconcileRequest, RelatedKind, Trigger,
+};
+use crate::crd::FINALIZER;
+use crate::discovery::{Discovery, Resolved};
+use crate::engine::{CallError, Limits};
+use crate::intents::{self, Grant, Primary, RECONCILER_LABEL, Rejected};
+use crate::slot::ModuleSlot;
+
+/// Backoff after failures: 5 ms doubling to 5 minutes.
+pub const BACKOFF_START: Duration = Duration::from_millis(5);
+/// Backoff after failures: 5 ms doubling to 5 minutes.
+pub const BACKOFF_MAX: Duration = Duration::from_secs(300);
+
+/// The backoff before attempt `failures + 1`.
+pub fn backoff(failures: u32) -> Duration {
+    let exp = failures.saturating_sub(1).min(30);
+    BACKOFF_START.saturating_mul(1u32 << exp).min(BACKOFF_MAX)
+}
+
+/// Why one reconcile failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ReconcileError {
+    /// The module failed.
+    #[error("{0}")]
+    Module(#[from] CallError),
+    /// The module's response was refused.
+    #[error("{0}")]
+    Rejected(#[from] Rejected),
+    /// An object changed under us (409); retried on fresh state.
+    #[error("conflict, retrying on fresh state: {0}")]
+    Conflict(String),
+    /// Writes failed.
+    #[error("{0}")]
+    Apply(String),
+    /// The API server could not be reached or refused a host request.
+    #[error("{0}")]
+    Api(#[from] kube::Error),
+    /// The module call task failed.
+    #[error("the module call did not complete: {0}")]
+    Join(String),
+}
+
+impl ReconcileError {
+    /// Whether this failure is the module's (counted for rollback), not the cluster's.
+    pub fn is_module_failure(&self) -> bool {
+        matches!(
+            self,
+            ReconcileError::Module(_) | ReconcileError::Rejected(_)
+        )
+    }
+}
+
+/// Everything a reconciler's controller is configured with.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// The WasmReconciler's name.
+    pub name: String,
+    /// The primary kind and its resource.
+    pub primary: (Gvk, Resolved),
+    /// Owned kinds (granted and requested) and their resources.
+    pub owned: Vec<(Gvk, Resolved)>,
+    /// Related kinds (granted) and their resources, with the administrator's label selector.
+    pub related: Vec<(Gvk, Resolved, Option<String>)>,
+    /// Namespaces in scope (empty: all).
+    pub namespaces: Vec<String>,
+    /// Per-call limits.
+    pub limits: Limits,
+    /// Reconciles at once.
+    pub concurrency: u16,
+    /// Resync period.
+    pub resync: Duration,
+    /// The config JSON handed to the module.
+    pub config: String,
+    /// The impersonated user (`system:serviceaccount:<ns>:<name>`).
+    pub service_account: String,
+}
+
+#[derive(Debug, Default)]
+struct ObjectState {
+    failures: u32,
+    last_rv: Option<String>,
+    last_module: Option<String>,
+    pending: Option<Trigger>,
+    scheduled: Option<(Instant, Trigger)>,
+}
+
+/// What the controller tells the manager (for the WasmReconciler's status).
+#[derive(Debug, Default)]
+pub struct Health {
+    /// Objects whose last reconcile hit a Forbidden write, with the message.
+    pub forbidden: Mutex<BTreeMap<String, String>>,
+    /// Bumped whenever `forbidden` changes.
+    pub changed: tokio::sync::Notify,
+}
+
+/// The state shared by all reconciles of one reconciler.
+pub struct Shared {
+    settings: Settings,
+    slot: ModuleSlot,
+    applier: Applier,
+    host_events: Recorder,
+    impersonated: Client,
+    discovery: Discovery,
+    owned: Vec<(Gvk, Store<DynamicObject>)>,
+    related: Vec<(Gvk, Store<DynamicObject>)>,
+    objects: Arc<Mutex<HashMap<Key, ObjectState>>>,
+    health: Arc<Health>,
+}
+
+/// An object's key: namespace (None for cluster-scoped) and name.
+type Key = (Option<String>, String);
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shared")
+            .field("reconciler", &self.settings.name)
+            .finish()
+    }
+}
+
+fn key_of(o: &DynamicObject) -> Key {
+    (o.namespace(), o.name_any())
+}
+
+fn now_unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or_default()
+}
+
+fn object_ref_of(kind: &Gvk, o: &DynamicObject) -> ObjectRef {
+    ObjectRef {
+        api_version: kind.api_version.clone(),
+        kind: kind.kind.clone(),
+        namespace: o.namespace(),
+        name: o.name_any(),
+    }
+}
+
+/// Handles to a running controller.
+#[derive(Debug)]
+pub struct Running {
+    task: tokio::task::JoinHandle<()>,
+    shutdown: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl Running {
+    /// Stops taking new work, lets running reconciles finish, and waits for the task.
+    pub async fn stop(mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        let _ = (&mut self.task).await;
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if self.shutdown.is_some() {
+            self.task.abort();
+        }
+    }
+}
+
+fn api_for(client: &Client, resolved: &Resolved, namespaces: &[String]) -> Api<DynamicObject> {
+    match (resolved.namespaced, namespaces) {
+        (true, [only]) => Api::namespaced_with(client.clone(), only, &resolved.resource),
+        _ => Api::all_with(client.clone(), &resolved.resource),
+    }
+}
+
+/// The reconciler's connections: reads with the host's identity, writes with the module's.
+#[derive(Clone)]
+pub struct Clients {
+    /// The host's client (watches, reads, diagnostics).
+    pub host: Client,
+    /// The client impersonating the module's ServiceAccount (every write of the module).
+    pub module: Client,
+    /// Kind resolution.
+    pub discovery: Discovery,
+    /// Events about the module's failures, with the host's identity.
+    pub host_events: Recorder,
+    /// Events the module asks for, with the module's identity.
+    pub module_events: Recorder,
+}
+
+impl std::fmt::Debug for Clients {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Clients").finish_non_exhaustive()
+    }
+}
+
+fn reference(
+    ar: &kube::api::ApiResource,
+    namespace: Option<String>,
+    name: &str,
+) -> KubeRef<DynamicObject> {
+    let r = KubeRef::new_with(name, ar.clone());
+    match namespace {
+        Some(ns) => r.within(&ns),
+        None => r,
+    }
+}
+
+fn note_trigger(objects: &Mutex<HashMap<Key, ObjectState>>, key: Key, trigger: Trigger) {
+    if let Ok(mut objects) = objects.lock() {
+        objects
+            .entry(key)
+            .or_default()
+            .pending
+            .get_or_insert(trigger);
+    }
+}
+
+/// Starts the controller of one reconciler. `module_changed` yields whenever a new module is
+/// activated, which re-reconciles every primary.
+pub fn start(
+    settings: Settings,
+    slot: ModuleSlot,
+    clients: Clients,
+    health: Arc<Health>,
+    module_changed: impl futures::Stream<Item = ()> + Send + 'static,
+) -> Running {
+    let client = clients.host.clone();
+    let (primary_kind, primary_resolved) = settings.primary.clone();
+    let primary_ar = primary_resolved.resource.clone();
+    let namespaced = primary_resolved.namespaced;
+    let primary_api = api_for(&client, &primary_resolved, &settings.namespaces);
+    let mut controller =
+        Controller::new_with(primary_api, watcher::Config::default(), primary_ar.clone())
+            .with_config(ControllerConfig::default().concurrency(settings.concurrency))
+            .reconcile_all_on(module_changed);
+    let primaries = controller.store();
+    let label = format!("{RECONCILER_LABEL}={}", settings.name);
+    let objects: Arc<Mutex<HashMap<Key, ObjectState>>> = Arc::default();
+
+    let mut owned = Vec::new();
+    for (kind, resolved) in &settings.owned {
+        let writer = Writer::new(resolved.resource.clone());
+        let store = writer.as_reader();
+        let api = api_for(&client, resolved, &settings.namespaces);
+        let stream = watcher(api, watcher::Config::default().labels(&label))
+            .default_backoff()
+            .reflect(writer)
+            .touched_objects();
+        let (primary_kind, primary_ar, objects, child_kind) = (
+            primary_kind.clone(),
+            primary_ar.clone(),
+            objects.clone(),
+            kind.clone(),
+        );
+        controller = controller.watches_stream_with(
+            stream,
+            move |child: DynamicObject| {
+                let owner = child.metadata.owner_references.iter().flatten().find(|o| {
+                    o.controller == Some(true)
+                        && o.kind == primary_kind.kind
+                        && o.api_version == primary_kind.api_version
+                })?;
+                let ns = child.namespace().filter(|_| namespaced);
+                note_trigger(
+                    &objects,
+                    (ns.clone(), owner.name.clone()),
+                    Trigger::ChildChanged(object_ref_of(&child_kind, &child)),
+                );
+                Some(reference(&primary_ar, ns, &owner.name))
+            },
+            resolved.resource.clone(),
+        );
+        owned.push((kind.clone(), store));
+    }
+
+    let mut related = Vec::new();
+    for (kind, resolved, selector) in &settings.related {
+        let writer = Writer::new(resolved.resource.clone());
+        let store = writer.as_reader();
+        let api = api_for(&client, resolved, &[]);
+        let wc = match selector {
+            Some(s) if !s.is_empty() => watcher::Config::default().labels(s),
+            _ => watcher::Config::default(),
+        };
+        let stream = watcher(api, wc)
+            .default_backoff()
+            .reflect(writer)
+            .touched_objects();
+        let (primary_ar, objects, kind2, primaries, slot) = (
+            primary_ar.clone(),
+            objects.clone(),
+            kind.clone(),
+            primaries.clone(),
+            slot.clone(),
+        );
+        controller = controller.watches_stream_with(
+            stream,
+            move |other: DynamicObject| {
+                // The active module's selectors and mappings decide which primaries care.
+                let active = slot.active();
+                let labels = other.labels().clone();
+                let mut targets: Vec<Key> = Vec::new();
+                for rk in active
+                    .fit
+                    .related
+                    .iter()
+                    .filter(|r| r.kind == kind2 && r.selector.matches(&labels))
+                {
+                    match &rk.maps_to {
+                        Mapping::AllPrimaries => {
+                            targets.extend(primaries.state().iter().map(|p| key_of(p)))
+                        }
+                        Mapping::PrimaryNamedByLabel(l) => {
+                            if let Some(n) = labels.get(l) {
+                                targets.push((other.namespace().filter(|_| namespaced), n.clone()));
+                            }
+                        }
+                        Mapping::SameName => targets
+                            .push((other.namespace().filter(|_| namespaced), other.name_any())),
+                    }
+                }
+                targets.sort();
+                targets.dedup();
+                let trigger = Trigger::RelatedChanged(object_ref_of(&kind2, &other));
+                targets
+                    .into_iter()
+                    .map(|(ns, name)| {
+                        note_trigger(&objects, (ns.clone(), name.clone()), trigger.clone());
+                        reference(&primary_ar, ns, &name)
+                    })
+                    .collect::<Vec<_>>()
+            },
+            resolved.resource.clone(),
+        );
+        related.push((kind.clone(), store));
+    }
+
+    let applier = Applier::new(
+        clients.module.clone(),
+        &settings.name,
+        clients.discovery.clone(),
+        clients.module_events.clone(),
+    );
+    let name = settings.name.clone();
+    let shared = Arc::new(Shared {
+        settings,
+        slot,
+        applier,
+        host_events: clients.host_events.clone(),
+        impersonated: clients.module.clone(),
+        discovery: clients.discovery.clone(),
+        owned,
+        related,
+        objects,
+        health,
+    });
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(
+        controller
+            .graceful_shutdown_on(async move {
+                let _ = rx.await;
+            })
+            .run(reconcile, error_policy, shared)
+            .for_each(|result| async move {
+                if let Err(e) = result {
+                    tracing::debug!(error = %e, "controller event");
+                }
+            })
+            .instrument(info_span!("controller", reconciler = %name)),
+    );
+    Running {
+        task,
+        shutdown: Some(tx),
+    }
+}
+
+impl Shared {
+    /// Picks the trigger and attempt number of a reconcile that starts now.
+    fn begin(&self, key: &Key, rv: Option<&str>, module: &str) -> (Trigger, u32) {
+        let Ok(mut objects) = self.objects.lock() else {
+            return (Trigger::PrimaryChanged, 1);
+        };
+        let st = objects.entry(key.clone()).or_default();
+        let attempt = st.failures + 1;
+        let pending = st.pending.take();
+        let scheduled = st.scheduled.take();
+        let trigger = if st.failures > 0 {
+            Trigger::Retry
+        } else if st.last_rv.as_deref() != rv {
+            Trigger::PrimaryChanged
+        } else if let Some(p) = pending {
+            p
+        } else if st.last_module.as_deref() != Some(module) {
+            Trigger::ModuleChanged
+        } else if let Some((_, t)) = scheduled {
+            t
+        } else {
+            Trigger::Resync
+        };
+        st.last_rv = rv.map(str::to_string);
+        st.last_module = Some(module.to_string());
+        (trigger, attempt)
+    }
+
+    fn succeeded(&self, key: &Key, next: Option<(Duration, Trigger)>) {
+        if let Ok(mut objects) = self.objects.lock() {
+            let st = objects.entry(key.clone()).or_default();
+            st.failures = 0;
+            st.scheduled = next.map(|(d, t)| (Instant::now() + d, t));
+        }
+    }
+
+    fn failed(&self, key: &Key) -> u32 {
+        match self.objects.lock() {
+            Ok(mut objects) => {
+                let st = objects.entry(key.clone()).or_default();
+                st.failures = st.failures.saturating_add(1);
+                st.failures
+            }
+            Err(_) => 1,
+        }
+    }
+
+    fn forget(&self, key: &Key) {
+        if let Ok(mut objects) = self.objects.lock() {
+            objects.remove(key);
+        }
+        self.set_forbidden(key, None);
+    }
+
+    fn set_forbidden(&self, key: &Key, message: Option<String>) {
+        let name = match &key.0 {
+            Some(ns) => format!("{ns}/{}", key.1),
+            None => key.1.clone(),
+        };
+        let changed = match self.health.forbidden.lock() {
+            Ok(mut f) => match message {
+                Some(m) => f.insert(name, m.clone()).as_ref() != Some(&m),
+                None => f.remove(&name).is_some(),
+            },
+            Err(_) => false,
+        };
+        if changed {
+            self.health.changed.notify_one();
+        }
+    }
+
+    /// The observed children controlled by `uid`, of every owned kind the module may own.
+    fn observed(&self, uid: &str, grant: &Grant) -> Vec<Observed> {
+        self.owned
+            .iter()
+            .filter(|(kind, _)| grant.owned.contains(kind))
+            .map(|(kind, store)| Observed {
+                kind: kind.clone(),
+                objects: store
+                    .state()
+                    .iter()
+                    .filter(|o| controlled_by(o, uid))
+                    .map(|o| (**o).clone())
+                    .collect(),
+            })
+            .collect()
+    }
+
+    /// The related objects the module asked for that the primary may see (in its namespace when
+    /// it is namespaced).
+    fn related_of(&self, related: &[RelatedKind], namespace: Option<&str>) -> Vec<KindObjects> {
+        related
+            .iter()
+            .map(|rk| KindObjects {
+                kind: rk.kind.clone(),
+                objects: self
+                    .related
+                    .iter()
+                    .filter(|(k, _)| *k == rk.kind)
+                    .flat_map(|(_, store)| store.state())
+                    .filter(|o| namespace.is_none() || o.namespace().as_deref() == namespace)
+                    .filter(|o| rk.selector.matches(o.labels()))
+                    .filter_map(|o| serde_json::to_string(&*o).ok())
+                    .collect(),
+            })
+            .collect()
+    }
+
+    async fn warn(&self, primary: &DynamicObject, reason: &str, message: String) {
+        let kind = &self.settings.primary.0;
+        let r = object_ref_of(kind, primary);
+        let event = KubeEvent {
+            type_: KubeEventType::Warning,
+            reason: reason.to_string(),
+            note: Some(truncate(&message, intents::MAX_EVENT_NOTE)),
+            action: "Reconcile".into(),
+            secondary: None,
+        };
+        if let Err(e) = self
+            .host_events
+            .publish(&event, &object_reference(&r, primary.uid()))
+            .await
+        {
+            tracing::warn!(error = %e, reason, "cannot record a Warning Event");
+        }
+    }
+
+    async fn set_finalizer(
+        &self,
+        primary: &DynamicObject,
+        present: bool,
+    ) -> Result<DynamicObject, ReconcileError> {
+        let mut finalizers: Vec<String> = primary.finalizers().to_vec();
+        finalizers.retain(|f| f != FINALIZER);
+        if present {
+            finalizers.push(FINALIZER.to_string());
+        }
+        let patch = json!({"metadata": {"finalizers": finalizers, "resourceVersion": primary.resource_version()}});
+        let api = api_for_object(&self.impersonated, &self.settings.primary.1, primary);
+        api.patch(
+            &primary.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await
+        .map_err(|e| match &e {
+            kube::Error::Api(s) if s.code == 409 => {
+                ReconcileError::Conflict(format!("finalizer of {}", primary.name_any()))
+            }
+            _ => ReconcileError::Api(e),
+        })
+    }
+}
+
+fn api_for_object(client: &Client, resolved: &Resolved, o: &DynamicObject) -> Api<DynamicObject> {
+    match (resolved.namespaced, o.namespace()) {
+        (true, Some(ns)) => Api::namespaced_with(client.clone(), &ns, &resolved.resource),
+        _ => Api::all_with(client.clone(), &resolved.resource),
+    }
+}
+
+fn truncate(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_string();
+    }
+    let mut cut = max.saturating_sub(3);
+    while !s.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    format!("{}...", &s[..cut])
+}
+
+async fn reconcile(
+    primary: Arc<DynamicObject>,
+    shared: Arc<Shared>,
+) -> Result<Action, ReconcileError> {
+    let key = key_of(&primary);
+    if !shared.settings.namespaces.is_empty()
+        && !key
+            .0
+            .as_ref()
+            .is_some_and(|ns| shared.settings.namespaces.contains(ns))
+    {
+        return Ok(Action::await_change());
+    }
+    let active = shared.slot.active();
+    let sha = active.module.sha256().to_string();
+    let (trigger, attempt) = shared.begin(&key, primary.resource_version().as_deref(), &sha);
+    let span = info_span!(
+        "reconcile",
+        reconciler = %shared.settings.name,
+        object = %match &key.0 { Some(ns) => format!("{ns}/{}", key.1), None => key.1.clone() },
+        trigger = trigger.name(),
+        attempt,
+        module = %&sha[..12.min(sha.len())],
+    );
+    let started = Instant::now();
+    let result = run_once(&primary, &shared, &active, trigger, attempt)
+        .instrument(span.clone())
+        .await;
+    let elapsed = started.elapsed();
+    let _enter = span.enter();
+    match &result {
+        Ok(_) => tracing::debug!(elapsed_ms = elapsed.as_millis() as u64, "reconciled"),
+        Err(e) => {
+            tracing::warn!(elapsed_ms = elapsed.as_millis() as u64, error = %e, "reconcile failed")
+        }
+    }
+    active.record(match &result {
+        Ok(_) => true,
+        Err(e) => !e.is_module_failure(),
+    });
+    result
+}
+
+async fn run_once(
+    primary: &Arc<DynamicObject>,
+    shared: &Arc<Shared>,
+    active: &crate::slot::Active,
+    trigger: Trigger,
+    attempt: u32,
+) -> Result<Action, ReconcileError> {
+    let key = key_of(primary);
+    let module = &active.module;
+    let finalizes = module.metadata().finalizes;
+    let has_finalizer = primary.finalizers().iter().any(|f| f == FINALIZER);
+    let deleting = primary.metadata.deletion_timestamp.is_some();
+    if deleting && !has_finalizer {
+        shared.forget(&key);
+        return Ok(Action::await_change());
+    }
+    let mut current = (**primary).clone();
+    if !deleting && finalizes != has_finalizer {
+        current = shared.set_finalizer(primary, finalizes).await?;
+    }
+    if deleting && !finalizes {
+        shared.set_finalizer(primary, false).await?;
+        shared.forget(&key);
+        return Ok(Action::await_change());
+    }
+    let uid = current.uid().unwrap_or_default();
+    let observed = shared.observed(&uid, &active.fit.grant);
+    let request = ReconcileRequest {
+        primary: serde_json::to_string(&current)
+            .map_err(|e| ReconcileError::Apply(format!("cannot serialize the primary: {e}")))?,
+        owned: observed
+            .iter()
+            .map(|o| KindObjects {
+                kind: o.kind.clone(),
+                objects: o
+                    .objects
+                    .iter()
+                    .filter_map(|x| serde_json::to_string(x).ok())
+                    .collect(),
+            })
+            .collect(),
+        related: shared.related_of(
+            &active.fit.related,
+            if shared.settings.primary.1.namespaced {
+                key.0.as_deref()
+            } else {
+                None
+            },
+        ),
+        context: Context {
+            reconciler: shared.settings.name.clone(),
+            trigger,
+            attempt,
+            config: shared.settings.config.clone(),
+            now_unix_ms: now_unix_ms(),
+        },
+    };
+    let limits = shared.settings.limits;
+    let call_module = module.clone();
+    let outcome = tokio::task::spawn_blocking(move || {
+        if deleting {
+            let o = call_module.finalize(request, &limits);
+            (
+                o.result.map(|r| {
+                    let (done, response) = r.into_response();
+                    (Some(done), response)
+                }),
+                o.stats,
+            )
+        } else {
+            let o = call_module.reconcile(request, &limits);
+            (o.result.map(|r| (None, r)), o.stats)
+        }
+    })
+    .await
+    .map_err(|e| ReconcileError::Join(e.to_string()))?;
+    let (result, stats) = outcome;
+    tracing::trace!(
+        instantiate_us = stats.instantiate.as_micros() as u64,
+        call_us = stats.call.as_micros() as u64,
+        memory_peak = stats.memory_peak,
+        "module call"
+    );
+    let (done, response) = match result {
+        Ok(r) => r,
+        Err(e) => {
+            shared
+                .warn(
+                    primary,
+                    e.reason(),
+                    format!(
+                        "module {} ({}): {e}",
+                        module.metadata().name,
+                        &module.sha256()[..12]
+                    ),
+                )
+                .await;
+            return Err(e.into());
+        }
+    };
+    let primary_info = Primary::from_object(&serde_json::to_value(&current).unwrap_or_default())
+        .map_err(ReconcileError::Apply)?;
+    let validated = match intents::validate(
+        &shared.settings.name,
+        &primary_info,
+        &active.fit.grant,
+        &shared.discovery,
+        response,
+    ) {
+        Ok(v) => v,
+        Err(rejected) => {
+            shared
+                .warn(
+                    primary,
+                    "InvalidIntents",
+                    format!("module {}: {rejected}", module.metadata().name),
+                )
+                .await;
+            return Err(rejected.into());
+        }
+    };
+    let requeue = validated.requeue_after;
+    let report = shared
+        .applier
+        .apply(&current, &shared.settings.primary.1, &observed, validated)
+        .await;
+    let forbidden: Vec<String> = report
+        .of(FailureKind::Forbidden)
+        .map(ToString::to_string)
+        .collect();
+    if forbidden.is_empty() {
+        shared.set_forbidden(&key, None);
+    } else {
+        let sa = &shared.settings.service_account;
+        let message = format!(
+            "{sa} is not allowed to: {} (grant it in the ServiceAccount's Role or ClusterRole)",
+            forbidden.join("; ")
+        );
+        shared.warn(primary, "Forbidden", message.clone()).await;
+        shared.set_forbidden(&key, Some(message));
+    }
+    if let Some(c) = report.of(FailureKind::Conflict).next() {
+        return Err(ReconcileError::Conflict(c.to_string()));
+    }
+    let others: Vec<String> = report
+        .failures
+        .iter()
+        .filter(|f| matches!(f.kind, FailureKind::Invalid | FailureKind::Transient))
+        .map(ToString::to_string)
+        .collect();
+    if !others.is_empty() {
+        shared.warn(primary, "ApplyFailed", others.join("; ")).await;
+        return Err(ReconcileError::Apply(others.join("; ")));
+    }
+    if done == Some(true) {
+        shared.set_finalizer(&current, false).await?;
+        shared.forget(&key);
+        return Ok(Action::await_change());
+    }
+    let resync = shared.settings.resync;
+    let next = match requeue {
+        Some(d) if d < resync => (d, Trigger::Requeue),
+        _ => (resync, Trigger::Resync),
+    };
+    let next = if done == Some(false) && requeue.is_none() {
+        (Duration::from_secs(1), Trigger::Requeue)
+    } else {
+        next
+    };
+    shared.succeeded(&key, Some(next.clone()));
+    Ok(Action::requeue(next.0))
+}
+
+fn error_policy(
+    primary: Arc<DynamicObject>,
+    error: &ReconcileError,
+    shared: Arc<Shared>,
+) -> Action {
+    let failures = shared.failed(&key_of(&primary));
+    let delay = backoff(failures);
+    tracing::debug!(reconciler = %shared.settings.name, object = %primary.name_any(), failures, delay_ms = delay.as_millis() as u64, error = %error, "backing off");
+    Action::requeue(delay)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_from_5ms_to_5min() {
+        assert_eq!(backoff(1), Duration::from_millis(5));
+        assert_eq!(backoff(2), Duration::from_millis(10));
+        assert_eq!(backoff(5), Duration::from_millis(80));
+        assert_eq!(backoff(17), Duration::from_secs(300));
+        assert_eq!(backoff(1000), Duration::from_secs(300));
+    }
+}

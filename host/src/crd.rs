@@ -1,0 +1,376 @@
+//! The `WasmReconciler` custom resource (cluster-scoped, `wasmop.dev/v1alpha1`): an
+//! administrator's registration of a module for a kind, with its grant, identity and limits.
+//!
+//! The module's metadata is the *request* (which kinds it wants to own and read); the spec's
+//! `owns` and `related` are the *grant*. The host uses what both allow and reports the rest in
+//! `status.ungranted`.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::contract::Gvk;
+
+/// The finalizer the host keeps on primaries whose module implements finalize.
+pub const FINALIZER: &str = "wasmop.dev/finalizer";
+
+/// A module registered for a kind.
+// Several printcolumn(...) entries repeat `type_ = "string"`, which is not a duplicate.
+#[allow(clippy::duplicated_attributes)]
+#[derive(CustomResource, Serialize, Deserialize, Debug, Clone, PartialEq, JsonSchema)]
+#[kube(
+    group = "wasmop.dev",
+    version = "v1alpha1",
+    kind = "WasmReconciler",
+    plural = "wasmreconcilers",
+    shortname = "wr",
+    category = "wasmop",
+    status = "WasmReconcilerStatus",
+    doc = "A Wasm reconcile module registered for a kind: where the module is, what it may own and read, whose identity it writes with, and its limits.",
+    printcolumn(name = "Primary", type_ = "string", json_path = ".spec.primary.kind"),
+    printcolumn(
+        name = "Ready",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Ready\")].status"
+    ),
+    printcolumn(
+        name = "Module",
+        type_ = "string",
+        json_path = ".status.activeModule.version"
+    ),
+    printcolumn(
+        name = "Digest",
+        type_ = "string",
+        json_path = ".status.activeModule.sha256",
+        priority = "1"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[serde(rename_all = "camelCase")]
+pub struct WasmReconcilerSpec {
+    /// Where the module is.
+    pub module: ModuleSource,
+    /// The kind the module reconciles.
+    pub primary: KindRef,
+    /// Kinds the module may own (create, update, prune). The module asks in its metadata; only
+    /// kinds in both lists are watched and written.
+    #[serde(default)]
+    pub owns: Vec<KindRef>,
+    /// Kinds the module may read and react to (and patch, delete or report Events on).
+    #[serde(default)]
+    pub related: Vec<RelatedGrant>,
+    /// Namespaces whose primaries are reconciled; empty means all namespaces.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub namespaces: Vec<String>,
+    /// The ServiceAccount whose identity every write of the module uses (the host impersonates
+    /// it, so its RBAC decides what the module may do).
+    pub service_account: ServiceAccountRef,
+    /// Per-call and per-reconciler limits.
+    #[serde(default)]
+    pub limits: ReconcilerLimits,
+    /// How often every primary is reconciled even if nothing changes (Go duration, e.g. `10m`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resync_period: Option<String>,
+    /// Automatic rollback of a newly pushed module that fails.
+    #[serde(default)]
+    pub rollout: RolloutPolicy,
+    /// Free-form configuration handed to the module with every call.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "preserve_unknown")]
+    pub config: Option<serde_json::Value>,
+}
+
+fn preserve_unknown(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "object",
+        "x-kubernetes-preserve-unknown-fields": true,
+    })
+}
+
+/// Where a module comes from: a key of a ConfigMap (`binaryData`), optionally gzip-compressed.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ModuleSource {
+    /// The ConfigMap holding the module.
+    pub config_map: ConfigMapKey,
+    /// If set, only a module with this sha256 (hex) is accepted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sha256: Option<String>,
+}
+
+/// A key of a ConfigMap.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Hash, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ConfigMapKey {
+    /// The ConfigMap's namespace.
+    pub namespace: String,
+    /// The ConfigMap's name.
+    pub name: String,
+    /// The `binaryData` key: `module.wasm`, or `module.wasm.gz` for a gzip-compressed module.
+    /// When unset, `module.wasm` is used, else `module.wasm.gz`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+}
+
+/// A kind, by apiVersion and kind.
+#[derive(
+    Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, JsonSchema,
+)]
+#[serde(rename_all = "camelCase")]
+pub struct KindRef {
+    /// `apps/v1`, `v1`, `example.com/v1alpha1`.
+    pub api_version: String,
+    /// `Deployment`.
+    pub kind: String,
+}
+
+impl KindRef {
+    /// As a contract kind.
+    pub fn gvk(&self) -> Gvk {
+        Gvk::new(self.api_version.clone(), self.kind.clone())
+    }
+}
+
+/// A related kind the module may read, optionally narrowed by the administrator.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Hash, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RelatedGrant {
+    /// `v1`, `apps/v1`.
+    pub api_version: String,
+    /// `Namespace`, `Pod`.
+    pub kind: String,
+    /// Only objects matching this label selector (API syntax, e.g. `env=prod`) are watched;
+    /// the module's own selector narrows further.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selector: Option<String>,
+}
+
+impl RelatedGrant {
+    /// As a contract kind.
+    pub fn gvk(&self) -> Gvk {
+        Gvk::new(self.api_version.clone(), self.kind.clone())
+    }
+}
+
+/// A ServiceAccount.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Hash, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ServiceAccountRef {
+    /// Its namespace.
+    pub namespace: String,
+    /// Its name.
+    pub name: String,
+}
+
+impl ServiceAccountRef {
+    /// The user name Kubernetes gives it: `system:serviceaccount:<ns>:<name>`.
+    pub fn username(&self) -> String {
+        format!("system:serviceaccount:{}:{}", self.namespace, self.name)
+    }
+}
+
+/// Limits of one reconciler.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ReconcilerLimits {
+    /// Wall-clock deadline of one module call (Go duration; default `2s`).
+    #[serde(default = "default_deadline")]
+    pub deadline: String,
+    /// Linear-memory cap of one module call (quantity; default `64Mi`).
+    #[serde(default = "default_memory")]
+    pub memory: String,
+    /// How many primaries are reconciled at once (default 4).
+    #[serde(default = "default_concurrency")]
+    #[schemars(range(min = 1, max = 256))]
+    pub concurrency: u16,
+}
+
+fn default_deadline() -> String {
+    "2s".into()
+}
+fn default_memory() -> String {
+    "64Mi".into()
+}
+fn default_concurrency() -> u16 {
+    4
+}
+
+impl Default for ReconcilerLimits {
+    fn default() -> Self {
+        ReconcilerLimits {
+            deadline: default_deadline(),
+            memory: default_memory(),
+            concurrency: default_concurrency(),
+        }
+    }
+}
+
+/// When a newly activated module is rolled back to the previous one.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RolloutPolicy {
+    /// How many reconciles of a new module are watched (0 disables rollback).
+    #[serde(default = "default_watch")]
+    pub watch_reconciles: u32,
+    /// The failure rate, in percent, over those reconciles that triggers a rollback.
+    #[serde(default = "default_threshold")]
+    #[schemars(range(min = 1, max = 100))]
+    pub failure_threshold_percent: u32,
+}
+
+fn default_watch() -> u32 {
+    10
+}
+fn default_threshold() -> u32 {
+    50
+}
+
+impl Default for RolloutPolicy {
+    fn default() -> Self {
+        RolloutPolicy {
+            watch_reconciles: default_watch(),
+            failure_threshold_percent: default_threshold(),
+        }
+    }
+}
+
+/// What the host reports.
+#[derive(Serialize, Deserialize, Debug, Clone, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct WasmReconcilerStatus {
+    /// `Ready`, `ModuleLoaded`, `Degraded`.
+    #[serde(default)]
+    pub conditions: Vec<Condition>,
+    /// The generation of the spec this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// The module serving now.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub active_module: Option<ActiveModule>,
+    /// A module digest that was rolled back and is not retried until the ConfigMap changes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rejected_sha256: Option<String>,
+    /// What the module asked for that the spec does not grant (not watched, not writable).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ungranted: Vec<String>,
+}
+
+/// The module serving a reconciler.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ActiveModule {
+    /// The module's sha256 (hex).
+    pub sha256: String,
+    /// The module's name, from its metadata.
+    pub name: String,
+    /// The module's version, from its metadata.
+    pub version: String,
+    /// When it was activated.
+    pub loaded_at: Time,
+    /// `compiled` or `cache`.
+    pub source: String,
+}
+
+/// Parses a Go-style duration: `500ms`, `2s`, `1m30s`, `1h`.
+///
+/// # Errors
+/// A message naming the bad input.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let bad = || format!("{text:?} is not a duration (use e.g. 500ms, 2s, 1m30s, 1h)");
+    let mut total = Duration::ZERO;
+    let mut rest = text.trim();
+    if rest.is_empty() {
+        return Err(bad());
+    }
+    while !rest.is_empty() {
+        let digits = rest
+            .find(|c: char| !c.is_ascii_digit() && c != '.')
+            .ok_or_else(bad)?;
+        if digits == 0 {
+            return Err(bad());
+        }
+        let value: f64 = rest[..digits].parse().map_err(|_| bad())?;
+        rest = &rest[digits..];
+        let unit_len = rest
+            .find(|c: char| c.is_ascii_digit())
+            .unwrap_or(rest.len());
+        let unit = match &rest[..unit_len] {
+            "ms" => 1e-3,
+            "s" => 1.0,
+            "m" => 60.0,
+            "h" => 3600.0,
+            _ => return Err(bad()),
+        };
+        total += Duration::from_secs_f64(value * unit);
+        rest = &rest[unit_len..];
+    }
+    Ok(total)
+}
+
+/// Parses a memory quantity: `64Mi`, `1Gi`, `512Ki`, `100M`, `1048576`.
+///
+/// # Errors
+/// A message naming the bad input.
+pub fn parse_quantity(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (n, suffix) = t.split_at(split);
+    let n: u64 = n
+        .parse()
+        .map_err(|_| format!("{text:?} is not a memory quantity (use e.g. 64Mi)"))?;
+    let mult: u64 = match suffix {
+        "" => 1,
+        "Ki" => 1 << 10,
+        "Mi" => 1 << 20,
+        "Gi" => 1 << 30,
+        "K" | "k" => 1_000,
+        "M" => 1_000_000,
+        "G" => 1_000_000_000,
+        _ => {
+            return Err(format!(
+                "{text:?} has an unknown unit (use Ki, Mi, Gi, K, M or G)"
+            ));
+        }
+    };
+    n.checked_mul(mult)
+        .ok_or_else(|| format!("{text:?} is too large"))
+}
+
+/// All CRDs the host serves, as YAML documents (what `wasmop crdgen` prints).
+pub fn crds_yaml() -> String {
+    use kube::CustomResourceExt;
+    let crd = WasmReconciler::crd();
+    let mut out = String::from(
+        "# Generated by `wasmop crdgen`; do not edit. `make test` fails when this drifts.\n",
+    );
+    out.push_str(&crate::cli::to_yaml(&crd));
+    out
+}
+
+/// Labels as a map, for convenience.
+pub type Labels = BTreeMap<String, String>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_and_quantities_parse_like_kubernetes() {
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("1m30s"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
+        assert!(parse_duration("10 parsecs").is_err());
+        assert!(parse_duration("").is_err());
+        assert_eq!(parse_quantity("64Mi"), Ok(64 << 20));
+        assert_eq!(parse_quantity("1G"), Ok(1_000_000_000));
+        assert!(parse_quantity("lots").is_err());
+    }
+}

@@ -1,0 +1,105 @@
+//! Which resource serves a kind, and whether it is namespaced: asked of the API server once per
+//! kind and remembered.
+//!
+//! # Errors
+//! [`DiscoveryError`] when the API server does not serve a kind (a missing CRD, a typo in an
+//! apiVersion) or cannot be asked.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use kube::Client;
+use kube::api::{ApiResource, GroupVersionKind};
+use kube::discovery::Scope;
+
+use crate::contract::Gvk;
+use crate::intents::Scopes;
+
+/// A discovery failure.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error(
+    "the API server does not serve {kind}: {detail} (install its CustomResourceDefinition, or fix the apiVersion/kind)"
+)]
+pub struct DiscoveryError {
+    /// The kind.
+    pub kind: Gvk,
+    /// The server's answer.
+    pub detail: String,
+}
+
+/// A resolved kind.
+#[derive(Debug, Clone)]
+pub struct Resolved {
+    /// The resource (group, version, plural...).
+    pub resource: ApiResource,
+    /// Whether objects of it live in namespaces.
+    pub namespaced: bool,
+}
+
+/// Resolves kinds through the API server, caching answers.
+#[derive(Clone)]
+pub struct Discovery {
+    client: Client,
+    cache: Arc<Mutex<HashMap<Gvk, Resolved>>>,
+}
+
+fn gvk_of(kind: &Gvk) -> GroupVersionKind {
+    GroupVersionKind::gvk(kind.group(), kind.version(), &kind.kind)
+}
+
+impl std::fmt::Debug for Discovery {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Discovery").finish_non_exhaustive()
+    }
+}
+
+impl Discovery {
+    /// A resolver using `client`.
+    pub fn new(client: Client) -> Self {
+        Discovery {
+            client,
+            cache: Arc::default(),
+        }
+    }
+
+    /// Resolves `kind`.
+    ///
+    /// # Errors
+    /// [`DiscoveryError`] when it is not served.
+    pub async fn resolve(&self, kind: &Gvk) -> Result<Resolved, DiscoveryError> {
+        if let Some(r) = self.cached(kind) {
+            return Ok(r);
+        }
+        let (resource, caps) = kube::discovery::pinned_kind(&self.client, &gvk_of(kind))
+            .await
+            .map_err(|e| DiscoveryError {
+                kind: kind.clone(),
+                detail: e.to_string(),
+            })?;
+        let resolved = Resolved {
+            resource,
+            namespaced: matches!(caps.scope, Scope::Namespaced),
+        };
+        if let Ok(mut cache) = self.cache.lock() {
+            cache.insert(kind.clone(), resolved.clone());
+        }
+        Ok(resolved)
+    }
+
+    /// Forgets everything (after CRDs change).
+    pub fn forget(&self) {
+        if let Ok(mut cache) = self.cache.lock() {
+            cache.clear();
+        }
+    }
+
+    fn cached(&self, kind: &Gvk) -> Option<Resolved> {
+        self.cache.lock().ok()?.get(kind).cloned()
+    }
+}
+
+impl Scopes for Discovery {
+    fn namespaced(&self, kind: &Gvk) -> Option<bool> {
+        self.cached(kind).map(|r| r.namespaced)
+    }
+}

@@ -1,0 +1,858 @@
+//! The host's top level: watches WasmReconcilers and keeps one supervised controller running per
+//! WasmReconciler, with its module loaded from a ConfigMap and hot-swapped when it changes.
+//!
+//! Per WasmReconciler, a supervisor task:
+//! 1. resolves the kinds, reads and loads the module (compiled off the async threads, from the
+//!    disk cache when possible), checks it fits the registration, and starts the controller;
+//! 2. watches the module's ConfigMap: a new module is read, checked (pin, contract version,
+//!    metadata against the grant), compiled, dry-run over cached primaries, then swapped in
+//!    atomically and every primary is reconciled again; a bad one is refused and the old one
+//!    keeps serving;
+//! 3. watches a new module's first reconciles and rolls back to the previous module when its
+//!    failure rate passes the threshold;
+//! 4. keeps the WasmReconciler's status (conditions Ready / ModuleLoaded / Degraded,
+//!    activeModule, ungranted, observedGeneration).
+//!
+//! Adding, changing (a new generation) or deleting a WasmReconciler starts, restarts or stops
+//! its supervisor; other reconcilers are untouched.
+//!
+//! # Errors
+//! [`ManagerError`] only when the WasmReconciler watch itself cannot run; everything about one
+//! reconciler is reported in its status and Events and retried.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{Api, DynamicObject, Patch, PatchParams};
+use kube::runtime::events::{Event as KubeEvent, EventType as KubeEventType, Recorder, Reporter};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, Resource, ResourceExt};
+use serde_json::json;
+use tokio::sync::oneshot;
+
+use crate::conditions;
+use crate::contract::{Context, Gvk, KindObjects, ReconcileRequest, Trigger};
+use crate::controller::{self, Clients, Health, Running, Settings};
+use crate::crd::{
+    ActiveModule, WasmReconciler, WasmReconcilerStatus, parse_duration, parse_quantity,
+};
+use crate::discovery::{Discovery, Resolved};
+use crate::engine::{Compiled, Engine, Limits, Module, sha256_hex};
+use crate::intents::{self, Primary};
+use crate::slot::{Active, Fit, ModuleSlot};
+use crate::source::{self, ModuleBytes};
+
+/// The field manager of the host's own writes (WasmReconciler status).
+pub const HOST_MANAGER: &str = "wasmop";
+
+/// What the manager needs.
+#[derive(Clone)]
+pub struct HostContext {
+    /// The Wasm engine.
+    pub engine: Engine,
+    /// The host's client.
+    pub client: Client,
+    /// The host's client configuration (cloned, with impersonation, per reconciler).
+    pub config: kube::Config,
+    /// Kind resolution.
+    pub discovery: Discovery,
+    /// The reporting instance for Events (pod or host name).
+    pub instance: String,
+    /// The resync period when a WasmReconciler does not set one.
+    pub default_resync: Duration,
+    /// Serve only WasmReconcilers matching this label selector.
+    pub selector: Option<String>,
+}
+
+impl std::fmt::Debug for HostContext {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HostContext")
+            .field("instance", &self.instance)
+            .finish_non_exhaustive()
+    }
+}
+
+impl HostContext {
+    fn host_events(&self) -> Recorder {
+        Recorder::new(
+            self.client.clone(),
+            Reporter {
+                controller: "wasmop".into(),
+                instance: Some(self.instance.clone()),
+            },
+        )
+    }
+}
+
+/// The manager's own failure.
+#[derive(Debug, thiserror::Error)]
+pub enum ManagerError {
+    /// The WasmReconciler watch failed for good.
+    #[error(
+        "watching WasmReconcilers failed: {0} (is the CRD installed? `kubectl apply -f deploy/crds/`)"
+    )]
+    Watch(#[from] watcher::Error),
+}
+
+struct Supervised {
+    generation: Option<i64>,
+    stop: Option<oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Supervised {
+    async fn stop(mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+        let _ = self.task.await;
+    }
+}
+
+/// Runs until `shutdown` resolves, then stops every controller gracefully (running reconciles
+/// finish).
+///
+/// # Errors
+/// [`ManagerError`] if the WasmReconciler watch cannot run.
+pub async fn run(
+    ctx: Arc<HostContext>,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<(), ManagerError> {
+    let api: Api<WasmReconciler> = Api::all(ctx.client.clone());
+    let wc = match &ctx.selector {
+        Some(s) => watcher::Config::default().labels(s),
+        None => watcher::Config::default(),
+    };
+    let mut events = watcher(api, wc).default_backoff().boxed();
+    let mut running: HashMap<String, Supervised> = HashMap::new();
+    let mut seen_in_init: Option<Vec<String>> = None;
+    tokio::pin!(shutdown);
+    loop {
+        let event = tokio::select! {
+            _ = &mut shutdown => break,
+            e = events.try_next() => e,
+        };
+        let event = match event {
+            Ok(Some(e)) => e,
+            Ok(None) => break,
+            Err(e) => {
+                tracing::warn!(error = %e, "watching WasmReconcilers");
+                continue;
+            }
+        };
+        match event {
+            watcher::Event::Init => seen_in_init = Some(Vec::new()),
+            watcher::Event::InitApply(wr) | watcher::Event::Apply(wr) => {
+                let name = wr.name_any();
+                if let Some(seen) = &mut seen_in_init {
+                    seen.push(name.clone());
+                }
+                let generation = wr.metadata.generation;
+                if running
+                    .get(&name)
+                    .is_some_and(|s| s.generation == generation)
+                {
+                    continue;
+                }
+                if let Some(old) = running.remove(&name) {
+                    tracing::info!(reconciler = %name, "WasmReconciler changed; restarting its controller");
+                    old.stop().await;
+                }
+                running.insert(name, spawn_supervisor(ctx.clone(), wr));
+            }
+            watcher::Event::InitDone => {
+                if let Some(seen) = seen_in_init.take() {
+                    let gone: Vec<String> = running
+                        .keys()
+                        .filter(|k| !seen.contains(k))
+                        .cloned()
+                        .collect();
+                    for name in gone {
+                        if let Some(s) = running.remove(&name) {
+                            s.stop().await;
+                        }
+                    }
+                }
+            }
+            watcher::Event::Delete(wr) => {
+                if let Some(s) = running.remove(&wr.name_any()) {
+                    tracing::info!(reconciler = %wr.name_any(), "WasmReconciler deleted; stopping its controller");
+                    s.stop().await;
+                }
+            }
+        }
+    }
+    for (_, s) in running.drain() {
+        s.stop().await;
+    }
+    Ok(())
+}
+
+fn spawn_supervisor(ctx: Arc<HostContext>, wr: WasmReconciler) -> Supervised {
+    let (tx, rx) = oneshot::channel();
+    let generation = wr.metadata.generation;
+    let name = wr.name_any();
+    let task = tokio::spawn(async move {
+        let mut sup = Supervisor::new(ctx, wr);
+        sup.run(rx).await;
+    });
+    tracing::info!(reconciler = %name, "supervising");
+    Supervised {
+        generation,
+        stop: Some(tx),
+        task,
+    }
+}
+
+/// A failure to set a reconciler up, with the condition reason to report.
+#[derive(Debug)]
+struct SetupError {
+    reason: &'static str,
+    message: String,
+}
+
+struct Supervisor {
+    ctx: Arc<HostContext>,
+    wr: WasmReconciler,
+    status: WasmReconcilerStatus,
+    host_events: Recorder,
+}
+
+/// A module read and checked, not yet in service.
+struct Candidate {
+    module: Module,
+    fit: Fit,
+    bytes: ModuleBytes,
+}
+
+impl Supervisor {
+    fn new(ctx: Arc<HostContext>, wr: WasmReconciler) -> Self {
+        let status = wr.status.clone().unwrap_or_default();
+        let host_events = ctx.host_events();
+        Supervisor {
+            ctx,
+            wr,
+            status,
+            host_events,
+        }
+    }
+
+    fn name(&self) -> String {
+        self.wr.name_any()
+    }
+
+    fn limits(&self) -> Result<Limits, SetupError> {
+        let l = &self.wr.spec.limits;
+        let bad = |message: String| SetupError {
+            reason: "InvalidSpec",
+            message,
+        };
+        Ok(Limits {
+            deadline: parse_duration(&l.deadline)
+                .map_err(|e| bad(format!("spec.limits.deadline: {e}")))?,
+            memory_bytes: parse_quantity(&l.memory)
+                .map_err(|e| bad(format!("spec.limits.memory: {e}")))?,
+            ..Limits::default()
+        })
+    }
+
+    async fn run(&mut self, mut stop: oneshot::Receiver<()>) {
+        let mut delay = Duration::from_secs(1);
+        loop {
+            match self.setup().await {
+                Ok((settings, candidate, resolved)) => {
+                    self.serve(settings, candidate, resolved, &mut stop).await;
+                    return;
+                }
+                Err(e) => {
+                    tracing::warn!(reconciler = %self.name(), reason = e.reason, error = %e.message, "cannot start; retrying");
+                    let loaded = !matches!(
+                        e.reason,
+                        "ModuleUnavailable" | "ModuleInvalid" | "DigestMismatch" | "ModuleMismatch"
+                    );
+                    conditions::set(
+                        &mut self.status.conditions,
+                        "Ready",
+                        false,
+                        e.reason,
+                        &e.message,
+                        self.wr.metadata.generation,
+                    );
+                    if !loaded {
+                        conditions::set(
+                            &mut self.status.conditions,
+                            "ModuleLoaded",
+                            false,
+                            e.reason,
+                            &e.message,
+                            self.wr.metadata.generation,
+                        );
+                    }
+                    self.write_status().await;
+                    self.event_on_wr(KubeEventType::Warning, e.reason, &e.message)
+                        .await;
+                }
+            }
+            tokio::select! {
+                _ = &mut stop => return,
+                _ = tokio::time::sleep(delay) => {}
+            }
+            delay = (delay * 2).min(Duration::from_secs(60));
+        }
+    }
+
+    async fn setup(&mut self) -> Result<(Settings, Candidate, (Gvk, Resolved)), SetupError> {
+        let spec = &self.wr.spec;
+        let discovery = &self.ctx.discovery;
+        let not_served = |e: crate::discovery::DiscoveryError| SetupError {
+            reason: "KindNotServed",
+            message: e.to_string(),
+        };
+        discovery.forget();
+        let primary = spec.primary.gvk();
+        let primary_resolved = discovery.resolve(&primary).await.map_err(not_served)?;
+        let mut owned = Vec::new();
+        for k in &spec.owns {
+            owned.push((
+                k.gvk(),
+                discovery.resolve(&k.gvk()).await.map_err(not_served)?,
+            ));
+        }
+        let mut related = Vec::new();
+        for r in &spec.related {
+            related.push((
+                r.gvk(),
+                discovery.resolve(&r.gvk()).await.map_err(not_served)?,
+                r.selector.clone(),
+            ));
+        }
+        let candidate = self.candidate(None).await?;
+        let limits = self.limits()?;
+        let resync = match &spec.resync_period {
+            Some(p) => parse_duration(p).map_err(|e| SetupError {
+                reason: "InvalidSpec",
+                message: format!("spec.resyncPeriod: {e}"),
+            })?,
+            None => self.ctx.default_resync,
+        };
+        let settings = Settings {
+            name: self.name(),
+            primary: (primary.clone(), primary_resolved.clone()),
+            owned,
+            related,
+            namespaces: spec.namespaces.clone(),
+            limits,
+            concurrency: spec.limits.concurrency.max(1),
+            resync: resync.max(Duration::from_secs(1)),
+            config: spec.config.clone().unwrap_or_else(|| json!({})).to_string(),
+            service_account: spec.service_account.username(),
+        };
+        Ok((settings, candidate, (primary, primary_resolved)))
+    }
+
+    /// Reads the module (from `cm` if given, else from the cluster), checks and loads it.
+    async fn candidate(&self, cm: Option<&ConfigMap>) -> Result<Candidate, SetupError> {
+        let spec = &self.wr.spec;
+        let source = &spec.module.config_map;
+        let bytes = match cm {
+            Some(cm) => source::from_config_map(cm, source),
+            None => source::fetch(&self.ctx.client, source).await,
+        }
+        .map_err(|e| SetupError {
+            reason: "ModuleUnavailable",
+            message: e.to_string(),
+        })?;
+        let sha = sha256_hex(&bytes.bytes);
+        if let Some(pin) = &spec.module.sha256
+            && !pin.eq_ignore_ascii_case(&sha)
+        {
+            return Err(SetupError {
+                reason: "DigestMismatch",
+                message: format!(
+                    "ConfigMap {}/{} holds a module with sha256 {sha}, but spec.module.sha256 pins {pin}",
+                    source.namespace, source.name
+                ),
+            });
+        }
+        let limits = self.limits()?;
+        let engine = self.ctx.engine.clone();
+        let raw = bytes.bytes.clone();
+        let module = tokio::task::spawn_blocking(move || engine.load(&raw, &limits))
+            .await
+            .map_err(|e| SetupError {
+                reason: "ModuleInvalid",
+                message: format!("loading was interrupted: {e}"),
+            })?
+            .map_err(|e| SetupError {
+                reason: "ModuleInvalid",
+                message: format!(
+                    "ConfigMap {}/{} key {}: {e}",
+                    source.namespace, source.name, bytes.key
+                ),
+            })?;
+        let owned: Vec<Gvk> = spec.owns.iter().map(|k| k.gvk()).collect();
+        let related: Vec<Gvk> = spec.related.iter().map(|k| k.gvk()).collect();
+        let fit = Fit::compute(module.metadata(), &spec.primary.gvk(), &owned, &related).map_err(
+            |message| SetupError {
+                reason: "ModuleMismatch",
+                message,
+            },
+        )?;
+        Ok(Candidate { module, fit, bytes })
+    }
+
+    fn clients(&self) -> Result<Clients, SetupError> {
+        let mut config = self.ctx.config.clone();
+        config.auth_info.impersonate = Some(self.wr.spec.service_account.username());
+        let module = Client::try_from(config).map_err(|e| SetupError {
+            reason: "ClientError",
+            message: e.to_string(),
+        })?;
+        Ok(Clients {
+            host: self.ctx.client.clone(),
+            module: module.clone(),
+            discovery: self.ctx.discovery.clone(),
+            host_events: self.host_events.clone(),
+            module_events: Recorder::new(
+                module,
+                Reporter {
+                    controller: format!("wasmop/{}", self.name()),
+                    instance: Some(self.ctx.instance.clone()),
+                },
+            ),
+        })
+    }
+
+    async fn serve(
+        &mut self,
+        settings: Settings,
+        first: Candidate,
+        primary: (Gvk, Resolved),
+        stop: &mut oneshot::Receiver<()>,
+    ) {
+        let clients = match self.clients() {
+            Ok(c) => c,
+            Err(e) => {
+                conditions::set(
+                    &mut self.status.conditions,
+                    "Ready",
+                    false,
+                    e.reason,
+                    &e.message,
+                    self.wr.metadata.generation,
+                );
+                self.write_status().await;
+                return;
+            }
+        };
+        let slot = ModuleSlot::new(Active::new(
+            first.module.clone(),
+            first.fit.clone(),
+            first.bytes.resource_version.clone(),
+        ));
+        let (changed_tx, changed_rx) = futures::channel::mpsc::unbounded::<()>();
+        let health = Arc::new(Health::default());
+        let running: Running = controller::start(
+            settings.clone(),
+            slot.clone(),
+            clients.clone(),
+            health.clone(),
+            changed_rx,
+        );
+        self.activated(
+            &slot,
+            "Started",
+            format!(
+                "serving module {} {} ({})",
+                first.module.metadata().name,
+                first.module.metadata().version,
+                short(first.module.sha256())
+            ),
+        )
+        .await;
+
+        let source = self.wr.spec.module.config_map.clone();
+        let cms: Api<ConfigMap> = Api::namespaced(self.ctx.client.clone(), &source.namespace);
+        let mut cm_events = watcher(
+            cms,
+            watcher::Config::default().fields(&format!("metadata.name={}", source.name)),
+        )
+        .default_backoff()
+        .boxed();
+        let mut refused_version: Option<String> = None;
+        let mut rejected: Option<(String, String)> = None; // (sha, configmap version)
+        let mut watching: Option<String> = None; // sha of a newly swapped module under watch
+        let mut tick = tokio::time::interval(Duration::from_millis(100));
+        let primaries: Api<DynamicObject> =
+            Api::all_with(self.ctx.client.clone(), &primary.1.resource);
+        loop {
+            tokio::select! {
+                _ = &mut *stop => break,
+                _ = health.changed.notified() => self.degraded(&health).await,
+                event = cm_events.next() => {
+                    let cm = match event {
+                        Some(Ok(watcher::Event::Apply(cm) | watcher::Event::InitApply(cm))) => cm,
+                        _ => continue,
+                    };
+                    let version = cm.resource_version().unwrap_or_default();
+                    let active = slot.active();
+                    if version == active.source_version || refused_version.as_deref() == Some(&version)
+                        || rejected.as_ref().is_some_and(|(_, v)| *v == version) {
+                        continue;
+                    }
+                    match self.swap(&cm, &slot, &settings, &primaries, &clients).await {
+                        Ok(Some(sha)) => {
+                            let _ = changed_tx.unbounded_send(());
+                            refused_version = None;
+                            rejected = None;
+                            self.status.rejected_sha256 = None;
+                            watching = (self.wr.spec.rollout.watch_reconciles > 0).then_some(sha);
+                        }
+                        Ok(None) => {}
+                        Err(e) => {
+                            refused_version = Some(version);
+                            self.refused(&cm, &e).await;
+                        }
+                    }
+                }
+                _ = tick.tick() => {
+                    let Some(sha) = watching.clone() else { continue };
+                    let active = slot.active();
+                    if active.module.sha256() != sha {
+                        watching = None;
+                        continue;
+                    }
+                    let (calls, failures) = active.counts();
+                    let policy = &self.wr.spec.rollout;
+                    let n = policy.watch_reconciles.max(1);
+                    let threshold = policy.failure_threshold_percent.clamp(1, 100);
+                    // Past the threshold for good, even if every remaining reconcile succeeded?
+                    let doomed = failures * 100 >= threshold * n;
+                    if doomed || (calls >= n && failures * 100 >= threshold * calls) {
+                        let previous = slot.previous();
+                        if slot.roll_back() {
+                            let _ = changed_tx.unbounded_send(());
+                            let back = previous.map(|p| p.module.sha256().to_string()).unwrap_or_default();
+                            rejected = Some((sha.clone(), active.source_version.clone()));
+                            self.rolled_back(&slot, &sha, &back, calls, failures).await;
+                        }
+                        watching = None;
+                    } else if calls >= n {
+                        watching = None;
+                    }
+                }
+            }
+        }
+        running.stop().await;
+    }
+
+    /// Checks, compiles and dry-runs the module in `cm`, then swaps it in. Ok(None) when the
+    /// ConfigMap changed but holds the module already serving.
+    async fn swap(
+        &mut self,
+        cm: &ConfigMap,
+        slot: &ModuleSlot,
+        settings: &Settings,
+        primaries: &Api<DynamicObject>,
+        clients: &Clients,
+    ) -> Result<Option<String>, SetupError> {
+        let candidate = self.candidate(Some(cm)).await?;
+        let old = slot.active();
+        if candidate.module.sha256() == old.module.sha256() {
+            slot.activate(Active::new(
+                old.module.clone(),
+                old.fit.clone(),
+                candidate.bytes.resource_version.clone(),
+            ));
+            return Ok(None);
+        }
+        self.self_check(&candidate, settings, primaries, clients)
+            .await?;
+        let sha = candidate.module.sha256().to_string();
+        let message = format!(
+            "module {} {} ({}) replaces {} {} ({})",
+            candidate.module.metadata().name,
+            candidate.module.metadata().version,
+            short(&sha),
+            old.module.metadata().name,
+            old.module.metadata().version,
+            short(old.module.sha256())
+        );
+        slot.activate(Active::new(
+            candidate.module,
+            candidate.fit,
+            candidate.bytes.resource_version,
+        ));
+        tracing::info!(reconciler = %self.name(), "{message}");
+        self.activated(slot, "ModuleSwapped", message).await;
+        Ok(Some(sha))
+    }
+
+    /// A dry run of the candidate over a few cached primaries: its intents must validate.
+    async fn self_check(
+        &self,
+        candidate: &Candidate,
+        settings: &Settings,
+        primaries: &Api<DynamicObject>,
+        _clients: &Clients,
+    ) -> Result<(), SetupError> {
+        let list = primaries
+            .list(&kube::api::ListParams::default().limit(3))
+            .await
+            .map_err(|e| SetupError {
+                reason: "SelfCheckFailed",
+                message: format!("cannot list primaries for the self-check: {e}"),
+            })?;
+        for p in list
+            .items
+            .iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+        {
+            let value = serde_json::to_value(p).unwrap_or_default();
+            let Ok(info) = Primary::from_object(&value) else {
+                continue;
+            };
+            let request = ReconcileRequest {
+                primary: value.to_string(),
+                owned: candidate
+                    .fit
+                    .grant
+                    .owned
+                    .iter()
+                    .map(|k| KindObjects {
+                        kind: k.clone(),
+                        objects: Vec::new(),
+                    })
+                    .collect(),
+                related: candidate
+                    .fit
+                    .related
+                    .iter()
+                    .map(|r| KindObjects {
+                        kind: r.kind.clone(),
+                        objects: Vec::new(),
+                    })
+                    .collect(),
+                context: Context {
+                    reconciler: settings.name.clone(),
+                    trigger: Trigger::DryRun,
+                    attempt: 1,
+                    config: settings.config.clone(),
+                    now_unix_ms: 0,
+                },
+            };
+            let module = candidate.module.clone();
+            let limits = settings.limits;
+            let outcome =
+                tokio::task::spawn_blocking(move || module.reconcile(request, &limits).result)
+                    .await
+                    .map_err(|e| SetupError {
+                        reason: "SelfCheckFailed",
+                        message: e.to_string(),
+                    })?;
+            let fail = |m: String| SetupError {
+                reason: "SelfCheckFailed",
+                message: format!("dry run on {}: {m}", p.name_any()),
+            };
+            let response = outcome.map_err(|e| fail(e.to_string()))?;
+            intents::validate(
+                &settings.name,
+                &info,
+                &candidate.fit.grant,
+                &self.ctx.discovery,
+                response,
+            )
+            .map_err(|e| fail(e.to_string()))?;
+        }
+        Ok(())
+    }
+
+    async fn activated(&mut self, slot: &ModuleSlot, reason: &str, message: String) {
+        let active = slot.active();
+        let m = &active.module;
+        self.status.active_module = Some(ActiveModule {
+            sha256: m.sha256().to_string(),
+            name: m.metadata().name.clone(),
+            version: m.metadata().version.clone(),
+            loaded_at: Time(k8s_openapi::jiff::Timestamp::now()),
+            source: match m.compiled() {
+                Compiled::Fresh => "compiled".into(),
+                Compiled::FromCache => "cache".into(),
+            },
+        });
+        self.status.ungranted = active.fit.ungranted.clone();
+        let generation = self.wr.metadata.generation;
+        conditions::set(
+            &mut self.status.conditions,
+            "ModuleLoaded",
+            true,
+            reason,
+            &message,
+            generation,
+        );
+        conditions::set(
+            &mut self.status.conditions,
+            "Ready",
+            true,
+            "Reconciling",
+            &format!("watching {}", self.wr.spec.primary.kind),
+            generation,
+        );
+        if !self.status.conditions.iter().any(|c| c.type_ == "Degraded") {
+            conditions::set(
+                &mut self.status.conditions,
+                "Degraded",
+                false,
+                "AllWritesAllowed",
+                "",
+                generation,
+            );
+        }
+        self.write_status().await;
+        self.event_on_wr(KubeEventType::Normal, reason, &message)
+            .await;
+    }
+
+    async fn refused(&mut self, cm: &ConfigMap, e: &SetupError) {
+        let message = format!("{}; the previous module keeps serving", e.message);
+        tracing::warn!(reconciler = %self.name(), reason = e.reason, "{message}");
+        conditions::set(
+            &mut self.status.conditions,
+            "ModuleLoaded",
+            false,
+            e.reason,
+            &message,
+            self.wr.metadata.generation,
+        );
+        self.write_status().await;
+        self.event_on_wr(KubeEventType::Warning, e.reason, &message)
+            .await;
+        let r = cm.object_ref(&());
+        let event = KubeEvent {
+            type_: KubeEventType::Warning,
+            reason: e.reason.to_string(),
+            note: Some(truncate(&message)),
+            action: "LoadModule".into(),
+            secondary: None,
+        };
+        if let Err(err) = self.host_events.publish(&event, &r).await {
+            tracing::warn!(error = %err, "cannot record an Event on the module ConfigMap");
+        }
+    }
+
+    async fn rolled_back(
+        &mut self,
+        slot: &ModuleSlot,
+        bad: &str,
+        back_to: &str,
+        calls: u32,
+        failures: u32,
+    ) {
+        let message = format!(
+            "module {} failed {failures} of its first {calls} reconciles; rolled back to {} (push a fixed module to try again)",
+            short(bad),
+            short(back_to)
+        );
+        tracing::warn!(reconciler = %self.name(), "{message}");
+        self.status.rejected_sha256 = Some(bad.to_string());
+        self.activated(slot, "RolledBack", message.clone()).await;
+        conditions::set(
+            &mut self.status.conditions,
+            "ModuleLoaded",
+            false,
+            "RolledBack",
+            &message,
+            self.wr.metadata.generation,
+        );
+        self.write_status().await;
+        self.event_on_wr(KubeEventType::Warning, "RolledBack", &message)
+            .await;
+    }
+
+    async fn degraded(&mut self, health: &Health) {
+        let forbidden = health
+            .forbidden
+            .lock()
+            .map(|f| f.clone())
+            .unwrap_or_default();
+        let generation = self.wr.metadata.generation;
+        if forbidden.is_empty() {
+            conditions::set(
+                &mut self.status.conditions,
+                "Degraded",
+                false,
+                "AllWritesAllowed",
+                "",
+                generation,
+            );
+        } else {
+            let first = forbidden
+                .iter()
+                .next()
+                .map(|(k, v)| format!("{k}: {v}"))
+                .unwrap_or_default();
+            let message = format!(
+                "{} object(s) have writes refused by RBAC; first: {first}",
+                forbidden.len()
+            );
+            conditions::set(
+                &mut self.status.conditions,
+                "Degraded",
+                true,
+                "Forbidden",
+                &message,
+                generation,
+            );
+        }
+        self.write_status().await;
+    }
+
+    async fn write_status(&mut self) {
+        self.status.observed_generation = self.wr.metadata.generation;
+        let api: Api<WasmReconciler> = Api::all(self.ctx.client.clone());
+        let patch = json!({ "status": self.status });
+        if let Err(e) = api
+            .patch_status(&self.name(), &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            tracing::warn!(reconciler = %self.name(), error = %e, "cannot write the WasmReconciler status");
+        }
+    }
+
+    async fn event_on_wr(&self, type_: KubeEventType, reason: &str, message: &str) {
+        let event = KubeEvent {
+            type_,
+            reason: reason.to_string(),
+            note: Some(truncate(message)),
+            action: "Reconcile".into(),
+            secondary: None,
+        };
+        if let Err(e) = self
+            .host_events
+            .publish(&event, &self.wr.object_ref(&()))
+            .await
+        {
+            tracing::warn!(error = %e, "cannot record an Event on the WasmReconciler");
+        }
+    }
+}
+
+fn truncate(s: &str) -> String {
+    let max = intents::MAX_EVENT_NOTE;
+    if s.len() <= max {
+        return s.to_string();
+    }
+    let mut cut = max - 3;
+    while !s.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    format!("{}...", &s[..cut])
+}
+
+fn short(sha: &str) -> String {
+    format!("sha256:{}", &sha[..12.min(sha.len())])
+}

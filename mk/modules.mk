@@ -1,0 +1,12 @@
+# `make modules`: build every example and test guest for wasm32-wasip2 (release) into
+# target/wasm32-wasip2/release/*.wasm. The build script of tests/modules builds the same guests
+# for tests (into its own target directory), so a bare `cargo test` needs no `make modules`.
+.PHONY: modules
+MODULE_PACKAGES := image-updater misbehave wrong-version
+
+modules: prereqs
+	$(CARGO) build --release --target wasm32-wasip2 $(addprefix -p ,$(MODULE_PACKAGES))
+	$(CARGO) build --release --target wasm32-wasip2 -p image-updater --features revision-annotation
+	cp target/wasm32-wasip2/release/image_updater.wasm target/wasm32-wasip2/release/image_updater_v2.wasm
+	$(CARGO) build --release --target wasm32-wasip2 -p image-updater
+	@ls -l target/wasm32-wasip2/release/*.wasm

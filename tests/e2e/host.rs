@@ -1,0 +1,531 @@
+//! The operator host end to end, on the real local control plane: a WasmReconciler registers the
+//! image-updater module (loaded from a ConfigMap) for Apps; the host reconciles them under the
+//! module's own ServiceAccount.
+
+mod support;
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Service};
+use kube::api::{
+    Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch,
+    PatchParams, PostParams,
+};
+use kube::{Client, ResourceExt};
+use serde_json::json;
+use support::*;
+use wasmop_testenv::{TestEnv, eventually};
+
+fn apps(client: &Client, ns: &str) -> Api<DynamicObject> {
+    let ar = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("example.wasmop.dev", "v1", "App"),
+        "apps",
+    );
+    Api::namespaced_with(client.clone(), ns, &ar)
+}
+
+fn widgets(client: &Client, ns: &str) -> Api<DynamicObject> {
+    let ar = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("test.wasmop.dev", "v1", "Widget"),
+        "widgets",
+    );
+    Api::namespaced_with(client.clone(), ns, &ar)
+}
+
+fn app(name: &str, image: &str, replicas: i64) -> DynamicObject {
+    serde_json::from_value(json!({
+        "apiVersion": "example.wasmop.dev/v1", "kind": "App",
+        "metadata": {"name": name},
+        "spec": {"image": image, "replicas": replicas, "port": 8080}
+    }))
+    .unwrap_or_else(|e| panic!("app literal: {e}"))
+}
+
+/// An image-updater reconciler in the test's namespace; `services` says whether its
+/// ServiceAccount may write Services.
+async fn image_updater(env: &TestEnv, name: &str, services: bool) -> anyhow::Result<String> {
+    install_crds(&env.client).await?;
+    let sha = push_module(
+        &env.client,
+        &env.namespace,
+        name,
+        wasmop_test_modules::IMAGE_UPDATER,
+    )
+    .await?;
+    service_account(
+        &env.client,
+        &env.namespace,
+        name,
+        image_updater_rules(services),
+    )
+    .await?;
+    let wr = reconciler(
+        env,
+        &format!("{}-{name}", env.namespace),
+        name,
+        ("example.wasmop.dev/v1", "App"),
+        &[("apps/v1", "Deployment"), ("v1", "Service")],
+        name,
+        json!({}),
+    );
+    apply_reconciler(&env.client, &wr).await?;
+    Ok(sha)
+}
+
+fn container_image(d: &Deployment) -> Option<String> {
+    d.spec
+        .template
+        .spec
+        .as_ref()?
+        .containers
+        .first()?
+        .image
+        .clone()
+}
+
+#[tokio::test]
+async fn an_app_becomes_a_deployment_and_a_service_rolls_out_and_is_finalized() -> anyhow::Result<()>
+{
+    let env = TestEnv::get("host-app").await?;
+    let sha = image_updater(&env, "image-updater", true).await?;
+    let host = start_host(&env, None).await?;
+    let apps = apps(&env.client, &env.namespace);
+    let created = apps
+        .create(&PostParams::default(), &app("web", "nginx:1.27", 2))
+        .await?;
+    let deployments: Api<Deployment> = env.api();
+    let services: Api<Service> = env.api();
+
+    let d = eventually("the Deployment", WAIT, || async {
+        Ok(deployments
+            .get_opt("web")
+            .await?
+            .filter(|d| container_image(d).as_deref() == Some("nginx:1.27")))
+    })
+    .await?;
+    let owner = d.metadata.owner_references.clone().unwrap_or_default();
+    assert_eq!(
+        owner[0].uid,
+        created.uid().unwrap_or_default(),
+        "the App controls its Deployment"
+    );
+    assert_eq!(owner[0].controller, Some(true));
+    assert_eq!(
+        d.labels().get("wasmop.dev/reconciler").map(String::as_str),
+        Some(format!("{}-image-updater", env.namespace).as_str())
+    );
+    eventually("the Service", WAIT, || async {
+        Ok(services.get_opt("web").await?)
+    })
+    .await?;
+
+    // The status: ready replicas (pods made Ready by kwok) and the observed generation.
+    let ready = |generation: i64, image: &'static str| {
+        let apps = apps.clone();
+        move || {
+            let apps = apps.clone();
+            async move {
+                let a = apps.get("web").await?;
+                let s = &a.data["status"];
+                let ok = s["observedGeneration"] == json!(generation)
+                    && s["readyReplicas"] == json!(2)
+                    && s["image"] == json!(image)
+                    && s["conditions"].as_array().is_some_and(|cs| {
+                        cs.iter()
+                            .any(|c| c["type"] == "Progressing" && c["status"] == "False")
+                    });
+                Ok(ok.then_some(a))
+            }
+        }
+    };
+    let generation = created.metadata.generation.unwrap_or(1);
+    eventually(
+        "status readyReplicas 2 at generation 1",
+        WAIT,
+        ready(generation, "nginx:1.27"),
+    )
+    .await?;
+
+    // Changing the image rolls the Deployment out: a new ReplicaSet whose pods become Ready.
+    let patched = apps
+        .patch(
+            "web",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"image": "nginx:1.28"}})),
+        )
+        .await?;
+    let rs: Api<ReplicaSet> = env.api();
+    let pods: Api<Pod> = env.api();
+    eventually(
+        "a new ReplicaSet with Ready pods on nginx:1.28",
+        WAIT,
+        || async {
+            let sets = rs
+                .list(&ListParams::default().labels("app.kubernetes.io/name=web"))
+                .await?
+                .items;
+            let new = sets.iter().find(|s| {
+                s.spec
+                    .template
+                    .as_ref()
+                    .and_then(|t| t.spec.as_ref())
+                    .and_then(|p| p.containers.first())
+                    .and_then(|c| c.image.as_deref())
+                    == Some("nginx:1.28")
+            });
+            let ready_new = pods
+                .list(&ListParams::default().labels("app.kubernetes.io/name=web"))
+                .await?
+                .items
+                .iter()
+                .filter(|p| {
+                    p.spec.as_ref().map(|s| s.containers[0].image.as_deref())
+                        == Some(Some("nginx:1.28"))
+                })
+                .filter(|p| {
+                    p.status
+                        .as_ref()
+                        .and_then(|s| s.conditions.as_ref())
+                        .is_some_and(|cs| {
+                            cs.iter().any(|c| c.type_ == "Ready" && c.status == "True")
+                        })
+                })
+                .count();
+            Ok((sets.len() >= 2 && new.is_some() && ready_new == 2).then_some(()))
+        },
+    )
+    .await?;
+    eventually(
+        "status at the new generation",
+        WAIT,
+        ready(patched.metadata.generation.unwrap_or(2), "nginx:1.28"),
+    )
+    .await?;
+    let rolled = events(&env.client, &env.namespace, "RollingOut").await?;
+    assert!(
+        rolled.iter().any(|e| e
+            .note
+            .as_deref()
+            .is_some_and(|n| n.contains("nginx:1.27 -> nginx:1.28"))),
+        "{rolled:?}"
+    );
+
+    // The WasmReconciler reports the module it serves.
+    let wr_name = format!("{}-image-updater", env.namespace);
+    let (ready_status, _, _) = wr_condition(&env.client, &wr_name, "Ready")
+        .await?
+        .unwrap_or_default();
+    assert_eq!(ready_status, "True");
+    let wr: wasmop::crd::WasmReconciler = Api::all(env.client.clone()).get(&wr_name).await?;
+    assert_eq!(
+        wr.status.and_then(|s| s.active_module).map(|m| m.sha256),
+        Some(sha)
+    );
+
+    // Deleting runs finalize (it drains the Service first), then the garbage collector removes
+    // the Deployment.
+    assert!(
+        apps.get("web")
+            .await?
+            .finalizers()
+            .iter()
+            .any(|f| f == "wasmop.dev/finalizer")
+    );
+    apps.delete("web", &DeleteParams::default()).await?;
+    eventually("the App gone", WAIT, || async {
+        Ok(apps.get_opt("web").await?.is_none().then_some(()))
+    })
+    .await?;
+    eventually("the children garbage-collected", WAIT, || async {
+        Ok((deployments.get_opt("web").await?.is_none()
+            && services.get_opt("web").await?.is_none())
+        .then_some(()))
+    })
+    .await?;
+    assert!(
+        !events(&env.client, &env.namespace, "Draining")
+            .await?
+            .is_empty(),
+        "finalize deleted the Service"
+    );
+    assert!(
+        !events(&env.client, &env.namespace, "Drained")
+            .await?
+            .is_empty(),
+        "finalize said done"
+    );
+    host.shutdown().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_forbidden_write_is_a_warning_and_degrades_the_reconciler_while_the_rest_applies()
+-> anyhow::Result<()> {
+    let env = TestEnv::get("host-rbac").await?;
+    image_updater(&env, "no-services", false).await?;
+    let host = start_host(&env, None).await?;
+    let apps = apps(&env.client, &env.namespace);
+    apps.create(&PostParams::default(), &app("web", "nginx:1.27", 1))
+        .await?;
+    let deployments: Api<Deployment> = env.api();
+    eventually(
+        "the Deployment applied despite the Service being forbidden",
+        WAIT,
+        || async { Ok(deployments.get_opt("web").await?) },
+    )
+    .await?;
+    let warning = eventually("a Forbidden Warning Event on the App", WAIT, || async {
+        Ok(events(&env.client, &env.namespace, "Forbidden")
+            .await?
+            .into_iter()
+            .find(|e| e.type_.as_deref() == Some("Warning")))
+    })
+    .await?;
+    let note = warning.note.unwrap_or_default();
+    assert!(
+        note.contains(&format!(
+            "system:serviceaccount:{}:no-services",
+            env.namespace
+        )),
+        "{note}"
+    );
+    assert!(note.contains("v1/Service"), "{note}");
+    assert_eq!(
+        warning.regarding.and_then(|r| r.name).as_deref(),
+        Some("web")
+    );
+    let services: Api<Service> = env.api();
+    assert!(
+        services.get_opt("web").await?.is_none(),
+        "RBAC, not the host, decides"
+    );
+    let wr_name = format!("{}-no-services", env.namespace);
+    eventually("Degraded=True on the WasmReconciler", WAIT, || async {
+        Ok(wr_condition(&env.client, &wr_name, "Degraded")
+            .await?
+            .filter(|(s, r, _)| s == "True" && r == "Forbidden"))
+    })
+    .await?;
+    host.shutdown().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_trapping_module_backs_off_while_other_objects_and_reconcilers_work() -> anyhow::Result<()>
+{
+    let env = TestEnv::get("host-trap").await?;
+    install_crds(&env.client).await?;
+    push_module(
+        &env.client,
+        &env.namespace,
+        "misbehave",
+        wasmop_test_modules::MISBEHAVE,
+    )
+    .await?;
+    service_account(&env.client, &env.namespace, "misbehave", widget_rules()).await?;
+    apply_reconciler(
+        &env.client,
+        &reconciler(
+            &env,
+            &format!("{}-widgets", env.namespace),
+            "misbehave",
+            ("test.wasmop.dev/v1", "Widget"),
+            &[("v1", "ConfigMap")],
+            "misbehave",
+            json!({}),
+        ),
+    )
+    .await?;
+    image_updater(&env, "image-updater", true).await?;
+    let host = start_host(&env, None).await?;
+
+    let widgets = widgets(&env.client, &env.namespace);
+    for (name, mode) in [("bad", "panic"), ("good", "good")] {
+        let w: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "test.wasmop.dev/v1", "kind": "Widget", "metadata": {"name": name}, "spec": {"mode": mode}
+        }))?;
+        widgets.create(&PostParams::default(), &w).await?;
+    }
+    apps(&env.client, &env.namespace)
+        .create(&PostParams::default(), &app("web", "nginx:1.27", 1))
+        .await?;
+
+    let panicked = eventually(
+        "a ModulePanicked Warning Event on the bad Widget",
+        WAIT,
+        || async {
+            Ok(events(&env.client, &env.namespace, "ModulePanicked")
+                .await?
+                .into_iter()
+                .find(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("bad")))
+        },
+    )
+    .await?;
+    assert!(
+        panicked
+            .note
+            .as_deref()
+            .is_some_and(|n| n.contains("deliberate panic while reconciling bad")),
+        "{panicked:?}"
+    );
+    // Other objects of the same reconciler, and other reconcilers, keep working.
+    let cms: Api<ConfigMap> = env.api();
+    eventually("the good Widget's ConfigMap", WAIT, || async {
+        Ok(cms.get_opt("good-out").await?)
+    })
+    .await?;
+    let deployments: Api<Deployment> = env.api();
+    eventually("the App's Deployment", WAIT, || async {
+        Ok(deployments.get_opt("web").await?)
+    })
+    .await?;
+    // Backoff: retried, but exponentially (5 ms doubling), not in a hot loop.
+    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+    let attempts = events(&env.client, &env.namespace, "ModulePanicked")
+        .await?
+        .iter()
+        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("bad"))
+        .map(|e| e.series.as_ref().map_or(1, |s| s.count))
+        .sum::<i32>();
+    assert!(
+        (2..=25).contains(&attempts),
+        "retried with backoff: {attempts} attempts in ~3 s"
+    );
+    let good = widgets.get("good").await?;
+    assert_eq!(good.data["status"]["conditions"][0]["status"], "True");
+    host.shutdown().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn concurrent_edits_by_another_client_converge_without_lost_updates() -> anyhow::Result<()> {
+    let env = TestEnv::get("host-race").await?;
+    image_updater(&env, "image-updater", true).await?;
+    let host = start_host(&env, None).await?;
+    let apps = apps(&env.client, &env.namespace);
+    apps.create(&PostParams::default(), &app("web", "nginx:1.27", 1))
+        .await?;
+    let deployments: Api<Deployment> = env.api();
+    eventually("the Deployment", WAIT, || async {
+        Ok(deployments.get_opt("web").await?)
+    })
+    .await?;
+
+    // Another client edits the App (spec and annotations) and the Deployment (its own label)
+    // while the host reconciles and writes status.
+    let other = PatchParams::apply("another-client");
+    const EDITS: i64 = 12;
+    for i in 1..=EDITS {
+        apps.patch(
+            "web",
+            &PatchParams::default(),
+            &Patch::Merge(json!({
+                "metadata": {"annotations": {format!("e2e.wasmop.dev/edit-{i}"): "yes"}},
+                "spec": {"replicas": i % 4 + 1}
+            })),
+        )
+        .await?;
+        deployments
+            .patch(
+                "web",
+                &other,
+                &Patch::Apply(json!({
+                    "apiVersion": "apps/v1", "kind": "Deployment",
+                    "metadata": {"name": "web", "labels": {"e2e.wasmop.dev/touched": i.to_string()}}
+                })),
+            )
+            .await?;
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let want_replicas = EDITS % 4 + 1;
+    let app = eventually("the status at the last generation", WAIT, || async {
+        let a = apps.get("web").await?;
+        let g = a.metadata.generation;
+        Ok((a.data["status"]["observedGeneration"].as_i64() == g
+            && a.data["status"]["replicas"] == json!(want_replicas))
+        .then_some(a))
+    })
+    .await?;
+    let annotations: BTreeMap<String, String> = app.annotations().clone();
+    for i in 1..=12 {
+        assert!(
+            annotations.contains_key(&format!("e2e.wasmop.dev/edit-{i}")),
+            "edit {i} was lost: {annotations:?}"
+        );
+    }
+    let d = eventually("the Deployment at the last spec", WAIT, || async {
+        Ok(deployments
+            .get("web")
+            .await
+            .ok()
+            .filter(|d| d.spec.replicas.map(i64::from) == Some(want_replicas)))
+    })
+    .await?;
+    assert_eq!(
+        d.labels().get("e2e.wasmop.dev/touched").map(String::as_str),
+        Some("12"),
+        "the other client's field survives server-side apply"
+    );
+    host.shutdown().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn changing_and_deleting_a_wasmreconciler_reconfigures_and_stops_its_controller()
+-> anyhow::Result<()> {
+    let env = TestEnv::get("host-live").await?;
+    image_updater(&env, "image-updater", true).await?;
+    let host = start_host(&env, None).await?;
+    let apps = apps(&env.client, &env.namespace);
+    apps.create(&PostParams::default(), &app("one", "nginx:1.27", 1))
+        .await?;
+    let deployments: Api<Deployment> = env.api();
+    eventually("the first Deployment", WAIT, || async {
+        Ok(deployments.get_opt("one").await?)
+    })
+    .await?;
+
+    // Change the registration: a reconciler for another namespace only. Apps here stop being served.
+    let wr_name = format!("{}-image-updater", env.namespace);
+    let wrs: Api<wasmop::crd::WasmReconciler> = Api::all(env.client.clone());
+    wrs.patch(
+        &wr_name,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"namespaces": ["elsewhere"]}})),
+    )
+    .await?;
+    eventually("the new generation observed", WAIT, || async {
+        let wr = wrs.get(&wr_name).await?;
+        Ok((wr.status.and_then(|s| s.observed_generation) == wr.metadata.generation).then_some(()))
+    })
+    .await?;
+    apps.create(&PostParams::default(), &app("two", "nginx:1.27", 1))
+        .await?;
+    // And back: the controller picks the namespace up again and reconciles "two".
+    wrs.patch(
+        &wr_name,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"namespaces": [env.namespace]}})),
+    )
+    .await?;
+    eventually(
+        "the second Deployment after reconfiguring",
+        WAIT,
+        || async { Ok(deployments.get_opt("two").await?) },
+    )
+    .await?;
+
+    // Deleting the WasmReconciler stops its controller: a new App is not reconciled.
+    wrs.delete(&wr_name, &DeleteParams::default()).await?;
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    apps.create(&PostParams::default(), &app("three", "nginx:1.27", 1))
+        .await?;
+    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+    assert!(
+        deployments.get_opt("three").await?.is_none(),
+        "a deleted WasmReconciler's controller must stop"
+    );
+    host.shutdown().await?;
+    Ok(())
+}

@@ -1,0 +1,245 @@
+//! What the host's end-to-end tests share: CRDs, module ConfigMaps, ServiceAccounts with
+//! exactly the rights a test grants, WasmReconcilers, and an in-process host per test.
+
+#![allow(dead_code)]
+
+use std::path::Path;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{ConfigMap, ServiceAccount};
+use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::{Client, CustomResourceExt};
+use serde_json::{Value, json};
+use wasmop::crd::WasmReconciler;
+use wasmop::host::{Host, HostOptions};
+use wasmop_testenv::{TestEnv, eventually};
+
+/// How long the e2e tests wait for the cluster to converge.
+pub const WAIT: Duration = Duration::from_secs(60);
+
+fn apply_params() -> PatchParams {
+    PatchParams::apply("wasmop-e2e").force()
+}
+
+/// The repository root.
+pub fn repo() -> &'static Path {
+    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+}
+
+/// Reads one or more YAML documents.
+pub fn yaml_docs(path: &Path) -> anyhow::Result<Vec<Value>> {
+    let text = std::fs::read_to_string(path)?;
+    Ok(serde_saphyr::from_str_multiple::<Value, Vec<Value>>(&text)?
+        .into_iter()
+        .filter(|d| !d.is_null())
+        .collect())
+}
+
+/// A CRD for the misbehave test guest's `Widget` kind.
+pub fn widget_crd() -> Value {
+    json!({
+        "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+        "metadata": {"name": "widgets.test.wasmop.dev"},
+        "spec": {
+            "group": "test.wasmop.dev", "scope": "Namespaced",
+            "names": {"plural": "widgets", "singular": "widget", "kind": "Widget"},
+            "versions": [{"name": "v1", "served": true, "storage": true, "subresources": {"status": {}},
+                "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}]
+        }
+    })
+}
+
+/// Installs (idempotently) the WasmReconciler, App and Widget CRDs and waits until they serve.
+pub async fn install_crds(client: &Client) -> anyhow::Result<()> {
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let mut all: Vec<Value> = vec![serde_json::to_value(WasmReconciler::crd())?, widget_crd()];
+    all.extend(yaml_docs(
+        &repo().join("examples/image-updater/k8s/crd.yaml"),
+    )?);
+    for crd in all {
+        let name = crd["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        crds.patch(&name, &apply_params(), &Patch::Apply(&crd))
+            .await?;
+        eventually(&format!("CRD {name} Established"), WAIT, || {
+            let (crds, name) = (crds.clone(), name.clone());
+            async move {
+                let crd = crds.get(&name).await?;
+                Ok(crd
+                    .status
+                    .and_then(|s| s.conditions)
+                    .is_some_and(|cs| {
+                        cs.iter()
+                            .any(|c| c.type_ == "Established" && c.status == "True")
+                    })
+                    .then_some(()))
+            }
+        })
+        .await?;
+    }
+    Ok(())
+}
+
+/// Puts `module` into ConfigMap `ns/name`, as `wasmop push` does.
+pub async fn push_module(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    module: &str,
+) -> anyhow::Result<String> {
+    let bytes = wasmop_test_modules::bytes(module);
+    let sha = wasmop::engine::sha256_hex(&bytes);
+    let cm = wasmop::cli::push::config_map(name, ns, &bytes, "test", "0", &sha)?;
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
+    api.patch(name, &apply_params(), &Patch::Apply(&cm)).await?;
+    Ok(sha)
+}
+
+/// Creates ServiceAccount `ns/name` bound to a Role with exactly `rules`.
+pub async fn service_account(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    rules: Value,
+) -> anyhow::Result<()> {
+    let sa: ServiceAccount = serde_json::from_value(
+        json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name, "namespace": ns}}),
+    )?;
+    Api::<ServiceAccount>::namespaced(client.clone(), ns)
+        .patch(name, &apply_params(), &Patch::Apply(&sa))
+        .await?;
+    let role: Role = serde_json::from_value(json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+        "metadata": {"name": name, "namespace": ns}, "rules": rules
+    }))?;
+    Api::<Role>::namespaced(client.clone(), ns)
+        .patch(name, &apply_params(), &Patch::Apply(&role))
+        .await?;
+    let binding: RoleBinding = serde_json::from_value(json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+        "metadata": {"name": name, "namespace": ns},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+        "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": ns}]
+    }))?;
+    Api::<RoleBinding>::namespaced(client.clone(), ns)
+        .patch(name, &apply_params(), &Patch::Apply(&binding))
+        .await?;
+    Ok(())
+}
+
+/// The rules image-updater needs (its example Role).
+pub fn image_updater_rules(services: bool) -> Value {
+    let mut rules = vec![
+        json!({"apiGroups": ["apps"], "resources": ["deployments"], "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"]}),
+        json!({"apiGroups": ["example.wasmop.dev"], "resources": ["apps"], "verbs": ["get", "list", "watch", "update", "patch"]}),
+        json!({"apiGroups": ["example.wasmop.dev"], "resources": ["apps/status", "apps/finalizers"], "verbs": ["get", "update", "patch"]}),
+        json!({"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]}),
+    ];
+    if services {
+        rules.push(json!({"apiGroups": [""], "resources": ["services"], "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"]}));
+    }
+    Value::Array(rules)
+}
+
+/// The rules the misbehave guest needs.
+pub fn widget_rules() -> Value {
+    json!([
+        {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"]},
+        {"apiGroups": ["test.wasmop.dev"], "resources": ["widgets", "widgets/status"], "verbs": ["get", "list", "watch", "update", "patch"]},
+        {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]}
+    ])
+}
+
+/// A WasmReconciler for a test: scoped to the test's namespace, labelled for the test's host.
+pub fn reconciler(
+    env: &TestEnv,
+    name: &str,
+    module_cm: &str,
+    primary: (&str, &str),
+    owns: &[(&str, &str)],
+    sa: &str,
+    extra: Value,
+) -> Value {
+    let mut spec = json!({
+        "module": {"configMap": {"namespace": env.namespace, "name": module_cm}},
+        "primary": {"apiVersion": primary.0, "kind": primary.1},
+        "owns": owns.iter().map(|(v, k)| json!({"apiVersion": v, "kind": k})).collect::<Vec<_>>(),
+        "namespaces": [env.namespace],
+        "serviceAccount": {"namespace": env.namespace, "name": sa},
+        "limits": {"deadline": "500ms", "memory": "64Mi", "concurrency": 4},
+        "resyncPeriod": "5m",
+    });
+    if let (Some(spec), Some(extra)) = (spec.as_object_mut(), extra.as_object()) {
+        for (k, v) in extra {
+            spec.insert(k.clone(), v.clone());
+        }
+    }
+    json!({
+        "apiVersion": "wasmop.dev/v1alpha1", "kind": "WasmReconciler",
+        "metadata": {"name": name, "labels": {"wasmop.dev/test": env.namespace}},
+        "spec": spec,
+    })
+}
+
+/// Applies a WasmReconciler.
+pub async fn apply_reconciler(client: &Client, wr: &Value) -> anyhow::Result<()> {
+    let api: Api<WasmReconciler> = Api::all(client.clone());
+    let name = wr["metadata"]["name"].as_str().unwrap_or_default();
+    api.patch(name, &apply_params(), &Patch::Apply(wr)).await?;
+    Ok(())
+}
+
+/// Starts a host in this process serving only this test's WasmReconcilers.
+pub async fn start_host(env: &TestEnv, cache: Option<&Path>) -> anyhow::Result<Host> {
+    Ok(Host::start(HostOptions {
+        kubeconfig: Some(env.kubeconfig().to_path_buf()),
+        cache_dir: cache.map(Path::to_path_buf),
+        selector: Some(format!("wasmop.dev/test={}", env.namespace)),
+        instance: format!("e2e-{}", env.namespace),
+        ..HostOptions::default()
+    })
+    .await?)
+}
+
+/// Events in the test's namespace with this reason (events.k8s.io/v1).
+pub async fn events(client: &Client, ns: &str, reason: &str) -> anyhow::Result<Vec<Event>> {
+    let api: Api<Event> = Api::namespaced(client.clone(), ns);
+    Ok(api
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some(reason))
+        .collect())
+}
+
+/// The Events of a cluster-scoped object (recorded in `default`).
+pub async fn cluster_events(client: &Client, name: &str) -> anyhow::Result<Vec<Event>> {
+    let api: Api<Event> = Api::namespaced(client.clone(), "default");
+    Ok(api
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
+        .collect())
+}
+
+/// A condition of a WasmReconciler: (status, reason, message).
+pub async fn wr_condition(
+    client: &Client,
+    name: &str,
+    type_: &str,
+) -> anyhow::Result<Option<(String, String, String)>> {
+    let api: Api<WasmReconciler> = Api::all(client.clone());
+    let wr = api.get(name).await?;
+    Ok(wr
+        .status
+        .and_then(|s| s.conditions.into_iter().find(|c| c.type_ == type_))
+        .map(|c| (c.status, c.reason, c.message)))
+}
