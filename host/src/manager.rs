@@ -487,8 +487,14 @@ impl Supervisor {
         let mut rejected: Option<(String, String)> = None; // (sha, configmap version)
         let mut watching: Option<String> = None; // sha of a newly swapped module under watch
         let mut tick = tokio::time::interval(Duration::from_millis(100));
-        let primaries: Api<DynamicObject> =
-            Api::all_with(self.ctx.client.clone(), &primary.1.resource);
+        // The self-check samples primaries in the reconciler's own scope: its first namespace
+        // when it is namespaced to some, the whole cluster otherwise.
+        let primaries: Api<DynamicObject> = match settings.namespaces.first() {
+            Some(ns) if primary.1.namespaced => {
+                Api::namespaced_with(self.ctx.client.clone(), ns, &primary.1.resource)
+            }
+            _ => Api::all_with(self.ctx.client.clone(), &primary.1.resource),
+        };
         loop {
             tokio::select! {
                 _ = &mut *stop => break,

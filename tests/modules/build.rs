@@ -16,6 +16,7 @@ const GUESTS: &[(&str, &[&str], &str)] = &[
         "image_updater_v2",
     ),
     ("misbehave", &[], "misbehave"),
+    ("misbehave", &["fragile"], "misbehave_fragile"),
     ("wrong-version", &[], "wrong_version"),
 ];
 

@@ -196,6 +196,11 @@ pub async fn apply_reconciler(client: &Client, wr: &Value) -> anyhow::Result<()>
 
 /// Starts a host in this process serving only this test's WasmReconcilers.
 pub async fn start_host(env: &TestEnv, cache: Option<&Path>) -> anyhow::Result<Host> {
+    // `RUST_LOG=wasmop=debug cargo test ...` shows the host's logs with a failing test's output.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
     Ok(Host::start(HostOptions {
         kubeconfig: Some(env.kubeconfig().to_path_buf()),
         cache_dir: cache.map(Path::to_path_buf),

@@ -3,7 +3,8 @@
 //!
 //! - [`IMAGE_UPDATER`], [`IMAGE_UPDATER_V2`]: the image-updater example, and a build of it that
 //!   annotates its children (for hot swaps).
-//! - [`MISBEHAVE`]: a guest whose config picks a misbehaviour.
+//! - [`MISBEHAVE`]: a guest whose config picks a misbehaviour; [`MISBEHAVE_FRAGILE`] a build of
+//!   it that fails for Widgets labelled `test.wasmop.dev/fragile`.
 //! - [`WRONG_VERSION`]: a module for `wasmop:reconciler@0.2.0`.
 
 include!(concat!(env!("OUT_DIR"), "/modules.rs"));

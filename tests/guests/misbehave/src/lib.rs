@@ -48,7 +48,11 @@ mod guest {
         fn metadata() -> ModuleMetadata {
             ModuleMetadata {
                 name: "misbehave".into(),
-                version: "0.1.0".into(),
+                version: if cfg!(feature = "fragile") {
+                    "0.1.0-fragile".into()
+                } else {
+                    "0.1.0".into()
+                },
                 primary: Gvk {
                     api_version: "test.wasmop.dev/v1".into(),
                     kind: "Widget".into(),
@@ -73,6 +77,13 @@ mod guest {
                 .and_then(|n| n.as_str())
                 .unwrap_or("widget")
                 .to_string();
+            if cfg!(feature = "fragile")
+                && primary
+                    .pointer("/metadata/labels/test.wasmop.dev~1fragile")
+                    .is_some()
+            {
+                panic!("fragile build: cannot reconcile {name}");
+            }
             let mut response = ReconcileResponse {
                 children: vec![],
                 actions: vec![],

@@ -1,0 +1,429 @@
+//! Hot swap of modules through ConfigMaps, end to end: a new module takes over without a failed
+//! reconcile, a bad one is refused while the old one keeps serving, a failing one is rolled
+//! back, and a restarted host loads compiled modules from its cache.
+
+mod support;
+
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{
+    Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams,
+};
+use kube::{Client, ResourceExt};
+use serde_json::json;
+use support::*;
+use wasmop::crd::WasmReconciler;
+use wasmop_testenv::{TestEnv, eventually};
+
+const FAILURE_REASONS: [&str; 6] = [
+    "ModulePanicked",
+    "ModuleError",
+    "ModuleTrapped",
+    "ModuleDeadlineExceeded",
+    "InvalidIntents",
+    "ApplyFailed",
+];
+
+fn apps(client: &Client, ns: &str) -> Api<DynamicObject> {
+    let ar = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("example.wasmop.dev", "v1", "App"),
+        "apps",
+    );
+    Api::namespaced_with(client.clone(), ns, &ar)
+}
+
+fn widgets(client: &Client, ns: &str) -> Api<DynamicObject> {
+    let ar = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("test.wasmop.dev", "v1", "Widget"),
+        "widgets",
+    );
+    Api::namespaced_with(client.clone(), ns, &ar)
+}
+
+async fn module_failures(env: &TestEnv) -> anyhow::Result<usize> {
+    let mut n = 0;
+    for reason in FAILURE_REASONS {
+        n += events(&env.client, &env.namespace, reason).await?.len();
+    }
+    Ok(n)
+}
+
+async fn active_sha(client: &Client, wr: &str) -> anyhow::Result<Option<String>> {
+    let api: Api<WasmReconciler> = Api::all(client.clone());
+    Ok(api
+        .get(wr)
+        .await?
+        .status
+        .and_then(|s| s.active_module)
+        .map(|m| m.sha256))
+}
+
+fn revision(d: &Deployment) -> Option<String> {
+    d.annotations()
+        .get("example.wasmop.dev/module-revision")
+        .cloned()
+}
+
+#[tokio::test]
+async fn v1_to_v2_swaps_without_failures_garbage_is_refused_and_v2_keeps_serving()
+-> anyhow::Result<()> {
+    let env = TestEnv::get("swap").await?;
+    install_crds(&env.client).await?;
+    let v1 = push_module(
+        &env.client,
+        &env.namespace,
+        "image-updater",
+        wasmop_test_modules::IMAGE_UPDATER,
+    )
+    .await?;
+    service_account(
+        &env.client,
+        &env.namespace,
+        "image-updater",
+        image_updater_rules(true),
+    )
+    .await?;
+    let wr = format!("{}-image-updater", env.namespace);
+    apply_reconciler(
+        &env.client,
+        &reconciler(
+            &env,
+            &wr,
+            "image-updater",
+            ("example.wasmop.dev/v1", "App"),
+            &[("apps/v1", "Deployment"), ("v1", "Service")],
+            "image-updater",
+            json!({}),
+        ),
+    )
+    .await?;
+    let host = start_host(&env, None).await?;
+    let apps = apps(&env.client, &env.namespace);
+    let names: Vec<String> = (1..=5).map(|i| format!("app-{i}")).collect();
+    for name in &names {
+        let app: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "example.wasmop.dev/v1", "kind": "App", "metadata": {"name": name},
+            "spec": {"image": "nginx:1.27", "replicas": 1}
+        }))?;
+        apps.create(&PostParams::default(), &app).await?;
+    }
+    let deployments: Api<Deployment> = env.api();
+    eventually(
+        "five Deployments from v1, without the revision annotation",
+        WAIT,
+        || async {
+            let mut ok = 0;
+            for n in &names {
+                if deployments
+                    .get_opt(n)
+                    .await?
+                    .is_some_and(|d| revision(&d).is_none())
+                {
+                    ok += 1;
+                }
+            }
+            Ok((ok == names.len()).then_some(()))
+        },
+    )
+    .await?;
+    assert_eq!(
+        active_sha(&env.client, &wr).await?.as_deref(),
+        Some(v1.as_str())
+    );
+
+    // v2 annotates its children. Keep the Apps busy while it is pushed.
+    let editor = {
+        let apps = apps.clone();
+        let names = names.clone();
+        tokio::spawn(async move {
+            for round in 0..20 {
+                for n in &names {
+                    let _ = apps.patch(n, &PatchParams::default(), &Patch::Merge(json!({"metadata": {"annotations": {"e2e/round": round.to_string()}}}))).await;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+    };
+    let v2 = push_module(
+        &env.client,
+        &env.namespace,
+        "image-updater",
+        wasmop_test_modules::IMAGE_UPDATER_V2,
+    )
+    .await?;
+    eventually("every Deployment re-applied by v2", WAIT, || async {
+        let mut ok = 0;
+        for n in &names {
+            if deployments
+                .get_opt(n)
+                .await?
+                .is_some_and(|d| revision(&d).as_deref() == Some("2"))
+            {
+                ok += 1;
+            }
+        }
+        Ok((ok == names.len()).then_some(()))
+    })
+    .await?;
+    editor.await?;
+    assert_eq!(
+        active_sha(&env.client, &wr).await?.as_deref(),
+        Some(v2.as_str())
+    );
+    assert_eq!(
+        module_failures(&env).await?,
+        0,
+        "no reconcile failed during the swap"
+    );
+    let swapped = cluster_events(&env.client, &wr).await?;
+    assert!(
+        swapped
+            .iter()
+            .any(|e| e.reason.as_deref() == Some("ModuleSwapped")),
+        "{swapped:?}"
+    );
+
+    // Garbage is refused; v2 keeps serving.
+    let cms: Api<ConfigMap> = env.api();
+    cms.patch(
+        "image-updater",
+        &PatchParams::apply("wasmop-e2e").force(),
+        &Patch::Apply(json!({
+            "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "image-updater"},
+            "binaryData": {"module.wasm": "bm90IGEgd2FzbSBtb2R1bGU="}
+        })),
+    )
+    .await?;
+    let (_, reason, message) = eventually("ModuleLoaded=False for the garbage", WAIT, || async {
+        Ok(wr_condition(&env.client, &wr, "ModuleLoaded")
+            .await?
+            .filter(|(s, _, _)| s == "False"))
+    })
+    .await?;
+    assert_eq!(reason, "ModuleInvalid");
+    assert!(
+        message.contains("not a WebAssembly module") && message.contains("keeps serving"),
+        "{message}"
+    );
+    let on_cm = eventually("a Warning Event on the ConfigMap", WAIT, || async {
+        Ok(events(&env.client, &env.namespace, "ModuleInvalid")
+            .await?
+            .into_iter()
+            .find(|e| e.regarding.as_ref().and_then(|r| r.kind.as_deref()) == Some("ConfigMap")))
+    })
+    .await?;
+    assert_eq!(on_cm.type_.as_deref(), Some("Warning"));
+    assert_eq!(
+        active_sha(&env.client, &wr).await?.as_deref(),
+        Some(v2.as_str())
+    );
+    apps.patch(
+        "app-1",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"image": "nginx:1.28"}})),
+    )
+    .await?;
+    eventually("v2 still reconciling after the refusal", WAIT, || async {
+        Ok(deployments.get_opt("app-1").await?.filter(|d| {
+            revision(d).as_deref() == Some("2")
+                && d.spec
+                    .template
+                    .spec
+                    .as_ref()
+                    .and_then(|p| p.containers.first())
+                    .and_then(|c| c.image.as_deref())
+                    == Some("nginx:1.28")
+        }))
+    })
+    .await?;
+    host.shutdown().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_failing_new_module_is_rolled_back_and_not_retried() -> anyhow::Result<()> {
+    let env = TestEnv::get("rollback").await?;
+    install_crds(&env.client).await?;
+    let good = push_module(
+        &env.client,
+        &env.namespace,
+        "widgets",
+        wasmop_test_modules::MISBEHAVE,
+    )
+    .await?;
+    service_account(&env.client, &env.namespace, "widgets", widget_rules()).await?;
+    let wr = format!("{}-widgets", env.namespace);
+    apply_reconciler(
+        &env.client,
+        &reconciler(
+            &env,
+            &wr,
+            "widgets",
+            ("test.wasmop.dev/v1", "Widget"),
+            &[("v1", "ConfigMap")],
+            "widgets",
+            json!({"rollout": {"watchReconciles": 6, "failureThresholdPercent": 50}}),
+        ),
+    )
+    .await?;
+    let host = start_host(&env, None).await?;
+    let widgets = widgets(&env.client, &env.namespace);
+    // The self-check samples the first primaries by name ("a-..."), which the fragile build
+    // handles; the "z-..." ones make it panic.
+    for name in ["a-1", "a-2", "a-3", "z-1", "z-2", "z-3"] {
+        let mut labels = json!({});
+        if name.starts_with('z') {
+            labels["test.wasmop.dev/fragile"] = json!("true");
+        }
+        let w: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "test.wasmop.dev/v1", "kind": "Widget", "metadata": {"name": name, "labels": labels}, "spec": {"mode": "good"}
+        }))?;
+        widgets.create(&PostParams::default(), &w).await?;
+    }
+    let cms: Api<ConfigMap> = env.api();
+    eventually("all six widgets reconciled", WAIT, || async {
+        let mut n = 0;
+        for w in ["a-1", "a-2", "a-3", "z-1", "z-2", "z-3"] {
+            if cms.get_opt(&format!("{w}-out")).await?.is_some() {
+                n += 1;
+            }
+        }
+        Ok((n == 6).then_some(()))
+    })
+    .await?;
+
+    let bad = push_module(
+        &env.client,
+        &env.namespace,
+        "widgets",
+        wasmop_test_modules::MISBEHAVE_FRAGILE,
+    )
+    .await?;
+    let (_, reason, message) = eventually("the fragile module rolled back", WAIT, || async {
+        Ok(wr_condition(&env.client, &wr, "ModuleLoaded")
+            .await?
+            .filter(|(_, r, _)| r == "RolledBack"))
+    })
+    .await?;
+    assert_eq!(reason, "RolledBack");
+    assert!(
+        message.contains(&bad[..12]) && message.contains(&good[..12]),
+        "names both digests: {message}"
+    );
+    let api: Api<WasmReconciler> = Api::all(env.client.clone());
+    let status = api.get(&wr).await?.status.unwrap_or_default();
+    assert_eq!(status.rejected_sha256.as_deref(), Some(bad.as_str()));
+    assert_eq!(
+        status.active_module.map(|m| m.sha256).as_deref(),
+        Some(good.as_str())
+    );
+    let rolled = cluster_events(&env.client, &wr).await?;
+    assert!(
+        rolled
+            .iter()
+            .any(|e| e.reason.as_deref() == Some("RolledBack")
+                && e.type_.as_deref() == Some("Warning")),
+        "{rolled:?}"
+    );
+
+    // Not retried while the ConfigMap holds the same module.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        active_sha(&env.client, &wr).await?.as_deref(),
+        Some(good.as_str())
+    );
+    // The good module serves the fragile widgets again.
+    widgets
+        .patch(
+            "z-1",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"mode": "good", "touch": 1}})),
+        )
+        .await?;
+    eventually("z-1 Ready under the good module", WAIT, || async {
+        let w = widgets.get("z-1").await?;
+        Ok((w.data["status"]["conditions"][0]["status"] == "True").then_some(()))
+    })
+    .await?;
+    host.shutdown().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_restarted_host_loads_the_module_from_its_compiled_cache() -> anyhow::Result<()> {
+    let env = TestEnv::get("restart").await?;
+    install_crds(&env.client).await?;
+    push_module(
+        &env.client,
+        &env.namespace,
+        "widgets",
+        wasmop_test_modules::MISBEHAVE,
+    )
+    .await?;
+    service_account(&env.client, &env.namespace, "widgets", widget_rules()).await?;
+    let wr = format!("{}-widgets", env.namespace);
+    apply_reconciler(
+        &env.client,
+        &reconciler(
+            &env,
+            &wr,
+            "widgets",
+            ("test.wasmop.dev/v1", "Widget"),
+            &[("v1", "ConfigMap")],
+            "widgets",
+            json!({}),
+        ),
+    )
+    .await?;
+    let cache = tempfile_dir(&env.namespace)?;
+    let source = |client: Client| {
+        let wr = wr.clone();
+        async move {
+            let api: Api<WasmReconciler> = Api::all(client);
+            anyhow::Ok(
+                api.get(&wr)
+                    .await?
+                    .status
+                    .and_then(|s| s.active_module)
+                    .map(|m| (m.source, m.loaded_at)),
+            )
+        }
+    };
+    let first = start_host(&env, Some(&cache)).await?;
+    let (src, loaded) =
+        eventually("the module compiled", WAIT, || source(env.client.clone())).await?;
+    assert_eq!(src, "compiled");
+    first.shutdown().await?;
+    // `loadedAt` has a resolution of one second: let it tell the two loads apart.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let second = start_host(&env, Some(&cache)).await?;
+    let (src, _) = eventually("the module loaded again", WAIT, || async {
+        Ok(source(env.client.clone())
+            .await?
+            .filter(|(_, at)| *at != loaded))
+    })
+    .await?;
+    assert_eq!(src, "cache", "a restart skips compilation");
+    let widgets = widgets(&env.client, &env.namespace);
+    let w: DynamicObject = serde_json::from_value(
+        json!({"apiVersion": "test.wasmop.dev/v1", "kind": "Widget", "metadata": {"name": "after"}, "spec": {}}),
+    )?;
+    widgets.create(&PostParams::default(), &w).await?;
+    let cms: Api<ConfigMap> = env.api();
+    eventually("the cached module reconciling", WAIT, || async {
+        Ok(cms.get_opt("after-out").await?)
+    })
+    .await?;
+    second.shutdown().await?;
+    let _ = std::fs::remove_dir_all(&cache);
+    Ok(())
+}
+
+fn tempfile_dir(name: &str) -> anyhow::Result<std::path::PathBuf> {
+    let dir = std::env::temp_dir().join(format!("wasmop-e2e-cache-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir)?;
+    Ok(dir)
+}
