@@ -1,0 +1,185 @@
+//! The install path, end to end: `kubectl apply -k deploy/` on the real control plane, then the
+//! image-updater example installed from its own `k8s/` manifests, reconciled by a host that runs
+//! with the deploy's ServiceAccount token (kwok pods run nothing, so the host runs as a process
+//! here). This proves the manifests apply and that their least-privilege RBAC is enough.
+
+mod support;
+
+use std::path::Path;
+use std::process::Command;
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::authentication::v1::TokenRequest;
+use k8s_openapi::api::core::v1::{Pod, Service, ServiceAccount};
+use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, PostParams};
+use serde_json::json;
+use support::*;
+use wasmop::host::{Host, HostOptions};
+use wasmop_testenv::{TestEnv, eventually};
+
+fn kubectl(env: &TestEnv, args: &[&str]) -> anyhow::Result<String> {
+    let out = Command::new(&env.cp.assets().kubectl)
+        .arg("--kubeconfig")
+        .arg(env.kubeconfig())
+        .args(args)
+        .current_dir(repo())
+        .output()?;
+    anyhow::ensure!(
+        out.status.success(),
+        "kubectl {} failed:\n{}{}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// A kubeconfig for ServiceAccount `ns/name`, with a token from the TokenRequest API.
+async fn service_account_kubeconfig(
+    env: &TestEnv,
+    ns: &str,
+    name: &str,
+    path: &Path,
+) -> anyhow::Result<()> {
+    let accounts: Api<ServiceAccount> = Api::namespaced(env.client.clone(), ns);
+    let request: TokenRequest = serde_json::from_value(json!({
+        "apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+        "spec": {"expirationSeconds": 3600}
+    }))?;
+    let token = accounts
+        .create_token_request(name, &PostParams::default(), &request)
+        .await?
+        .status
+        .and_then(|s| s.token)
+        .ok_or_else(|| anyhow::anyhow!("the TokenRequest for {ns}/{name} returned no token"))?;
+    let mut config = kube::config::Kubeconfig::read_from(env.kubeconfig())?;
+    for auth in &mut config.auth_infos {
+        if let Some(info) = auth.auth_info.as_mut() {
+            info.client_certificate_data = None;
+            info.client_key_data = None;
+            info.client_certificate = None;
+            info.client_key = None;
+            info.token = Some(token.clone().into());
+        }
+    }
+    std::fs::write(path, serde_json::to_vec(&config)?)?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn deploy_applies_and_its_rbac_is_enough_to_run_an_example() -> anyhow::Result<()> {
+    let env = TestEnv::get("deploy").await?;
+    // Twice: applying the install again must be a no-op, not an error.
+    kubectl(&env, &["apply", "-k", "deploy/"])?;
+    let again = kubectl(&env, &["apply", "-k", "deploy/"])?;
+    assert!(again.lines().all(|l| l.ends_with("unchanged")), "{again}");
+
+    let deployments: Api<Deployment> = Api::namespaced(env.client.clone(), "wasmop-system");
+    let host = deployments.get("wasmop").await?;
+    let spec = host
+        .spec
+        .template
+        .spec
+        .as_ref()
+        .ok_or_else(|| anyhow::anyhow!("the host Deployment has no pod spec"))?;
+    let container = &spec.containers[0];
+    let security = container.security_context.clone().unwrap_or_default();
+    assert_eq!(security.read_only_root_filesystem, Some(true));
+    assert_eq!(security.allow_privilege_escalation, Some(false));
+    assert_eq!(
+        spec.security_context
+            .as_ref()
+            .and_then(|s| s.run_as_non_root),
+        Some(true)
+    );
+    assert!(container.liveness_probe.is_some() && container.readiness_probe.is_some());
+    // The restricted Pod Security level of wasmop-system admits the host's pods (kwok runs them).
+    let pods: Api<Pod> = Api::namespaced(env.client.clone(), "wasmop-system");
+    eventually("two host pods Running", WAIT, || async {
+        let running = pods
+            .list(&ListParams::default().labels("app.kubernetes.io/component=host"))
+            .await?
+            .items
+            .into_iter()
+            .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+            .count();
+        Ok((running == 2).then_some(()))
+    })
+    .await?;
+
+    // The example, installed the way its README says.
+    for file in ["crd.yaml", "rbac.yaml", "wasmreconciler.yaml"] {
+        kubectl(
+            &env,
+            &["apply", "-f", &format!("examples/image-updater/k8s/{file}")],
+        )?;
+    }
+    push_module(
+        &env.client,
+        "demo",
+        "image-updater",
+        wasmop_test_modules::IMAGE_UPDATER,
+    )
+    .await?;
+    let kubeconfig = std::env::temp_dir().join(format!(
+        "wasmop-e2e-deploy-{}.kubeconfig",
+        std::process::id()
+    ));
+    service_account_kubeconfig(&env, "wasmop-system", "wasmop", &kubeconfig).await?;
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
+    let host = Host::start(HostOptions {
+        kubeconfig: Some(kubeconfig.clone()),
+        instance: "e2e-deploy".into(),
+        ..HostOptions::default()
+    })
+    .await?;
+    kubectl(
+        &env,
+        &["apply", "-f", "examples/image-updater/k8s/app.yaml"],
+    )?;
+    let app_name = "web";
+    let deployments: Api<Deployment> = Api::namespaced(env.client.clone(), "demo");
+    let services: Api<Service> = Api::namespaced(env.client.clone(), "demo");
+    eventually("the App's Deployment and Service", WAIT, || async {
+        Ok(
+            match (
+                deployments.get_opt(app_name).await?,
+                services.get_opt(app_name).await?,
+            ) {
+                (Some(d), Some(_)) => Some(d),
+                _ => None,
+            },
+        )
+    })
+    .await?;
+    let ar = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("example.wasmop.dev", "v1", "App"),
+        "apps",
+    );
+    let apps: Api<DynamicObject> = Api::namespaced_with(env.client.clone(), "demo", &ar);
+    eventually("the App Available", WAIT, || async {
+        let app = apps.get(app_name).await?;
+        let available = app.data["status"]["conditions"]
+            .as_array()
+            .is_some_and(|c| {
+                c.iter()
+                    .any(|c| c["type"] == "Available" && c["status"] == "True")
+            });
+        Ok(available.then_some(()))
+    })
+    .await?;
+    // The writes were the module's: the host's own identity may not write Deployments at all.
+    let can_i = Command::new(&env.cp.assets().kubectl)
+        .arg("--kubeconfig")
+        .arg(env.kubeconfig())
+        .args(["auth", "can-i", "create", "deployments", "-n", "demo"])
+        .args(["--as", "system:serviceaccount:wasmop-system:wasmop"])
+        .output()?;
+    assert_eq!(String::from_utf8_lossy(&can_i.stdout).trim(), "no");
+    host.shutdown().await?;
+    let _ = std::fs::remove_file(&kubeconfig);
+    Ok(())
+}
