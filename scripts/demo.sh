@@ -1,10 +1,34 @@
 #!/usr/bin/env bash
-# The main job: start the local control plane and show it working. With DEMO_ONCE=1 the scripted
-# scenario runs once and the script exits 0 only if every step was observed.
+# The main job (`make demo`): a local control plane, the wasmop host and the example modules,
+# visibly reconciling. The scripted scenario:
+#   1. build the host and the example modules, start the control plane (cached binaries)
+#   2. install the WasmReconciler CRD, push the modules with `wasmop push`, start the host
+#   3. image-updater: an App becomes a Deployment + Service whose pods become Ready (kwok nodes)
+#   4. a new image rolls the Deployment out; the App's status follows
+#   5. an unsupported transition (changing spec.track) is refused at admission by the module
+#   6. hot swap: v2 of the module is pushed and re-annotates the children, no restart
+#   7. primary-replica: a Database becomes a StatefulSet; an upgrade rolls replicas, then the
+#      primary; a downgrade is refused
+#   8. configmap-propagator: a ConfigMap is copied into matching namespaces, pruned from one
+#      that stops matching
+# Then it keeps running until Ctrl-C. With DEMO_ONCE=1 it exits after the scenario: 0 only if
+# every step was observed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+CARGO=${CARGO:-cargo}
 TESTENV=${TESTENV:-target/debug/testenv}
+TARGET_DIR=$("$CARGO" metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
+WASMOP="$TARGET_DIR/debug/wasmop"
+MODULES="$TARGET_DIR/wasm32-wasip2/release"
+WAIT=${DEMO_WAIT:-90s}
 step() { printf '\n\033[1m==> %s\033[0m\n' "$*"; }
+fail() { printf '\n\033[31mdemo: %s\033[0m\n' "$*" >&2; exit 1; }
+
+step "building the host and the example modules (the first time takes minutes)"
+"$CARGO" build -p wasmop --bin wasmop
+"$CARGO" build --release --target wasm32-wasip2 -p image-updater --features revision-annotation
+cp "$MODULES/image_updater.wasm" "$MODULES/image_updater_v2.wasm"
+"$CARGO" build --release --target wasm32-wasip2 -p image-updater -p primary-replica -p configmap-propagator
 
 step "providing the control-plane binaries (built from Go modules the first time)"
 "$TESTENV" provision >/dev/null
@@ -12,31 +36,120 @@ KUBECTL=$("$TESTENV" which kubectl)
 work=$(mktemp -d)
 "$TESTENV" cluster --kubeconfig-out "$work/kubeconfig-path" &
 cluster_pid=$!
-cleanup() { kill -TERM "$cluster_pid" 2>/dev/null || true; wait "$cluster_pid" 2>/dev/null || true; rm -rf "$work"; }
+host_pid=
+cleanup() {
+  [ -n "$host_pid" ] && { kill -TERM "$host_pid" 2>/dev/null || true; wait "$host_pid" 2>/dev/null || true; }
+  kill -TERM "$cluster_pid" 2>/dev/null || true
+  wait "$cluster_pid" 2>/dev/null || true
+  rm -rf "$work"
+}
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 for _ in $(seq 1 1200); do
   [ -s "$work/kubeconfig-path" ] && break
-  kill -0 "$cluster_pid" 2>/dev/null || { echo "demo: the control plane failed to start (see above)" >&2; exit 1; }
+  kill -0 "$cluster_pid" 2>/dev/null || fail "the control plane failed to start (see above)"
   sleep 0.1
 done
-[ -s "$work/kubeconfig-path" ] || { echo "demo: the control plane did not start in 120 s" >&2; exit 1; }
+[ -s "$work/kubeconfig-path" ] || fail "the control plane did not start in 120 s"
 export KUBECONFIG; KUBECONFIG=$(cat "$work/kubeconfig-path")
 k() { "$KUBECTL" "$@"; }
+host_log() { echo "--- last lines of the host's log ($work/host.log) ---" >&2; tail -n 40 "$work/host.log" >&2 || true; }
+trap 'host_log' ERR
 
 step "kwok nodes"
-k get nodes -o wide
-step "a Deployment of 3 replicas: scheduled on kwok nodes, Running and Ready"
-k create namespace demo
-k -n demo create deployment hello --image=nginx:1.27 --replicas=3
-k -n demo rollout status deployment/hello --timeout=90s
-k -n demo get pods -o wide
-step "rolling update to a new image"
-k -n demo set image deployment/hello nginx=nginx:1.28
-k -n demo rollout status deployment/hello --timeout=90s
+k get nodes
+
+step "installing the WasmReconciler CRD and the examples' CRDs and RBAC"
+k apply -f deploy/crds/
+for ex in image-updater primary-replica configmap-propagator; do
+  k apply -f "examples/$ex/k8s/crd.yaml"
+  k apply -f "examples/$ex/k8s/rbac.yaml"
+done
+k wait --for=condition=Established crd --all --timeout=30s >/dev/null
+
+step "pushing the modules (wasmop push validates each one first)"
+"$WASMOP" push "$MODULES/image_updater.wasm" --name image-updater -n demo
+"$WASMOP" push "$MODULES/primary_replica.wasm" --name primary-replica -n databases
+"$WASMOP" push "$MODULES/configmap_propagator.wasm" --name configmap-propagator -n wasmop-modules
+
+step "starting the host (log: $work/host.log)"
+"$WASMOP" run --cache-dir "${WASMOP_CACHE:-$HOME/.cache/wasmop}/modules" \
+  --metrics-addr 127.0.0.1:0 --webhook-addr 127.0.0.1:0 \
+  >"$work/host.log" 2>&1 &
+host_pid=$!
+for ex in image-updater primary-replica configmap-propagator; do
+  k apply -f "examples/$ex/k8s/wasmreconciler.yaml"
+done
+k wait wasmreconciler --all --for=condition=ModuleLoaded --timeout="$WAIT"
+k get wasmreconcilers
+
+step "image-updater: an App becomes a Deployment and a Service"
+k apply -f examples/image-updater/k8s/app.yaml
+k -n demo wait deployment/web --for=create --timeout="$WAIT" >/dev/null
+k -n demo rollout status deployment/web --timeout="$WAIT"
+k -n demo wait app/web --for=condition=Available --timeout="$WAIT"
+k -n demo get apps,deployments,services,pods
+
+step "a new image rolls the Deployment out"
+k -n demo patch app web --type merge -p '{"spec":{"image":"nginx:1.28"}}'
+k -n demo wait deployment/web --for=jsonpath='{.spec.template.spec.containers[0].image}'=nginx:1.28 --timeout="$WAIT"
+k -n demo rollout status deployment/web --timeout="$WAIT"
 k -n demo get replicasets
-step "demo scenario complete"
+k -n demo wait app/web --for=jsonpath='{.status.observedGeneration}'="$(k -n demo get app web -o jsonpath='{.metadata.generation}')" --timeout="$WAIT"
+k -n demo get app web
+
+step "an unsupported transition is refused at admission, with the module's reason"
+if out=$(k -n demo patch app web --type merge -p '{"spec":{"track":"canary"}}' 2>&1); then
+  fail "changing spec.track was accepted: $out"
+fi
+echo "$out"
+grep -q "spec.track" <<<"$out" || fail "the refusal does not name the field: $out"
+
+step "hot swap: v2 of image-updater annotates its children, no restart"
+"$WASMOP" push "$MODULES/image_updater_v2.wasm" --name image-updater -n demo
+k -n demo wait deployment/web --for=jsonpath='{.metadata.annotations.example\.wasmop\.dev/module-revision}'=2 --timeout="$WAIT"
+k get wasmreconciler image-updater -o jsonpath='{.status.activeModule}{"\n"}'
+
+step "primary-replica: a Database becomes a StatefulSet, a headless Service and a role map"
+k apply -f examples/primary-replica/k8s/database.yaml
+db=$(k -n databases get databases -o jsonpath='{.items[0].metadata.name}')
+k -n databases wait "statefulset/$db" --for=create --timeout="$WAIT" >/dev/null
+k -n databases rollout status "statefulset/$db" --timeout="$WAIT"
+k -n databases wait "database/$db" --for=condition=Ready --timeout="$WAIT"
+k -n databases get databases,statefulsets,services,configmaps,pods
+
+step "primary-replica: an upgrade rolls the replicas first and the primary last"
+k -n databases patch database "$db" --type merge -p '{"spec":{"version":"16.1"}}'
+k -n databases wait "statefulset/$db" --for=jsonpath='{.spec.updateStrategy.rollingUpdate.partition}'=1 --timeout="$WAIT"
+echo "partition=1: replicas update, the primary waits"
+k -n databases wait "statefulset/$db" --for=jsonpath='{.spec.updateStrategy.rollingUpdate.partition}'=0 --timeout="$WAIT"
+echo "partition=0: the primary updates last"
+k -n databases wait "database/$db" --for=jsonpath='{.status.currentVersion}'=16.1 --timeout="$WAIT"
+k -n databases get database "$db"
+
+step "primary-replica: a downgrade is refused"
+if out=$(k -n databases patch database "$db" --type merge -p '{"spec":{"version":"15.0"}}' 2>&1); then
+  fail "the downgrade was accepted: $out"
+fi
+echo "$out"
+
+step "configmap-propagator: a ConfigMap copied into every matching namespace"
+k apply -f examples/configmap-propagator/k8s/example.yaml
+k wait configmappropagation --all --for=condition=Ready --timeout="$WAIT"
+k get configmaps -A -l wasmop.dev/reconciler
+first=$(k get namespaces -l propagate=true -o jsonpath='{.items[0].metadata.name}')
+cm=$(k get configmappropagation -o jsonpath='{.items[0].spec.source.name}')
+k -n "$first" wait "configmap/$cm" --for=create --timeout="$WAIT" >/dev/null
+k label namespace "$first" propagate-
+k -n "$first" wait "configmap/$cm" --for=delete --timeout="$WAIT"
+echo "namespace $first stopped matching: its copy was pruned"
+k get configmappropagations
+
+step "demo scenario complete: every step was observed"
 if [ "${DEMO_ONCE:-}" = 1 ]; then exit 0; fi
-echo "The cluster stays up; in another shell: export KUBECONFIG=$KUBECONFIG; $KUBECTL get pods -A"
+echo "Everything stays up. In another shell:"
+echo "  export KUBECONFIG=$KUBECONFIG"
+echo "  $KUBECTL -n demo edit app web          # and watch the Deployment follow"
+echo "  tail -f $work/host.log"
 echo "Press Ctrl-C to stop."
-wait "$cluster_pid"
+wait "$host_pid"
