@@ -2,7 +2,7 @@
 # target/wasm32-wasip2/release/*.wasm. The build script of tests/modules builds the same guests
 # for tests (into its own target directory), so a bare `cargo test` needs no `make modules`.
 .PHONY: modules
-MODULE_PACKAGES := image-updater misbehave wrong-version
+MODULE_PACKAGES := image-updater primary-replica configmap-propagator misbehave wrong-version
 
 modules: prereqs
 	$(CARGO) build --release --target wasm32-wasip2 $(addprefix -p ,$(MODULE_PACKAGES))

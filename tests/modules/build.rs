@@ -15,6 +15,8 @@ const GUESTS: &[(&str, &[&str], &str)] = &[
         &["revision-annotation"],
         "image_updater_v2",
     ),
+    ("primary-replica", &[], "primary_replica"),
+    ("configmap-propagator", &[], "configmap_propagator"),
     ("misbehave", &[], "misbehave"),
     ("misbehave", &["fragile"], "misbehave_fragile"),
     ("wrong-version", &[], "wrong_version"),

@@ -54,11 +54,16 @@ pub fn widget_crd() -> Value {
 
 /// Installs (idempotently) the WasmReconciler, App and Widget CRDs and waits until they serve.
 pub async fn install_crds(client: &Client) -> anyhow::Result<()> {
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
     let mut all: Vec<Value> = vec![serde_json::to_value(WasmReconciler::crd())?, widget_crd()];
     all.extend(yaml_docs(
         &repo().join("examples/image-updater/k8s/crd.yaml"),
     )?);
+    apply_crds(client, all).await
+}
+
+/// Applies CRDs (idempotently) and waits until each one serves.
+pub async fn apply_crds(client: &Client, all: Vec<Value>) -> anyhow::Result<()> {
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
     for crd in all {
         let name = crd["metadata"]["name"]
             .as_str()

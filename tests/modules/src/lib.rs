@@ -3,6 +3,9 @@
 //!
 //! - [`IMAGE_UPDATER`], [`IMAGE_UPDATER_V2`]: the image-updater example, and a build of it that
 //!   annotates its children (for hot swaps).
+//! - [`PRIMARY_REPLICA`]: the primary-replica example (a Database as an ordered StatefulSet).
+//! - [`CONFIGMAP_PROPAGATOR`]: the configmap-propagator example (a cluster-scoped
+//!   ConfigMapPropagation copying a ConfigMap into matching Namespaces).
 //! - [`MISBEHAVE`]: a guest whose config picks a misbehaviour; [`MISBEHAVE_FRAGILE`] a build of
 //!   it that fails for Widgets labelled `test.wasmop.dev/fragile`.
 //! - [`WRONG_VERSION`]: a module for `wasmop:reconciler@0.2.0`.

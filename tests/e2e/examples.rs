@@ -1,0 +1,595 @@
+//! The example reconcilers end to end, on the real local control plane, each registered with its
+//! own `k8s/` files (CRD, RBAC, WasmReconciler) rewritten for the test's namespace. The host
+//! impersonates the example's ServiceAccount, so these tests also prove the example's RBAC is
+//! enough.
+//!
+//! - primary-replica: a 3-member Database with volumes (statically provisioned PersistentVolumes:
+//!   the test cluster has no provisioner; the controller-manager's binder binds the claims),
+//!   an upgrade that rolls the replicas before the primary, a downgrade refused by reconcile,
+//!   and a deletion whose finalizer removes the volume claims.
+//! - configmap-propagator: a cluster-scoped propagation copying a ConfigMap into labelled
+//!   namespaces; relabelling prunes a copy, a source change reaches every copy.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::{
+    ConfigMap, Namespace, PersistentVolume, PersistentVolumeClaim, Pod, Service, ServiceAccount,
+};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
+use kube::api::{
+    Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch,
+    PatchParams, PostParams,
+};
+use kube::{Client, ResourceExt};
+use serde_json::{Value, json};
+use support::*;
+use wasmop_testenv::{TestEnv, eventually};
+
+/// Rollouts replace pods one at a time; give them longer than a single object.
+const ROLLOUT: Duration = Duration::from_secs(120);
+
+fn apply() -> PatchParams {
+    PatchParams::apply("wasmop-e2e").force()
+}
+
+fn example(name: &str, file: &str) -> anyhow::Result<Vec<Value>> {
+    yaml_docs(&repo().join("examples").join(name).join("k8s").join(file))
+}
+
+/// Applies an example's rbac.yaml for a test: namespaced objects move to the test's namespace
+/// (except those in `default`, where cluster-scoped objects' Events go), and cluster-scoped
+/// objects and objects in `default` get the namespace as a suffix so parallel tests do not share
+/// them. Returns the ServiceAccount's name.
+async fn apply_rbac(env: &TestEnv, example_name: &str) -> anyhow::Result<String> {
+    let ns = env.namespace.as_str();
+    let mut sa_name = None;
+    for mut doc in example(example_name, "rbac.yaml")? {
+        let kind = doc["kind"].as_str().unwrap_or_default().to_string();
+        let name = doc["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        let in_default = doc["metadata"]["namespace"] == "default";
+        let renamed = if kind.starts_with("Cluster") || in_default {
+            format!("{name}-{ns}")
+        } else {
+            name.clone()
+        };
+        doc["metadata"]["name"] = json!(renamed);
+        if !in_default && doc["metadata"].get("namespace").is_some() {
+            doc["metadata"]["namespace"] = json!(ns);
+        }
+        // (`get_mut`: indexing a Value mutably would insert the missing key.)
+        if let Some(subjects) = doc.get_mut("subjects").and_then(Value::as_array_mut) {
+            for s in subjects {
+                s["namespace"] = json!(ns);
+            }
+        }
+        if doc.get("roleRef").is_some() {
+            let r = doc["roleRef"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
+            if doc["roleRef"]["kind"] == "ClusterRole" || in_default {
+                doc["roleRef"]["name"] = json!(format!("{r}-{ns}"));
+            }
+        }
+        let target_ns = doc["metadata"]["namespace"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        let c = env.client.clone();
+        match kind.as_str() {
+            "Namespace" => continue,
+            "ServiceAccount" => {
+                sa_name = Some(renamed.clone());
+                Api::<ServiceAccount>::namespaced(c, &target_ns)
+                    .patch(&renamed, &apply(), &Patch::Apply(&doc))
+                    .await?;
+            }
+            "Role" => {
+                Api::<Role>::namespaced(c, &target_ns)
+                    .patch(&renamed, &apply(), &Patch::Apply(&doc))
+                    .await?;
+            }
+            "RoleBinding" => {
+                Api::<RoleBinding>::namespaced(c, &target_ns)
+                    .patch(&renamed, &apply(), &Patch::Apply(&doc))
+                    .await?;
+            }
+            "ClusterRole" => {
+                Api::<ClusterRole>::all(c)
+                    .patch(&renamed, &apply(), &Patch::Apply(&doc))
+                    .await?;
+            }
+            "ClusterRoleBinding" => {
+                Api::<ClusterRoleBinding>::all(c)
+                    .patch(&renamed, &apply(), &Patch::Apply(&doc))
+                    .await?;
+            }
+            other => anyhow::bail!("unexpected {other} in {example_name}/k8s/rbac.yaml"),
+        }
+    }
+    sa_name.ok_or_else(|| anyhow::anyhow!("{example_name}/k8s/rbac.yaml has no ServiceAccount"))
+}
+
+/// Registers an example with its own wasmreconciler.yaml, rewritten for the test: named and
+/// labelled for the test's host, module and ServiceAccount in the test's namespace, and (for a
+/// namespaced primary) serving only the test's namespace.
+async fn register(env: &TestEnv, example_name: &str, module: &str) -> anyhow::Result<String> {
+    let ns = env.namespace.as_str();
+    install_crds(&env.client).await?;
+    apply_crds(&env.client, example(example_name, "crd.yaml")?).await?;
+    push_module(&env.client, ns, example_name, module).await?;
+    let sa = apply_rbac(env, example_name).await?;
+    let mut wr = example(example_name, "wasmreconciler.yaml")?.remove(0);
+    let name = format!("{ns}-{example_name}");
+    wr["metadata"] = json!({"name": name, "labels": {"wasmop.dev/test": ns}});
+    wr["spec"]["module"]["configMap"]["namespace"] = json!(ns);
+    wr["spec"]["serviceAccount"] = json!({"namespace": ns, "name": sa});
+    if wr["spec"].get("namespaces").is_some() {
+        wr["spec"]["namespaces"] = json!([ns]);
+    }
+    apply_reconciler(&env.client, &wr).await?;
+    Ok(name)
+}
+
+fn custom(client: &Client, ns: Option<&str>, kind: &str, plural: &str) -> Api<DynamicObject> {
+    let ar = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("example.wasmop.dev", "v1", kind),
+        plural,
+    );
+    match ns {
+        Some(ns) => Api::namespaced_with(client.clone(), ns, &ar),
+        None => Api::all_with(client.clone(), &ar),
+    }
+}
+
+fn image(sts: &StatefulSet) -> Option<String> {
+    sts.spec
+        .template
+        .spec
+        .as_ref()?
+        .containers
+        .first()?
+        .image
+        .clone()
+}
+
+fn partition(sts: &StatefulSet) -> Option<i32> {
+    sts.spec
+        .update_strategy
+        .as_ref()?
+        .rolling_update
+        .as_ref()?
+        .partition
+}
+
+fn pod_image(p: &Pod) -> Option<String> {
+    p.spec.as_ref()?.containers.first()?.image.clone()
+}
+
+fn pod_ready(p: &Pod) -> bool {
+    p.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+#[tokio::test]
+async fn primary_replica_creates_upgrades_replicas_first_refuses_a_downgrade_and_cleans_volumes()
+-> anyhow::Result<()> {
+    let env = TestEnv::get("ex-db").await?;
+    let ns = env.namespace.clone();
+    register(
+        &env,
+        "primary-replica",
+        wasmop_test_modules::PRIMARY_REPLICA,
+    )
+    .await?;
+
+    // Three volumes for the three members' claims, in a class of this test's own.
+    let pvs: Api<PersistentVolume> = Api::all(env.client.clone());
+    for i in 0..3 {
+        let pv: PersistentVolume = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "PersistentVolume",
+            "metadata": {"name": format!("{ns}-{i}")},
+            "spec": {
+                "capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
+                "storageClassName": ns, "persistentVolumeReclaimPolicy": "Retain",
+                "hostPath": {"path": format!("/tmp/wasmop-e2e/{ns}/{i}")}
+            }
+        }))?;
+        pvs.create(&PostParams::default(), &pv).await?;
+    }
+
+    let host = start_host(&env, None).await?;
+    let dbs = custom(&env.client, Some(&ns), "Database", "databases");
+    let mut db = example("primary-replica", "database.yaml")?.remove(0);
+    db["metadata"]["namespace"] = json!(ns);
+    db["spec"]["storage"]["storageClassName"] = json!(ns);
+    let db: DynamicObject = serde_json::from_value(db)?;
+    dbs.create(&PostParams::default(), &db).await?;
+
+    let sets: Api<StatefulSet> = env.api();
+    let services: Api<Service> = env.api();
+    let cms: Api<ConfigMap> = env.api();
+    let pods: Api<Pod> = env.api();
+    let claims: Api<PersistentVolumeClaim> = env.api();
+
+    let sts = eventually("the StatefulSet", WAIT, || async {
+        Ok(sets.get_opt("orders").await?)
+    })
+    .await?;
+    assert_eq!(
+        sts.spec.pod_management_policy.as_deref(),
+        Some("OrderedReady")
+    );
+    assert_eq!(partition(&sts), Some(0));
+    assert_eq!(image(&sts).as_deref(), Some("postgres:15.2"));
+    let svc = eventually("the headless Service", WAIT, || async {
+        Ok(services.get_opt("orders").await?)
+    })
+    .await?;
+    assert_eq!(svc.spec.and_then(|s| s.cluster_ip).as_deref(), Some("None"));
+    let roles = eventually("the roles ConfigMap", WAIT, || async {
+        Ok(cms.get_opt("orders-roles").await?)
+    })
+    .await?;
+    let data = roles.data.unwrap_or_default();
+    assert_eq!(data.get("orders-0").map(String::as_str), Some("primary"));
+    assert_eq!(data.get("orders-2").map(String::as_str), Some("replica"));
+
+    let ready = |version: &'static str| {
+        let dbs = dbs.clone();
+        move || {
+            let dbs = dbs.clone();
+            async move {
+                let d = dbs.get("orders").await?;
+                let s = &d.data["status"];
+                let ok = s["primary"] == "orders-0"
+                    && s["readyReplicas"] == 3
+                    && s["currentVersion"] == version
+                    && s["phase"] == "Ready"
+                    && s["observedGeneration"].as_i64() == d.metadata.generation;
+                Ok(ok.then_some(d))
+            }
+        }
+    };
+    eventually(
+        "3 Ready members on 15.2 in the status",
+        ROLLOUT,
+        ready("15.2"),
+    )
+    .await?;
+    let bound = claims
+        .list(&ListParams::default().labels("example.wasmop.dev/database=orders"))
+        .await?
+        .items;
+    assert_eq!(bound.len(), 3, "a claim per member");
+
+    // Upgrade: watch the partition and when each member first runs 15.3.
+    dbs.patch(
+        "orders",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"version": "15.3"}})),
+    )
+    .await?;
+    let started = Instant::now();
+    let mut partitions: Vec<i32> = Vec::new();
+    let mut upgraded_at: BTreeMap<String, Duration> = BTreeMap::new();
+    let mut primary_old_while_partitioned = true;
+    loop {
+        anyhow::ensure!(
+            started.elapsed() < ROLLOUT,
+            "the upgrade did not finish in {ROLLOUT:?}: partitions {partitions:?}, upgraded {upgraded_at:?}"
+        );
+        if let Some(sts) = sets.get_opt("orders").await?
+            && image(&sts).as_deref() == Some("postgres:15.3")
+            && let Some(p) = partition(&sts)
+            && partitions.last() != Some(&p)
+        {
+            partitions.push(p);
+        }
+        for p in pods
+            .list(&ListParams::default().labels("example.wasmop.dev/database=orders"))
+            .await?
+            .items
+        {
+            if pod_image(&p).as_deref() == Some("postgres:15.3") && pod_ready(&p) {
+                upgraded_at
+                    .entry(p.name_any())
+                    .or_insert_with(|| started.elapsed());
+            } else if p.name_any() == "orders-0"
+                && partitions.last() == Some(&1)
+                && pod_image(&p).as_deref() != Some("postgres:15.2")
+            {
+                primary_old_while_partitioned = false;
+            }
+        }
+        let d = dbs.get("orders").await?;
+        if d.data["status"]["currentVersion"] == "15.3" && d.data["status"]["phase"] == "Ready" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        partitions,
+        [1, 0],
+        "partition 1 (replicas) first, then 0 (the primary)"
+    );
+    assert!(primary_old_while_partitioned);
+    let primary = upgraded_at.get("orders-0").copied();
+    for replica in ["orders-1", "orders-2"] {
+        let at = upgraded_at.get(replica).copied();
+        assert!(
+            at.is_some() && primary.is_some() && at < primary,
+            "{replica} upgraded before the primary: {upgraded_at:?}"
+        );
+    }
+    for reason in ["UpgradingReplicas", "UpgradingPrimary"] {
+        assert!(
+            !events(&env.client, &ns, reason).await?.is_empty(),
+            "a {reason} Event"
+        );
+    }
+
+    // A downgrade: the module refuses it (the host does not serve validate at admission yet),
+    // the members keep 15.3 and the status says why.
+    dbs.patch(
+        "orders",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"version": "15.1"}})),
+    )
+    .await?;
+    eventually("DowngradeRefused in the status", WAIT, || async {
+        let d = dbs.get("orders").await?;
+        let refused = d.data["status"]["conditions"].as_array().is_some_and(|cs| {
+            cs.iter()
+                .any(|c| c["type"] == "Ready" && c["reason"] == "DowngradeRefused")
+        });
+        Ok(refused.then_some(()))
+    })
+    .await?;
+    let warning = events(&env.client, &ns, "DowngradeRefused").await?;
+    assert!(
+        warning
+            .iter()
+            .any(|e| e.type_.as_deref() == Some("Warning")),
+        "{warning:?}"
+    );
+    let sts = sets.get("orders").await?;
+    assert_eq!(image(&sts).as_deref(), Some("postgres:15.3"));
+
+    // Deleting: finalize deletes the StatefulSet and the claims, then lets the Database go.
+    dbs.delete("orders", &DeleteParams::default()).await?;
+    eventually("the Database gone", ROLLOUT, || async {
+        Ok(dbs.get_opt("orders").await?.is_none().then_some(()))
+    })
+    .await?;
+    let left = claims
+        .list(&ListParams::default().labels("example.wasmop.dev/database=orders"))
+        .await?
+        .items;
+    assert!(left.is_empty(), "finalize removed the claims: {left:?}");
+    for reason in ["DeletingVolumes", "VolumesDeleted"] {
+        assert!(
+            !events(&env.client, &ns, reason).await?.is_empty(),
+            "a {reason} Event"
+        );
+    }
+    eventually("the children garbage-collected", WAIT, || async {
+        Ok((sets.get_opt("orders").await?.is_none()
+            && services.get_opt("orders").await?.is_none()
+            && cms.get_opt("orders-roles").await?.is_none())
+        .then_some(()))
+    })
+    .await?;
+    for i in 0..3 {
+        pvs.delete(&format!("{ns}-{i}"), &DeleteParams::default())
+            .await?;
+    }
+    host.shutdown().await?;
+    Ok(())
+}
+
+fn namespace(name: &str, labels: Value) -> anyhow::Result<Namespace> {
+    Ok(serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Namespace",
+        "metadata": {"name": name, "labels": labels}
+    }))?)
+}
+
+/// The namespaces holding a copy of `name`.
+async fn copies(client: &Client, name: &str, label: &str) -> anyhow::Result<Vec<String>> {
+    let all: Api<ConfigMap> = Api::all(client.clone());
+    let mut out: Vec<String> = all
+        .list(&ListParams::default().labels(&format!("example.wasmop.dev/propagation={label}")))
+        .await?
+        .items
+        .into_iter()
+        .filter(|c| c.name_any() == name)
+        .filter_map(|c| c.namespace())
+        .collect();
+    out.sort();
+    Ok(out)
+}
+
+#[tokio::test]
+async fn configmap_propagator_copies_into_matching_namespaces_prunes_and_follows_the_source()
+-> anyhow::Result<()> {
+    let env = TestEnv::get("ex-cmp").await?;
+    let ns = env.namespace.clone();
+    let wr = register(
+        &env,
+        "configmap-propagator",
+        wasmop_test_modules::CONFIGMAP_PROPAGATOR,
+    )
+    .await?;
+    let namespaces: Api<Namespace> = Api::all(env.client.clone());
+    let key = "e2e.wasmop.dev/config";
+    let (a, b, c) = (format!("{ns}-a"), format!("{ns}-b"), format!("{ns}-c"));
+    for (name, value) in [(&a, ns.as_str()), (&b, ns.as_str()), (&c, "other")] {
+        namespaces
+            .create(
+                &PostParams::default(),
+                &namespace(name, json!({key: value}))?,
+            )
+            .await?;
+    }
+    let cms: Api<ConfigMap> = env.api();
+    let source: ConfigMap = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "settings", "labels": {"example.wasmop.dev/propagate": "true"}},
+        "data": {"log-level": "info", "region": "us-east-1"}
+    }))?;
+    cms.create(&PostParams::default(), &source).await?;
+
+    let host = start_host(&env, None).await?;
+    let props = custom(
+        &env.client,
+        None,
+        "ConfigMapPropagation",
+        "configmappropagations",
+    );
+    let prop_name = format!("{ns}-settings");
+    let prop: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "example.wasmop.dev/v1", "kind": "ConfigMapPropagation",
+        "metadata": {"name": prop_name},
+        "spec": {
+            "source": {"namespace": ns, "name": "settings"},
+            "namespaceSelector": {"matchLabels": {key: ns}},
+            "data": {"region": "eu-west-1"}
+        }
+    }))?;
+    let created = props.create(&PostParams::default(), &prop).await?;
+
+    let want_copies = |want: Vec<String>| {
+        let client = env.client.clone();
+        let prop_name = prop_name.clone();
+        move || {
+            let (client, want, prop_name) = (client.clone(), want.clone(), prop_name.clone());
+            async move {
+                let have = copies(&client, "settings", &prop_name).await?;
+                Ok((have == want).then_some(()))
+            }
+        }
+    };
+    eventually(
+        "copies in exactly the two labelled namespaces",
+        WAIT,
+        want_copies(vec![a.clone(), b.clone()]),
+    )
+    .await?;
+    let in_a: Api<ConfigMap> = Api::namespaced(env.client.clone(), &a);
+    let copy = in_a.get("settings").await?;
+    let data = copy.data.clone().unwrap_or_default();
+    assert_eq!(data.get("region").map(String::as_str), Some("eu-west-1"));
+    assert_eq!(data.get("log-level").map(String::as_str), Some("info"));
+    let owner = copy.metadata.owner_references.clone().unwrap_or_default();
+    assert_eq!(owner.first().map(|o| o.uid.clone()), created.uid());
+    eventually("status: 2 targets, Ready", WAIT, || async {
+        let p = props.get(&prop_name).await?;
+        let s = &p.data["status"];
+        let ready = s["conditions"].as_array().is_some_and(|cs| {
+            cs.iter()
+                .any(|c| c["type"] == "Ready" && c["status"] == "True")
+        });
+        Ok((s["targetCount"] == 2
+            && s["targetNamespaces"] == json!([a, b])
+            && s["upToDate"] == 2
+            && ready)
+            .then_some(()))
+    })
+    .await?;
+
+    // b stops matching: its copy is pruned; c starts matching: it gets one.
+    namespaces
+        .patch(
+            &b,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {key: "other"}}})),
+        )
+        .await?;
+    eventually("b's copy pruned", WAIT, want_copies(vec![a.clone()])).await?;
+    namespaces
+        .patch(
+            &c,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {key: ns}}})),
+        )
+        .await?;
+    eventually(
+        "c gets a copy",
+        WAIT,
+        want_copies(vec![a.clone(), c.clone()]),
+    )
+    .await?;
+
+    // The source changes: every copy follows.
+    cms.patch(
+        "settings",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"data": {"log-level": "debug"}})),
+    )
+    .await?;
+    for target in [&a, &c] {
+        let api: Api<ConfigMap> = Api::namespaced(env.client.clone(), target);
+        eventually(
+            &format!("the copy in {target} follows the source"),
+            WAIT,
+            || async {
+                let cm = api.get("settings").await?;
+                Ok((cm
+                    .data
+                    .unwrap_or_default()
+                    .get("log-level")
+                    .map(String::as_str)
+                    == Some("debug"))
+                .then_some(()))
+            },
+        )
+        .await?;
+    }
+
+    // The source goes: the copies stay and the status says why.
+    cms.delete("settings", &DeleteParams::default()).await?;
+    eventually("SourceFound=False", WAIT, || async {
+        let p = props.get(&prop_name).await?;
+        let missing = p.data["status"]["conditions"].as_array().is_some_and(|cs| {
+            cs.iter().any(|c| {
+                c["type"] == "SourceFound"
+                    && c["status"] == "False"
+                    && c["reason"] == "SourceMissing"
+            })
+        });
+        Ok(missing.then_some(()))
+    })
+    .await?;
+    assert_eq!(
+        copies(&env.client, "settings", &prop_name).await?,
+        [a.clone(), c.clone()]
+    );
+    let (ready, _, _) = wr_condition(&env.client, &wr, "Ready")
+        .await?
+        .unwrap_or_default();
+    assert_eq!(ready, "True", "the WasmReconciler serves");
+    let (degraded, _, message) = wr_condition(&env.client, &wr, "Degraded")
+        .await?
+        .unwrap_or_default();
+    assert_ne!(degraded, "True", "no forbidden write: {message}");
+
+    // Deleting the propagation: the garbage collector deletes the copies (namespaced dependents
+    // of a cluster-scoped owner).
+    props.delete(&prop_name, &DeleteParams::default()).await?;
+    eventually("the copies garbage-collected", WAIT, want_copies(vec![])).await?;
+    for name in [&a, &b, &c] {
+        namespaces.delete(name, &DeleteParams::default()).await?;
+    }
+    host.shutdown().await?;
+    Ok(())
+}
