@@ -69,8 +69,8 @@ k wait --for=condition=Established crd --all --timeout=30s >/dev/null
 
 step "pushing the modules (wasmop push validates each one first)"
 "$WASMOP" push "$MODULES/image_updater.wasm" --name image-updater -n demo
-"$WASMOP" push "$MODULES/primary_replica.wasm" --name primary-replica -n databases
-"$WASMOP" push "$MODULES/configmap_propagator.wasm" --name configmap-propagator -n wasmop-modules
+"$WASMOP" push "$MODULES/primary_replica.wasm" --name primary-replica -n demo
+"$WASMOP" push "$MODULES/configmap_propagator.wasm" --name configmap-propagator -n wasmop-examples
 
 step "starting the host (log: $work/host.log)"
 "$WASMOP" run --cache-dir "${WASMOP_CACHE:-$HOME/.cache/wasmop}/modules" \
@@ -111,38 +111,55 @@ k -n demo wait deployment/web --for=jsonpath='{.metadata.annotations.example\.wa
 k get wasmreconciler image-updater -o jsonpath='{.status.activeModule}{"\n"}'
 
 step "primary-replica: a Database becomes a StatefulSet, a headless Service and a role map"
+# The local cluster has no volume provisioner: three static volumes for the members' claims.
+for i in 0 1 2; do
+  k apply -f - >/dev/null <<EOF
+apiVersion: v1
+kind: PersistentVolume
+metadata: {name: demo-orders-$i}
+spec:
+  capacity: {storage: 1Gi}
+  accessModes: [ReadWriteOnce]
+  storageClassName: ""
+  persistentVolumeReclaimPolicy: Delete
+  hostPath: {path: $work/volumes/$i}
+EOF
+done
 k apply -f examples/primary-replica/k8s/database.yaml
-db=$(k -n databases get databases -o jsonpath='{.items[0].metadata.name}')
-k -n databases wait "statefulset/$db" --for=create --timeout="$WAIT" >/dev/null
-k -n databases rollout status "statefulset/$db" --timeout="$WAIT"
-k -n databases wait "database/$db" --for=condition=Ready --timeout="$WAIT"
-k -n databases get databases,statefulsets,services,configmaps,pods
+k -n demo wait statefulset/orders --for=create --timeout="$WAIT" >/dev/null
+k -n demo rollout status statefulset/orders --timeout="$WAIT"
+k -n demo wait database/orders --for=condition=Ready --timeout="$WAIT"
+k -n demo get databases,statefulsets,services,configmaps,pods
+k -n demo get configmap orders-roles -o jsonpath='{.data}{"\n"}'
 
 step "primary-replica: an upgrade rolls the replicas first and the primary last"
-k -n databases patch database "$db" --type merge -p '{"spec":{"version":"16.1"}}'
-k -n databases wait "statefulset/$db" --for=jsonpath='{.spec.updateStrategy.rollingUpdate.partition}'=1 --timeout="$WAIT"
-echo "partition=1: replicas update, the primary waits"
-k -n databases wait "statefulset/$db" --for=jsonpath='{.spec.updateStrategy.rollingUpdate.partition}'=0 --timeout="$WAIT"
+k -n demo patch database orders --type merge -p '{"spec":{"version":"15.3"}}'
+k -n demo wait statefulset/orders --for=jsonpath='{.spec.updateStrategy.rollingUpdate.partition}'=1 --timeout="$WAIT"
+echo "partition=1: the replicas (orders-1, orders-2) update while the primary (orders-0) waits"
+k -n demo wait statefulset/orders --for=jsonpath='{.spec.updateStrategy.rollingUpdate.partition}'=0 --timeout="$WAIT"
 echo "partition=0: the primary updates last"
-k -n databases wait "database/$db" --for=jsonpath='{.status.currentVersion}'=16.1 --timeout="$WAIT"
-k -n databases get database "$db"
+k -n demo wait database/orders --for=jsonpath='{.status.currentVersion}'=15.3 --timeout="$WAIT"
+k -n demo get database orders
 
-step "primary-replica: a downgrade is refused"
-if out=$(k -n databases patch database "$db" --type merge -p '{"spec":{"version":"15.0"}}' 2>&1); then
+step "primary-replica: a downgrade is refused at admission"
+if out=$(k -n demo patch database orders --type merge -p '{"spec":{"version":"15.2"}}' 2>&1); then
   fail "the downgrade was accepted: $out"
 fi
 echo "$out"
+grep -q "spec.version" <<<"$out" || fail "the refusal does not name the field: $out"
 
 step "configmap-propagator: a ConfigMap copied into every matching namespace"
-k apply -f examples/configmap-propagator/k8s/example.yaml
-k wait configmappropagation --all --for=condition=Ready --timeout="$WAIT"
+for ns in team-a team-b team-c; do k create namespace "$ns" --dry-run=client -o yaml | k apply -f - >/dev/null; done
+k label namespace team-a team-b team-config=shared --overwrite
+k apply -f examples/configmap-propagator/k8s/propagation.yaml
+k wait configmappropagation/shared-settings --for=condition=Ready --timeout="$WAIT"
+k -n team-a wait configmap/shared-settings --for=create --timeout="$WAIT" >/dev/null
+k -n team-b wait configmap/shared-settings --for=create --timeout="$WAIT" >/dev/null
 k get configmaps -A -l wasmop.dev/reconciler
-first=$(k get namespaces -l propagate=true -o jsonpath='{.items[0].metadata.name}')
-cm=$(k get configmappropagation -o jsonpath='{.items[0].spec.source.name}')
-k -n "$first" wait "configmap/$cm" --for=create --timeout="$WAIT" >/dev/null
-k label namespace "$first" propagate-
-k -n "$first" wait "configmap/$cm" --for=delete --timeout="$WAIT"
-echo "namespace $first stopped matching: its copy was pruned"
+if k -n team-c get configmap shared-settings >/dev/null 2>&1; then fail "team-c does not match but got a copy"; fi
+k label namespace team-a team-config-
+k -n team-a wait configmap/shared-settings --for=delete --timeout="$WAIT"
+echo "team-a stopped matching: its copy was pruned"
 k get configmappropagations
 
 step "demo scenario complete: every step was observed"

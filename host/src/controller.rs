@@ -312,7 +312,15 @@ pub fn start(
     for (kind, resolved, selector) in &settings.related {
         let writer = Writer::new(resolved.resource.clone());
         let store = writer.as_reader();
-        let api = api_for(&client, resolved, &[]);
+        // Related objects of a namespaced primary are looked up in the primary's namespace (see
+        // the mappings), so a reconciler scoped to one namespace watches them only there: the
+        // host then needs read rights in that namespace, not cluster-wide.
+        let scope: &[String] = if primary_resolved.namespaced {
+            &settings.namespaces
+        } else {
+            &[]
+        };
+        let api = api_for(&client, resolved, scope);
         let wc = match selector {
             Some(s) if !s.is_empty() => watcher::Config::default().labels(s),
             _ => watcher::Config::default(),

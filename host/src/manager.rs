@@ -315,6 +315,15 @@ impl Supervisor {
         discovery.forget();
         let primary = spec.primary.gvk();
         let primary_resolved = discovery.resolve(&primary).await.map_err(not_served)?;
+        if !primary_resolved.namespaced && !spec.namespaces.is_empty() {
+            return Err(SetupError {
+                reason: "InvalidSpec",
+                message: format!(
+                    "spec.namespaces limits namespaced primaries, but {} is cluster-scoped: remove spec.namespaces",
+                    primary.kind
+                ),
+            });
+        }
         let mut owned = Vec::new();
         for k in &spec.owns {
             owned.push((
