@@ -312,7 +312,12 @@ async fn primary_replica_creates_upgrades_replicas_first_refuses_a_downgrade_and
             }
         }
         let d = dbs.get("orders").await?;
-        if d.data["status"]["currentVersion"] == "15.3" && d.data["status"]["phase"] == "Ready" {
+        // Done when the status says so and this loop has seen every member run 15.3 (the
+        // status can get there between two looks at the pods).
+        if d.data["status"]["currentVersion"] == "15.3"
+            && d.data["status"]["phase"] == "Ready"
+            && upgraded_at.len() == 3
+        {
             break;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
