@@ -312,7 +312,8 @@ impl Webhook {
     }
 }
 
-/// A denial as kubectl shows it: `field: message`, with the field in the details too.
+/// A denial as kubectl shows it: `field: message` (even when the message names the field too:
+/// the prefix is what tools parse), with the field in the details too.
 fn deny(
     response: AdmissionResponse,
     request: &AdmissionRequest<DynamicObject>,
@@ -320,7 +321,7 @@ fn deny(
     field: Option<String>,
 ) -> AdmissionResponse {
     let text = match &field {
-        Some(f) if !message.starts_with(f.as_str()) => format!("{f}: {message}"),
+        Some(f) if !message.starts_with(&format!("{f}:")) => format!("{f}: {message}"),
         _ => message.clone(),
     };
     let mut r = response.deny(&text);

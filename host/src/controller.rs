@@ -440,8 +440,16 @@ pub fn start(
     let component = readiness_component(&name);
     let synced = tokio::spawn(async move {
         for store in stores {
-            if store.wait_until_ready().await.is_err() {
-                return;
+            // A store's readiness wakes only one waiter (kube-runtime's DelayedInit keeps one
+            // waker), and the controller waits on the primary store too: poll instead.
+            loop {
+                match tokio::time::timeout(Duration::from_millis(100), store.wait_until_ready())
+                    .await
+                {
+                    Ok(Ok(())) => break,
+                    Ok(Err(_)) => return,
+                    Err(_) => {}
+                }
             }
         }
         tracing::info!(component, "caches synced");

@@ -260,6 +260,10 @@ impl Host {
             .leader
             .clone()
             .map(|c| Arc::new(Elector::new(client.clone(), c)));
+        if elector.is_none() {
+            // Registered before `startup` is ready, so `/readyz` waits for the first list.
+            readiness::global().pending("manager");
+        }
         let task = tokio::spawn(lead_and_run(
             ctx,
             elector.clone(),
