@@ -28,7 +28,7 @@ use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
 use kube::runtime::events::{Event as KubeEvent, EventType as KubeEventType, Recorder};
 use kube::runtime::reflector::{ObjectRef as KubeRef, Store, store::Writer};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::{WatchStreamExt, reflector, watcher};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 use tracing::{Instrument, info_span};
@@ -41,6 +41,8 @@ use crate::crd::FINALIZER;
 use crate::discovery::{Discovery, Resolved};
 use crate::engine::{CallError, Limits};
 use crate::intents::{self, Grant, Primary, RECONCILER_LABEL, Rejected};
+use crate::metrics::{self, Queue};
+use crate::readiness;
 use crate::slot::ModuleSlot;
 
 /// Backoff after failures: 5 ms doubling to 5 minutes.
@@ -142,6 +144,7 @@ pub struct Shared {
     related: Vec<(Gvk, Store<DynamicObject>)>,
     objects: Arc<Mutex<HashMap<Key, ObjectState>>>,
     health: Arc<Health>,
+    queue: Queue,
 }
 
 /// An object's key: namespace (None for cluster-scoped) and name.
@@ -157,6 +160,14 @@ impl std::fmt::Debug for Shared {
 
 fn key_of(o: &DynamicObject) -> Key {
     (o.namespace(), o.name_any())
+}
+
+/// `ns/name` or `name`: the work-queue key of the metrics.
+fn key_text(key: &Key) -> String {
+    match &key.0 {
+        Some(ns) => format!("{ns}/{}", key.1),
+        None => key.1.clone(),
+    }
 }
 
 fn now_unix_ms() -> u64 {
@@ -190,6 +201,11 @@ impl Running {
         }
         let _ = (&mut self.task).await;
     }
+}
+
+/// The readiness component of reconciler `name` (see [`crate::readiness`]).
+pub fn readiness_component(name: &str) -> String {
+    format!("reconciler/{name}")
 }
 
 impl Drop for Running {
@@ -264,11 +280,32 @@ pub fn start(
     let primary_ar = primary_resolved.resource.clone();
     let namespaced = primary_resolved.namespaced;
     let primary_api = api_for(&client, &primary_resolved, &settings.namespaces);
+    let queue = metrics::global().queue(&settings.name);
+    // What Controller::new_with builds, with the triggers counted for the queue metrics.
+    let primary_writer = Writer::new(primary_ar.clone());
+    let primaries = primary_writer.as_reader();
+    let q = queue.clone();
+    let primary_stream = reflector(
+        primary_writer,
+        watcher(primary_api, watcher::Config::default()),
+    )
+    .applied_objects()
+    .inspect(move |o| {
+        if let Ok(o) = o {
+            q.requested(key_text(&key_of(o)));
+        }
+    });
+    let (q, all) = (queue.clone(), primaries.clone());
+    let module_changed = module_changed.inspect(move |()| {
+        for p in all.state() {
+            q.requested(key_text(&key_of(&p)));
+        }
+    });
     let mut controller =
-        Controller::new_with(primary_api, watcher::Config::default(), primary_ar.clone())
+        Controller::for_stream_with(primary_stream, primaries.clone(), primary_ar.clone())
             .with_config(ControllerConfig::default().concurrency(settings.concurrency))
             .reconcile_all_on(module_changed);
-    let primaries = controller.store();
+    let mut stores = vec![primaries.clone()];
     let label = format!("{RECONCILER_LABEL}={}", settings.name);
     let objects: Arc<Mutex<HashMap<Key, ObjectState>>> = Arc::default();
 
@@ -281,11 +318,12 @@ pub fn start(
             .default_backoff()
             .reflect(writer)
             .touched_objects();
-        let (primary_kind, primary_ar, objects, child_kind) = (
+        let (primary_kind, primary_ar, objects, child_kind, q) = (
             primary_kind.clone(),
             primary_ar.clone(),
             objects.clone(),
             kind.clone(),
+            queue.clone(),
         );
         controller = controller.watches_stream_with(
             stream,
@@ -296,15 +334,18 @@ pub fn start(
                         && o.api_version == primary_kind.api_version
                 })?;
                 let ns = child.namespace().filter(|_| namespaced);
+                let key = (ns.clone(), owner.name.clone());
+                q.requested(key_text(&key));
                 note_trigger(
                     &objects,
-                    (ns.clone(), owner.name.clone()),
+                    key,
                     Trigger::ChildChanged(object_ref_of(&child_kind, &child)),
                 );
                 Some(reference(&primary_ar, ns, &owner.name))
             },
             resolved.resource.clone(),
         );
+        stores.push(store.clone());
         owned.push((kind.clone(), store));
     }
 
@@ -329,12 +370,13 @@ pub fn start(
             .default_backoff()
             .reflect(writer)
             .touched_objects();
-        let (primary_ar, objects, kind2, primaries, slot) = (
+        let (primary_ar, objects, kind2, primaries, slot, q) = (
             primary_ar.clone(),
             objects.clone(),
             kind.clone(),
             primaries.clone(),
             slot.clone(),
+            queue.clone(),
         );
         controller = controller.watches_stream_with(
             stream,
@@ -368,6 +410,7 @@ pub fn start(
                 targets
                     .into_iter()
                     .map(|(ns, name)| {
+                        q.requested(key_text(&(ns.clone(), name.clone())));
                         note_trigger(&objects, (ns.clone(), name.clone()), trigger.clone());
                         reference(&primary_ar, ns, &name)
                     })
@@ -375,6 +418,7 @@ pub fn start(
             },
             resolved.resource.clone(),
         );
+        stores.push(store.clone());
         related.push((kind.clone(), store));
     }
 
@@ -396,20 +440,46 @@ pub fn start(
         related,
         objects,
         health,
+        queue: queue.clone(),
     });
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    let task = tokio::spawn(
-        controller
-            .graceful_shutdown_on(async move {
-                let _ = rx.await;
-            })
-            .run(reconcile, error_policy, shared)
-            .for_each(|result| async move {
-                if let Err(e) = result {
-                    tracing::debug!(error = %e, "controller event");
+    // Ready once every cache has its first full list (the controller's own watches start
+    // when the controller runs below).
+    let component = readiness_component(&name);
+    let synced = tokio::spawn(async move {
+        for store in stores {
+            // A store's readiness wakes only one waiter (kube-runtime's DelayedInit keeps one
+            // waker), and the controller waits on the primary store too: poll instead.
+            loop {
+                match tokio::time::timeout(Duration::from_millis(100), store.wait_until_ready())
+                    .await
+                {
+                    Ok(Ok(())) => break,
+                    Ok(Err(_)) => return,
+                    Err(_) => {}
                 }
-            })
-            .instrument(info_span!("controller", reconciler = %name)),
+            }
+        }
+        tracing::info!(component, "caches synced");
+        readiness::global().ready(&component);
+    });
+    let task = tokio::spawn(
+        async move {
+            controller
+                .graceful_shutdown_on(async move {
+                    let _ = rx.await;
+                })
+                .run(reconcile, error_policy, shared)
+                .for_each(|result| async move {
+                    if let Err(e) = result {
+                        tracing::debug!(error = %e, "controller event");
+                    }
+                })
+                .await;
+            synced.abort();
+            queue.clear();
+        }
+        .instrument(info_span!("controller", reconciler = %name)),
     );
     Running {
         task,
@@ -614,10 +684,20 @@ async fn reconcile(
         module = %&sha[..12.min(sha.len())],
     );
     let started = Instant::now();
+    let m = metrics::global();
+    shared.queue.started(&key_text(&key));
+    m.active(&shared.settings.name, 1);
     let result = run_once(&primary, &shared, &active, trigger, attempt)
         .instrument(span.clone())
         .await;
     let elapsed = started.elapsed();
+    m.active(&shared.settings.name, -1);
+    m.reconciled(&shared.settings.name, result.is_ok(), elapsed);
+    if let Ok(action) = &result
+        && *action != Action::await_change()
+    {
+        shared.queue.requeued(false);
+    }
     let _enter = span.enter();
     match &result {
         Ok(_) => tracing::debug!(elapsed_ms = elapsed.as_millis() as u64, "reconciled"),
@@ -709,6 +789,11 @@ async fn run_once(
     .await
     .map_err(|e| ReconcileError::Join(e.to_string()))?;
     let (result, stats) = outcome;
+    metrics::global().module_call(
+        &shared.settings.name,
+        if deleting { "finalize" } else { "reconcile" },
+        &stats,
+    );
     tracing::trace!(
         instantiate_us = stats.instantiate.as_micros() as u64,
         call_us = stats.call.as_micros() as u64,
@@ -812,6 +897,7 @@ fn error_policy(
 ) -> Action {
     let failures = shared.failed(&key_of(&primary));
     let delay = backoff(failures);
+    shared.queue.requeued(true);
     tracing::debug!(reconciler = %shared.settings.name, object = %primary.name_any(), failures, delay_ms = delay.as_millis() as u64, error = %error, "backing off");
     Action::requeue(delay)
 }

@@ -82,6 +82,10 @@ pub struct WasmReconcilerSpec {
     /// Automatic rollback of a newly pushed module that fails.
     #[serde(default)]
     pub rollout: RolloutPolicy,
+    /// The validating admission webhook the host registers when the module declares
+    /// `validates`.
+    #[serde(default)]
+    pub admission: AdmissionPolicy,
     /// Free-form configuration handed to the module with every call.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "preserve_unknown")]
@@ -238,6 +242,54 @@ impl Default for RolloutPolicy {
         RolloutPolicy {
             watch_reconciles: default_watch(),
             failure_threshold_percent: default_threshold(),
+        }
+    }
+}
+
+/// How the module's `validate` is served at admission.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AdmissionPolicy {
+    /// How long the API server waits for the webhook, in seconds (1 to 30, default 5). The
+    /// module's `validate` call gets this less a margin, capped by `limits.deadline`.
+    #[serde(default = "default_admission_timeout")]
+    #[schemars(range(min = 1, max = 30))]
+    pub timeout_seconds: i32,
+    /// What happens when the module fails, times out or the host cannot be reached: `Fail`
+    /// (refuse the change; the default) or `Ignore` (let it through).
+    #[serde(default)]
+    pub failure_policy: FailurePolicy,
+}
+
+fn default_admission_timeout() -> i32 {
+    5
+}
+
+impl Default for AdmissionPolicy {
+    fn default() -> Self {
+        AdmissionPolicy {
+            timeout_seconds: default_admission_timeout(),
+            failure_policy: FailurePolicy::default(),
+        }
+    }
+}
+
+/// The admission failure policy (Kubernetes' `failurePolicy`).
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, Default, PartialEq, Eq, JsonSchema)]
+pub enum FailurePolicy {
+    /// Refuse the change.
+    #[default]
+    Fail,
+    /// Let the change through.
+    Ignore,
+}
+
+impl FailurePolicy {
+    /// As Kubernetes spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FailurePolicy::Fail => "Fail",
+            FailurePolicy::Ignore => "Ignore",
         }
     }
 }

@@ -2,17 +2,36 @@
 //!
 //! `wasmop run` uses it; so do the end-to-end tests, in-process.
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
-use tokio::sync::oneshot;
+use tokio::sync::watch;
 
 use crate::discovery::Discovery;
 use crate::engine::{Engine, EngineConfig};
+use crate::leader::{Elector, LeaderConfig};
 use crate::manager::{self, HostContext};
+use crate::webhook_config::{WebhookConfigs, WebhookTarget};
+use crate::webhook_tls::ServingCert;
+use crate::{admission, metrics, probes, readiness};
+
+/// How the admission webhook is served.
+#[derive(Debug, Clone)]
+pub struct WebhookOptions {
+    /// Where to listen (port 0: any free port).
+    pub addr: SocketAddr,
+    /// How the API server reaches the host (None: `https://<bound address>` when it is a
+    /// specific IP, else webhook configurations are not managed).
+    pub target: Option<WebhookTarget>,
+    /// A directory with `tls.crt`, `tls.key` and `ca.crt` (None: generate a CA and certificate).
+    pub cert_dir: Option<PathBuf>,
+    /// The host's own namespace, left out of every webhook's namespace selector.
+    pub host_namespace: Option<String>,
+}
 
 /// How to run the host.
 #[derive(Debug, Clone)]
@@ -28,6 +47,14 @@ pub struct HostOptions {
     /// Serve only WasmReconcilers matching this label selector (None: all). Lets several hosts
     /// split the WasmReconcilers of one cluster.
     pub selector: Option<String>,
+    /// Serve `/metrics`, `/healthz` and `/readyz` here (None: not served).
+    pub metrics_addr: Option<SocketAddr>,
+    /// Serve the admission webhook (None: not served).
+    pub webhook: Option<WebhookOptions>,
+    /// Run reconcilers only while holding this Lease (None: always).
+    pub leader: Option<LeaderConfig>,
+    /// How long [`Host::shutdown`] lets running reconciles finish.
+    pub shutdown_grace: Duration,
 }
 
 impl Default for HostOptions {
@@ -40,6 +67,10 @@ impl Default for HostOptions {
                 .or_else(|_| std::env::var("HOSTNAME"))
                 .unwrap_or_else(|_| "wasmop".into()),
             selector: None,
+            metrics_addr: None,
+            webhook: None,
+            leader: None,
+            shutdown_grace: Duration::from_secs(30),
         }
     }
 }
@@ -67,6 +98,15 @@ pub enum HostError {
     /// The manager failed.
     #[error("{0}")]
     Manager(#[from] manager::ManagerError),
+    /// The metrics server could not start.
+    #[error("{0}")]
+    Probes(#[from] probes::ServeError),
+    /// The admission webhook could not start.
+    #[error("{0}")]
+    Admission(#[from] admission::AdmissionError),
+    /// Leadership was lost: this process must stop reconciling at once.
+    #[error("{0}")]
+    Leadership(#[from] crate::leader::LeaderError),
 }
 
 /// The client configuration from `kubeconfig`, or inferred.
@@ -94,16 +134,62 @@ pub async fn kube_config(kubeconfig: Option<&PathBuf>) -> Result<Config, HostErr
 /// A running host.
 #[derive(Debug)]
 pub struct Host {
-    stop: Option<oneshot::Sender<()>>,
-    task: tokio::task::JoinHandle<Result<(), manager::ManagerError>>,
+    stop: watch::Sender<bool>,
+    task: Option<tokio::task::JoinHandle<Result<(), HostError>>>,
+    elector: Option<Arc<Elector>>,
+    grace: Duration,
+    /// Where `/metrics`, `/healthz` and `/readyz` are served.
+    pub metrics_addr: Option<SocketAddr>,
+    /// Where the admission webhook is served.
+    pub webhook_addr: Option<SocketAddr>,
+}
+
+/// The names a generated certificate must cover for `target`.
+fn certificate_names(target: Option<&WebhookTarget>, bound: SocketAddr) -> Vec<String> {
+    let mut names = vec!["localhost".to_string()];
+    if !bound.ip().is_unspecified() {
+        names.push(bound.ip().to_string());
+    }
+    match target {
+        Some(WebhookTarget::Url(url)) => {
+            let rest = url.split_once("://").map_or(url.as_str(), |(_, r)| r);
+            let authority = rest.split('/').next().unwrap_or_default();
+            let host = match authority.strip_prefix('[') {
+                Some(v6) => v6.split(']').next().unwrap_or_default(),
+                None => authority.rsplit_once(':').map_or(authority, |(h, _)| h),
+            };
+            if !host.is_empty() {
+                names.push(host.to_string());
+            }
+        }
+        Some(WebhookTarget::Service {
+            namespace, name, ..
+        }) => {
+            names.push(format!("{name}.{namespace}.svc"));
+            names.push(format!("{name}.{namespace}.svc.cluster.local"));
+        }
+        None => {}
+    }
+    names.sort();
+    names.dedup();
+    names
+}
+
+fn stopped(rx: &watch::Receiver<bool>) -> impl std::future::Future<Output = ()> + Send + 'static {
+    let mut rx = rx.clone();
+    async move {
+        let _ = rx.wait_for(|s| *s).await;
+    }
 }
 
 impl Host {
-    /// Connects and starts reconciling.
+    /// Connects, starts the metrics and admission servers, and starts reconciling (once leading,
+    /// with leader election).
     ///
     /// # Errors
     /// See [`HostError`].
     pub async fn start(options: HostOptions) -> Result<Host, HostError> {
+        readiness::global().pending("startup");
         let config = kube_config(options.kubeconfig.as_ref()).await?;
         let client = Client::try_from(config.clone())?;
         let engine = Engine::new(&EngineConfig {
@@ -111,54 +197,170 @@ impl Host {
             ..EngineConfig::default()
         })?;
         let ctx = Arc::new(HostContext {
-            engine,
+            engine: engine.clone(),
             discovery: Discovery::new(client.clone()),
-            client,
+            client: client.clone(),
             config,
             instance: options.instance.clone(),
             default_resync: options.resync,
             selector: options.selector.clone(),
         });
-        let (tx, rx) = oneshot::channel();
-        let task = tokio::spawn(manager::run(ctx, async move {
-            let _ = rx.await;
-        }));
+        let (stop, stop_rx) = watch::channel(false);
+
+        let mut metrics_addr = None;
+        if let Some(addr) = options.metrics_addr {
+            let (bound, serve) = probes::bind(addr, stopped(&stop_rx)).await?;
+            tracing::info!(addr = %bound, "serving /metrics, /healthz and /readyz");
+            tokio::spawn(serve);
+            metrics_addr = Some(bound);
+        }
+
+        let (leading_tx, leading_rx) = watch::channel(false);
+        let mut webhook_addr = None;
+        if let Some(w) = &options.webhook {
+            let bound = admission::bind(w.addr).await?;
+            let addr = bound.addr;
+            let target = w.target.clone().or_else(|| {
+                (!addr.ip().is_unspecified()).then(|| WebhookTarget::Url(format!("https://{addr}")))
+            });
+            let cert = match &w.cert_dir {
+                Some(dir) => ServingCert::load(dir),
+                None => ServingCert::generate(&certificate_names(target.as_ref(), addr)),
+            }
+            .map_err(admission::AdmissionError::from)?;
+            let configs = match target {
+                Some(t) => Some(WebhookConfigs::new(
+                    client.clone(),
+                    ctx.discovery.clone(),
+                    t,
+                    cert.ca_pem.clone(),
+                    w.host_namespace.clone(),
+                )),
+                None => {
+                    tracing::warn!(
+                        "no --webhook-url or --webhook-service and the webhook listens on every address: webhook configurations are not managed"
+                    );
+                    None
+                }
+            };
+            let setup = admission::Setup {
+                cert,
+                client: client.clone(),
+                engine: engine.clone(),
+                selector: options.selector.clone(),
+                configs,
+            };
+            let serve = admission::serve(bound, setup, leading_rx, stopped(&stop_rx)).await?;
+            tracing::info!(%addr, "serving the admission webhook (HTTPS)");
+            tokio::spawn(serve);
+            webhook_addr = Some(addr);
+        }
+
+        let elector = options
+            .leader
+            .clone()
+            .map(|c| Arc::new(Elector::new(client.clone(), c)));
+        if elector.is_none() {
+            // Registered before `startup` is ready, so `/readyz` waits for the first list.
+            readiness::global().pending("manager");
+        }
+        let task = tokio::spawn(lead_and_run(
+            ctx,
+            elector.clone(),
+            leading_tx,
+            stop_rx.clone(),
+        ));
+        readiness::global().ready("startup");
         Ok(Host {
-            stop: Some(tx),
-            task,
+            stop,
+            task: Some(task),
+            elector,
+            grace: options.shutdown_grace,
+            metrics_addr,
+            webhook_addr,
         })
     }
 
-    /// Stops taking new work, lets running reconciles finish, and returns.
+    /// Stops taking new work, lets running reconciles finish (within the shutdown grace), gives
+    /// the leader Lease up, and returns.
     ///
     /// # Errors
     /// The manager's error, if it had failed.
     pub async fn shutdown(mut self) -> Result<(), HostError> {
-        if let Some(tx) = self.stop.take() {
-            let _ = tx.send(());
+        let _ = self.stop.send(true);
+        let mut result = Ok(());
+        if let Some(mut task) = self.task.take() {
+            match tokio::time::timeout(self.grace, &mut task).await {
+                Ok(Ok(r)) => result = r,
+                Ok(Err(_)) => {}
+                Err(_) => {
+                    tracing::warn!(grace = ?self.grace, "reconciles still running after the shutdown grace; stopping them");
+                    task.abort();
+                }
+            }
         }
-        match (&mut self.task).await {
-            Ok(r) => Ok(r?),
-            Err(_) => Ok(()),
+        if let Some(e) = &self.elector
+            && let Err(err) = e.release().await
+        {
+            tracing::warn!(error = %err, "cannot release the leader Lease; the next leader waits for it to expire");
         }
+        result
     }
 
-    /// Waits until the host stops by itself (it only does on a fatal error).
+    /// Waits until the host stops by itself: on a fatal error or when leadership is lost.
     ///
     /// # Errors
-    /// The manager's error.
+    /// The manager's error, or [`HostError::Leadership`].
     pub async fn wait(&mut self) -> Result<(), HostError> {
-        match (&mut self.task).await {
-            Ok(r) => Ok(r?),
+        let Some(task) = &mut self.task else {
+            return Ok(());
+        };
+        let r = match task.await {
+            Ok(r) => r,
             Err(_) => Ok(()),
+        };
+        self.task = None;
+        r
+    }
+}
+
+/// Waits for leadership (when elected), then runs the manager until shutdown or loss.
+async fn lead_and_run(
+    ctx: Arc<HostContext>,
+    elector: Option<Arc<Elector>>,
+    leading: watch::Sender<bool>,
+    stop: watch::Receiver<bool>,
+) -> Result<(), HostError> {
+    metrics::global().leader(false);
+    if let Some(e) = &elector {
+        tokio::select! {
+            _ = e.acquire() => {}
+            _ = stopped(&stop) => return Ok(()),
         }
     }
+    metrics::global().leader(true);
+    let _ = leading.send(true);
+    let run = manager::run(ctx, stopped(&stop));
+    let result = match &elector {
+        None => run.await.map_err(HostError::from),
+        Some(e) => tokio::select! {
+            r = run => r.map_err(HostError::from),
+            lost = e.hold() => {
+                tracing::error!(error = %lost, "leadership lost; stopping reconcilers at once");
+                Err(HostError::Leadership(lost))
+            }
+        },
+    };
+    metrics::global().leader(false);
+    let _ = leading.send(false);
+    result
 }
 
 impl Drop for Host {
     fn drop(&mut self) {
-        if self.stop.is_some() {
-            self.task.abort();
+        let _ = self.stop.send(true);
+        if let Some(task) = self.task.take() {
+            task.abort();
         }
     }
 }

@@ -12,8 +12,12 @@
 //! - [`apply`]: writes a validated response under the module's identity.
 //! - [`slot`]: the swappable active module.
 //! - [`host`]: the running host (used by `wasmop run` and the end-to-end tests).
+//! - [`metrics`], [`readiness`], [`probes`]: Prometheus metrics, `/healthz` and `/readyz`.
+//! - [`leader`]: leader election on a Lease.
+//! - [`admission`], [`webhook_config`], [`webhook_tls`]: the validating admission webhook.
 //! - [`cli`]: the `wasmop` command.
 
+pub mod admission;
 pub mod apply;
 pub mod cli;
 pub mod conditions;
@@ -24,9 +28,15 @@ pub mod discovery;
 pub mod engine;
 pub mod host;
 pub mod intents;
+pub mod leader;
 pub mod manager;
+pub mod metrics;
+pub mod probes;
+pub mod readiness;
 pub mod slot;
 pub mod source;
+pub mod webhook_config;
+pub mod webhook_tls;
 
 /// The version of this host, as built.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

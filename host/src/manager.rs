@@ -45,6 +45,7 @@ use crate::engine::{Compiled, Engine, Limits, Module, sha256_hex};
 use crate::intents::{self, Primary};
 use crate::slot::{Active, Fit, ModuleSlot};
 use crate::source::{self, ModuleBytes};
+use crate::{metrics, readiness};
 
 /// The field manager of the host's own writes (WasmReconciler status).
 pub const HOST_MANAGER: &str = "wasmop";
@@ -130,6 +131,7 @@ pub async fn run(
     let mut events = watcher(api, wc).default_backoff().boxed();
     let mut running: HashMap<String, Supervised> = HashMap::new();
     let mut seen_in_init: Option<Vec<String>> = None;
+    readiness::global().pending("manager");
     tokio::pin!(shutdown);
     loop {
         let event = tokio::select! {
@@ -165,6 +167,7 @@ pub async fn run(
                 running.insert(name, spawn_supervisor(ctx.clone(), wr));
             }
             watcher::Event::InitDone => {
+                readiness::global().ready("manager");
                 if let Some(seen) = seen_in_init.take() {
                     let gone: Vec<String> = running
                         .keys()
@@ -189,6 +192,7 @@ pub async fn run(
     for (_, s) in running.drain() {
         s.stop().await;
     }
+    readiness::global().forget("manager");
     Ok(())
 }
 
@@ -196,9 +200,14 @@ fn spawn_supervisor(ctx: Arc<HostContext>, wr: WasmReconciler) -> Supervised {
     let (tx, rx) = oneshot::channel();
     let generation = wr.metadata.generation;
     let name = wr.name_any();
+    let component = controller::readiness_component(&name);
+    readiness::global().pending(&component);
     let task = tokio::spawn(async move {
         let mut sup = Supervisor::new(ctx, wr);
         sup.run(rx).await;
+        readiness::global().forget(&component);
+        metrics::global().module_active(&sup.name(), None);
+        crate::admission::slots().remove(&sup.name());
     });
     tracing::info!(reconciler = %name, "supervising");
     Supervised {
@@ -269,6 +278,8 @@ impl Supervisor {
                     return;
                 }
                 Err(e) => {
+                    // Reported in its status; it does not hold the process's readiness back.
+                    readiness::global().ready(&controller::readiness_component(&self.name()));
                     tracing::warn!(reconciler = %self.name(), reason = e.reason, error = %e.message, "cannot start; retrying");
                     let loaded = !matches!(
                         e.reason,
@@ -463,6 +474,7 @@ impl Supervisor {
             first.fit.clone(),
             first.bytes.resource_version.clone(),
         ));
+        crate::admission::slots().publish(&self.name(), slot.clone());
         let (changed_tx, changed_rx) = futures::channel::mpsc::unbounded::<()>();
         let health = Arc::new(Health::default());
         let running: Running = controller::start(
@@ -578,6 +590,7 @@ impl Supervisor {
         let candidate = self.candidate(Some(cm)).await?;
         let old = slot.active();
         if candidate.module.sha256() == old.module.sha256() {
+            metrics::global().hotswap(&self.name(), "unchanged");
             slot.activate(Active::new(
                 old.module.clone(),
                 old.fit.clone(),
@@ -603,6 +616,7 @@ impl Supervisor {
             candidate.bytes.resource_version,
         ));
         tracing::info!(reconciler = %self.name(), "{message}");
+        metrics::global().hotswap(&self.name(), "swapped");
         self.activated(slot, "ModuleSwapped", message).await;
         Ok(Some(sha))
     }
@@ -689,6 +703,7 @@ impl Supervisor {
     async fn activated(&mut self, slot: &ModuleSlot, reason: &str, message: String) {
         let active = slot.active();
         let m = &active.module;
+        metrics::global().module_active(&self.name(), Some(m.sha256()));
         self.status.active_module = Some(ActiveModule {
             sha256: m.sha256().to_string(),
             name: m.metadata().name.clone(),
@@ -733,6 +748,7 @@ impl Supervisor {
     }
 
     async fn refused(&mut self, cm: &ConfigMap, e: &SetupError) {
+        metrics::global().hotswap(&self.name(), "refused");
         let message = format!("{}; the previous module keeps serving", e.message);
         tracing::warn!(reconciler = %self.name(), reason = e.reason, "{message}");
         conditions::set(
@@ -773,6 +789,7 @@ impl Supervisor {
             short(back_to)
         );
         tracing::warn!(reconciler = %self.name(), "{message}");
+        metrics::global().hotswap(&self.name(), "rolled_back");
         self.status.rejected_sha256 = Some(bad.to_string());
         self.activated(slot, "RolledBack", message.clone()).await;
         conditions::set(

@@ -1,11 +1,16 @@
 //! `wasmop run`: the operator host.
+//!
+//! Every flag is documented in `docs/operating.md` (section "Flags").
 
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use super::{CliError, cache_dir};
 use crate::crd::parse_duration;
-use crate::host::{Host, HostOptions};
+use crate::host::{Host, HostError, HostOptions, WebhookOptions};
+use crate::leader::LeaderConfig;
+use crate::webhook_config::WebhookTarget;
 
 /// Arguments of `run`.
 #[derive(Debug, clap::Args)]
@@ -14,19 +19,154 @@ pub struct Args {
     #[arg(long, env = "KUBECONFIG")]
     pub kubeconfig: Option<PathBuf>,
     /// Where compiled modules are cached (default: $WASMOP_CACHE/compiled).
-    #[arg(long)]
+    #[arg(long, env = "WASMOP_CACHE_DIR")]
     pub cache_dir: Option<PathBuf>,
     /// The resync period of WasmReconcilers that do not set one.
-    #[arg(long, default_value = "10m")]
+    #[arg(long, env = "WASMOP_RESYNC", default_value = "10m")]
     pub resync: String,
     /// Serve only WasmReconcilers matching this label selector (e.g. `shard=a`).
-    #[arg(long)]
+    #[arg(long, env = "WASMOP_SELECTOR")]
     pub selector: Option<String>,
+    /// Where to serve /metrics, /healthz and /readyz (`:8080` is every address; `off`: none).
+    #[arg(long, env = "WASMOP_METRICS_ADDR", default_value = ":8080")]
+    pub metrics_addr: String,
+    /// Where to serve the admission webhook over HTTPS (`off`: no admission).
+    #[arg(long, env = "WASMOP_WEBHOOK_ADDR", default_value = ":9443")]
+    pub webhook_addr: String,
+    /// The base URL the API server calls the webhook at (e.g. `https://10.0.0.5:9443`).
+    #[arg(long, env = "WASMOP_WEBHOOK_URL", conflicts_with = "webhook_service")]
+    pub webhook_url: Option<String>,
+    /// The Service the API server calls the webhook through: `namespace/name[:port]`.
+    #[arg(long, env = "WASMOP_WEBHOOK_SERVICE")]
+    pub webhook_service: Option<String>,
+    /// A directory with `tls.crt`, `tls.key` and `ca.crt` for the webhook (default: generate).
+    #[arg(long, env = "WASMOP_WEBHOOK_CERT_DIR")]
+    pub webhook_cert_dir: Option<PathBuf>,
+    /// The host's own namespace, never subject to its webhooks (default: the pod's namespace).
+    #[arg(long, env = "POD_NAMESPACE")]
+    pub namespace: Option<String>,
+    /// Run reconcilers only while holding the leader Lease.
+    #[arg(long, env = "WASMOP_LEADER_ELECT")]
+    pub leader_elect: bool,
+    /// The leader Lease's namespace (default: the pod's namespace, else `default`).
+    #[arg(long, env = "WASMOP_LEADER_ELECTION_NAMESPACE")]
+    pub leader_election_namespace: Option<String>,
+    /// The leader Lease's name.
+    #[arg(
+        long,
+        env = "WASMOP_LEADER_ELECTION_ID",
+        default_value = "wasmop-leader"
+    )]
+    pub leader_election_id: String,
+    /// How long a leader Lease is valid without renewal.
+    #[arg(long, default_value = "15s")]
+    pub leader_election_lease_duration: String,
+    /// How long the leader tries to renew before giving up leadership.
+    #[arg(long, default_value = "10s")]
+    pub leader_election_renew_deadline: String,
+    /// How often candidates try to acquire and the leader renews.
+    #[arg(long, default_value = "2s")]
+    pub leader_election_retry_period: String,
+    /// How long running reconciles may take to finish on SIGTERM/SIGINT.
+    #[arg(long, env = "WASMOP_SHUTDOWN_GRACE", default_value = "30s")]
+    pub shutdown_grace: String,
+}
+
+/// `:8080` (every address), `127.0.0.1:0`, `[::1]:9443`, or `off`.
+fn parse_addr(flag: &str, text: &str) -> Result<Option<SocketAddr>, CliError> {
+    let t = text.trim();
+    if t.is_empty() || t == "off" {
+        return Ok(None);
+    }
+    let bad = || {
+        CliError::Other(format!(
+            "--{flag}: {text:?} is not an address (e.g. :8080, 127.0.0.1:0, off)"
+        ))
+    };
+    if let Some(port) = t.strip_prefix(':') {
+        let port: u16 = port.parse().map_err(|_| bad())?;
+        return Ok(Some(SocketAddr::new(
+            IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+            port,
+        )));
+    }
+    t.parse().map(Some).map_err(|_| bad())
+}
+
+fn parse_service(text: &str) -> Result<WebhookTarget, CliError> {
+    let bad = || {
+        CliError::Other(format!(
+            "--webhook-service: {text:?} is not namespace/name[:port]"
+        ))
+    };
+    let (namespace, rest) = text.split_once('/').ok_or_else(bad)?;
+    let (name, port) = match rest.split_once(':') {
+        Some((n, p)) => (n, p.parse::<i32>().map_err(|_| bad())?),
+        None => (rest, 443),
+    };
+    if namespace.is_empty() || name.is_empty() {
+        return Err(bad());
+    }
+    Ok(WebhookTarget::Service {
+        namespace: namespace.into(),
+        name: name.into(),
+        port,
+    })
+}
+
+fn duration(flag: &str, text: &str) -> Result<std::time::Duration, CliError> {
+    parse_duration(text).map_err(|e| CliError::Other(format!("--{flag}: {e}")))
 }
 
 pub(crate) async fn run(args: Args) -> Result<ExitCode, CliError> {
-    let resync =
-        parse_duration(&args.resync).map_err(|e| CliError::Other(format!("--resync: {e}")))?;
+    let resync = duration("resync", &args.resync)?;
+    let grace = duration("shutdown-grace", &args.shutdown_grace)?;
+    let namespace = args.namespace.clone().or_else(|| {
+        std::fs::read_to_string(crate::leader::SA_NAMESPACE_FILE)
+            .ok()
+            .map(|s| s.trim().to_string())
+            .filter(|s| !s.is_empty())
+    });
+    let webhook = match parse_addr("webhook-addr", &args.webhook_addr)? {
+        None => None,
+        Some(addr) => Some(WebhookOptions {
+            addr,
+            target: match (&args.webhook_url, &args.webhook_service) {
+                (Some(url), _) => Some(WebhookTarget::Url(url.clone())),
+                (None, Some(s)) => Some(parse_service(s)?),
+                (None, None) => None,
+            },
+            cert_dir: args.webhook_cert_dir.clone(),
+            host_namespace: namespace.clone(),
+        }),
+    };
+    let leader = if args.leader_elect {
+        let mut c = LeaderConfig::new(
+            args.leader_election_namespace.clone().or(namespace),
+            Some(args.leader_election_id.clone()),
+        );
+        c.lease_duration = duration(
+            "leader-election-lease-duration",
+            &args.leader_election_lease_duration,
+        )?;
+        c.renew_deadline = duration(
+            "leader-election-renew-deadline",
+            &args.leader_election_renew_deadline,
+        )?;
+        c.retry_period = duration(
+            "leader-election-retry-period",
+            &args.leader_election_retry_period,
+        )?;
+        if c.renew_deadline >= c.lease_duration || c.retry_period >= c.renew_deadline {
+            return Err(CliError::Other(
+                "leader election needs retry period < renew deadline < lease duration".into(),
+            ));
+        }
+        tracing::info!(identity = %c.identity, lease = %format!("{}/{}", c.namespace, c.name), "leader election on");
+        Some(c)
+    } else {
+        None
+    };
     let options = HostOptions {
         kubeconfig: args.kubeconfig,
         cache_dir: Some(
@@ -35,6 +175,10 @@ pub(crate) async fn run(args: Args) -> Result<ExitCode, CliError> {
         ),
         resync,
         selector: args.selector,
+        metrics_addr: parse_addr("metrics-addr", &args.metrics_addr)?,
+        webhook,
+        leader,
+        shutdown_grace: grace,
         ..HostOptions::default()
     };
     let mut host = Host::start(options)
@@ -45,16 +189,49 @@ pub(crate) async fn run(args: Args) -> Result<ExitCode, CliError> {
         .map_err(|e| CliError::Other(format!("cannot listen for SIGTERM: {e}")))?;
     tokio::select! {
         r = host.wait() => {
-            r.map_err(|e| CliError::Other(e.to_string()))?;
-            return Ok(ExitCode::FAILURE);
+            return match r {
+                // Leadership lost: exit at once, without writing anything more; a restart
+                // begins clean as a candidate.
+                Err(HostError::Leadership(e)) => Err(CliError::Other(e.to_string())),
+                Err(e) => Err(CliError::Other(e.to_string())),
+                Ok(()) => Ok(ExitCode::FAILURE),
+            };
         }
         _ = tokio::signal::ctrl_c() => {}
         _ = term.recv() => {}
     }
-    tracing::info!("shutting down: finishing running reconciles");
+    tracing::info!(grace = ?grace, "shutting down: no new reconciles; finishing running ones");
     host.shutdown()
         .await
         .map_err(|e| CliError::Other(e.to_string()))?;
     tracing::info!("stopped");
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses_and_services_parse() {
+        assert_eq!(
+            parse_addr("x", ":8080").ok().flatten(),
+            Some(SocketAddr::from(([0, 0, 0, 0], 8080)))
+        );
+        assert_eq!(
+            parse_addr("x", "127.0.0.1:0").ok().flatten(),
+            Some(SocketAddr::from(([127, 0, 0, 1], 0)))
+        );
+        assert!(matches!(parse_addr("x", "off"), Ok(None)));
+        assert!(parse_addr("x", "nope").is_err());
+        assert!(matches!(
+            parse_service("ops/wasmop:8443"),
+            Ok(WebhookTarget::Service { port: 8443, .. })
+        ));
+        assert!(matches!(
+            parse_service("ops/wasmop"),
+            Ok(WebhookTarget::Service { port: 443, .. })
+        ));
+        assert!(parse_service("wasmop").is_err());
+    }
 }

@@ -1,0 +1,588 @@
+//! The validating admission webhook: every replica serves `POST /validate/<reconciler>` over
+//! HTTPS and answers with the verdict of the module's `validate` on the old and new object; the
+//! leader keeps each WasmReconciler's `ValidatingWebhookConfiguration` in sync
+//! ([`crate::webhook_config`]).
+//!
+//! Which module answers: the module serving the reconciler in this process (published by the
+//! manager through [`slots`], so a hot swap applies to admission at once); on a replica that does
+//! not run reconcilers (a follower), the module named by the WasmReconciler's
+//! `status.activeModule.sha256`, read from its ConfigMap, checked against that digest, compiled
+//! ahead (on every WasmReconciler change) and cached.
+//!
+//! Only modules whose metadata declares `validates` get a webhook: the contract says a module
+//! that does not declare it has nothing to judge, so the host does not put it in the API
+//! server's path.
+//!
+//! # Guarantees
+//! - The module gets its own deadline: `spec.admission.timeoutSeconds` less one second, capped
+//!   by `spec.limits.deadline`; the host answers before the API server gives up.
+//! - A denial carries the module's message prefixed with the offending field
+//!   (`spec.track: ...`) in `status.message` (what kubectl prints) and the field again in
+//!   `status.details.causes`.
+//! - A module failure or timeout follows `spec.admission.failurePolicy`: `Fail` denies with a
+//!   message saying the module failed, `Ignore` allows with a warning; both are logged and
+//!   counted (`wasmop_admission_errors_total`).
+//! - Reviews of a WasmReconciler this host does not know are allowed with a warning (its
+//!   webhook is stale: the WasmReconciler is gone or belongs to another host).
+//!
+//! # Errors
+//! [`AdmissionError`] when the server cannot start; per-review failures become verdicts.
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use futures::StreamExt;
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::{Bytes, Incoming};
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use kube::api::{Api, DynamicObject};
+use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
+use kube::core::response::{StatusCause, StatusDetails, StatusSummary};
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, ResourceExt};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tracing::Instrument;
+
+use crate::contract::{self, ValidateRequest, ValidateResponse};
+use crate::crd::{FailurePolicy, WasmReconciler, parse_duration, parse_quantity};
+use crate::engine::{Engine, Limits, Module, sha256_hex};
+use crate::probes::text;
+use crate::slot::ModuleSlot;
+use crate::webhook_config::WebhookConfigs;
+use crate::webhook_tls::ServingCert;
+use crate::{metrics, readiness, source};
+
+/// The largest AdmissionReview accepted.
+const MAX_BODY: usize = 8 << 20;
+
+/// The modules serving reconcilers in this process, by WasmReconciler name.
+#[derive(Debug, Default)]
+pub struct Slots {
+    map: Mutex<HashMap<String, ModuleSlot>>,
+}
+
+/// The process's serving modules.
+pub fn slots() -> &'static Slots {
+    static SLOTS: OnceLock<Slots> = OnceLock::new();
+    SLOTS.get_or_init(Slots::default)
+}
+
+impl Slots {
+    /// `slot` serves `reconciler` now.
+    pub fn publish(&self, reconciler: &str, slot: ModuleSlot) {
+        if let Ok(mut m) = self.map.lock() {
+            m.insert(reconciler.to_string(), slot);
+        }
+    }
+
+    /// `reconciler` stopped.
+    pub fn remove(&self, reconciler: &str) {
+        if let Ok(mut m) = self.map.lock() {
+            m.remove(reconciler);
+        }
+    }
+
+    /// The module serving `reconciler`, if it runs here.
+    pub fn module(&self, reconciler: &str) -> Option<Module> {
+        let m = self.map.lock().ok()?;
+        m.get(reconciler).map(|s| s.active().module.clone())
+    }
+}
+
+/// A failure to start serving admission.
+#[derive(Debug, thiserror::Error)]
+pub enum AdmissionError {
+    /// The address could not be bound.
+    #[error("cannot listen on {addr} for the admission webhook: {source}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The certificate is unusable.
+    #[error("{0}")]
+    Tls(#[from] crate::webhook_tls::TlsError),
+}
+
+/// Why a module could not judge a review.
+#[derive(Debug, thiserror::Error)]
+enum ModuleUnavailable {
+    #[error("no module is active yet for WasmReconciler {0}")]
+    NotActive(String),
+    #[error("{0}")]
+    Source(#[from] source::SourceError),
+    #[error(
+        "ConfigMap {cm} holds module sha256 {found}, but the active module is {active}; waiting for the leader"
+    )]
+    Digest {
+        cm: String,
+        found: String,
+        active: String,
+    },
+    #[error("{0}")]
+    Load(String),
+}
+
+/// What the webhook needs.
+struct Webhook {
+    client: Client,
+    engine: Engine,
+    reconcilers: Store<WasmReconciler>,
+    /// Modules loaded from ConfigMaps (followers): name -> (sha, module).
+    loaded: Mutex<HashMap<String, (String, Module)>>,
+}
+
+impl Webhook {
+    fn limits(wr: &WasmReconciler) -> Limits {
+        let base = Limits::default();
+        let timeout = Duration::from_secs(
+            u64::try_from(wr.spec.admission.timeout_seconds.clamp(1, 30)).unwrap_or(5),
+        );
+        let budget = timeout
+            .saturating_sub(Duration::from_secs(1))
+            .max(Duration::from_millis(200));
+        Limits {
+            deadline: parse_duration(&wr.spec.limits.deadline)
+                .unwrap_or(base.deadline)
+                .min(budget),
+            memory_bytes: parse_quantity(&wr.spec.limits.memory).unwrap_or(base.memory_bytes),
+            ..base
+        }
+    }
+
+    /// The module judging `wr`'s reviews.
+    async fn module(&self, wr: &WasmReconciler) -> Result<Module, ModuleUnavailable> {
+        let name = wr.name_any();
+        if let Some(m) = slots().module(&name) {
+            return Ok(m);
+        }
+        let active = wr
+            .status
+            .as_ref()
+            .and_then(|s| s.active_module.as_ref())
+            .map(|a| a.sha256.clone())
+            .ok_or_else(|| ModuleUnavailable::NotActive(name.clone()))?;
+        if let Ok(l) = self.loaded.lock()
+            && let Some((sha, m)) = l.get(&name)
+            && sha.eq_ignore_ascii_case(&active)
+        {
+            return Ok(m.clone());
+        }
+        let source = &wr.spec.module.config_map;
+        let bytes = source::fetch(&self.client, source).await?;
+        let found = sha256_hex(&bytes.bytes);
+        if !found.eq_ignore_ascii_case(&active) {
+            return Err(ModuleUnavailable::Digest {
+                cm: format!("{}/{}", source.namespace, source.name),
+                found,
+                active,
+            });
+        }
+        let (engine, limits) = (self.engine.clone(), Self::limits(wr));
+        let module = tokio::task::spawn_blocking(move || engine.load(&bytes.bytes, &limits))
+            .await
+            .map_err(|e| ModuleUnavailable::Load(e.to_string()))?
+            .map_err(|e| ModuleUnavailable::Load(e.to_string()))?;
+        tracing::info!(reconciler = %name, sha256 = %&found[..12], "loaded the module for admission");
+        if let Ok(mut l) = self.loaded.lock() {
+            l.insert(name, (found, module.clone()));
+        }
+        Ok(module)
+    }
+
+    async fn review(&self, name: &str, body: &[u8]) -> AdmissionResponse {
+        let review: AdmissionReview<DynamicObject> = match serde_json::from_slice(body) {
+            Ok(r) => r,
+            Err(e) => return AdmissionResponse::invalid(format!("not an AdmissionReview: {e}")),
+        };
+        let request: AdmissionRequest<DynamicObject> = match review.try_into() {
+            Ok(r) => r,
+            Err(e) => return AdmissionResponse::invalid(e.to_string()),
+        };
+        let response = AdmissionResponse::from(&request);
+        let operation = match request.operation {
+            Operation::Create => contract::Operation::Create,
+            Operation::Update => contract::Operation::Update,
+            _ => return response,
+        };
+        let Some(wr) = self
+            .reconcilers
+            .state()
+            .into_iter()
+            .find(|w| w.name_any() == name)
+        else {
+            let mut r = response;
+            r.warnings = Some(vec![format!(
+                "wasmop: no WasmReconciler {name} is served here; the change was not validated"
+            )]);
+            return r;
+        };
+        let object = format!(
+            "{}/{}",
+            request.namespace.as_deref().unwrap_or_default(),
+            request.name
+        );
+        let verdict = self.judge(&wr, &request, operation).await;
+        let policy = wr.spec.admission.failure_policy;
+        let response = match verdict {
+            Ok(ValidateResponse::Allowed { warnings }) => {
+                let mut r = response;
+                if !warnings.is_empty() {
+                    r.warnings = Some(warnings);
+                }
+                r
+            }
+            Ok(ValidateResponse::Denied { message, field }) => {
+                tracing::info!(reconciler = name, %object, field = field.as_deref().unwrap_or(""), %message, "denied");
+                deny(response, &request, message, field)
+            }
+            Err(e) => {
+                metrics::global().admission_error(name);
+                tracing::warn!(reconciler = name, %object, error = %e, policy = policy.as_str(), "the module could not validate");
+                match policy {
+                    FailurePolicy::Fail => response.deny(format!(
+                        "wasmop: the module of WasmReconciler {name} could not validate this change: {e} (failurePolicy Fail)"
+                    )),
+                    FailurePolicy::Ignore => {
+                        let mut r = response;
+                        r.warnings = Some(vec![format!(
+                            "wasmop: not validated, the module of WasmReconciler {name} failed: {e} (failurePolicy Ignore)"
+                        )]);
+                        r
+                    }
+                }
+            }
+        };
+        metrics::global().admission(name, response.allowed);
+        response
+    }
+
+    async fn judge(
+        &self,
+        wr: &WasmReconciler,
+        request: &AdmissionRequest<DynamicObject>,
+        operation: contract::Operation,
+    ) -> Result<ValidateResponse, String> {
+        let module = self.module(wr).await.map_err(|e| e.to_string())?;
+        if !module.metadata().validates {
+            return Ok(ValidateResponse::Allowed {
+                warnings: Vec::new(),
+            });
+        }
+        let new = request
+            .object
+            .as_ref()
+            .ok_or("the review has no object")
+            .and_then(|o| serde_json::to_string(o).map_err(|_| "the object does not serialize"))?;
+        let old = match &request.old_object {
+            Some(o) => Some(serde_json::to_string(o).map_err(|e| e.to_string())?),
+            None => None,
+        };
+        let call = ValidateRequest {
+            operation,
+            old,
+            new,
+            config: wr
+                .spec
+                .config
+                .clone()
+                .unwrap_or_else(|| serde_json::json!({}))
+                .to_string(),
+        };
+        let limits = Self::limits(wr);
+        let name = wr.name_any();
+        let outcome = tokio::time::timeout(
+            limits.deadline + Duration::from_millis(500),
+            tokio::task::spawn_blocking(move || module.validate(call, &limits)),
+        )
+        .await
+        .map_err(|_| format!("no verdict within {:?}", limits.deadline))?
+        .map_err(|e| e.to_string())?;
+        metrics::global().module_call(&name, "validate", &outcome.stats);
+        outcome.result.map_err(|e| e.to_string())
+    }
+}
+
+/// A denial as kubectl shows it: `field: message` (even when the message names the field too:
+/// the prefix is what tools parse), with the field in the details too.
+fn deny(
+    response: AdmissionResponse,
+    request: &AdmissionRequest<DynamicObject>,
+    message: String,
+    field: Option<String>,
+) -> AdmissionResponse {
+    let text = match &field {
+        Some(f) if !message.starts_with(&format!("{f}:")) => format!("{f}: {message}"),
+        _ => message.clone(),
+    };
+    let mut r = response.deny(&text);
+    r.result.status = Some(StatusSummary::Failure);
+    r.result.code = 422;
+    r.result.reason = "Invalid".into();
+    r.result.details = Some(StatusDetails {
+        name: request.name.clone(),
+        group: request.kind.group.clone(),
+        kind: request.kind.kind.clone(),
+        uid: String::new(),
+        causes: vec![StatusCause {
+            reason: "FieldValueInvalid".into(),
+            message,
+            field: field.unwrap_or_default(),
+        }],
+        retry_after_seconds: 0,
+    });
+    r
+}
+
+/// What [`serve`] needs.
+pub struct Setup {
+    /// The serving certificate.
+    pub cert: ServingCert,
+    /// The host's client.
+    pub client: Client,
+    /// The engine follower modules are loaded with.
+    pub engine: Engine,
+    /// Only WasmReconcilers matching this label selector.
+    pub selector: Option<String>,
+    /// Where the leader writes webhook configurations (None: not managed).
+    pub configs: Option<WebhookConfigs>,
+}
+
+impl std::fmt::Debug for Setup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Setup")
+            .field("selector", &self.selector)
+            .field("configs", &self.configs)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A bound admission server.
+pub struct Bound {
+    listener: TcpListener,
+    /// The bound address.
+    pub addr: SocketAddr,
+}
+
+impl std::fmt::Debug for Bound {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Bound").field("addr", &self.addr).finish()
+    }
+}
+
+/// Binds the webhook's address (before the certificate is made: it may name the bound IP).
+///
+/// # Errors
+/// [`AdmissionError::Bind`].
+pub async fn bind(addr: SocketAddr) -> Result<Bound, AdmissionError> {
+    let listener = TcpListener::bind(addr)
+        .await
+        .map_err(|source| AdmissionError::Bind { addr, source })?;
+    let addr = listener
+        .local_addr()
+        .map_err(|source| AdmissionError::Bind { addr, source })?;
+    Ok(Bound { listener, addr })
+}
+
+/// Serves admission until `shutdown`: watches WasmReconcilers, answers reviews, loads follower
+/// modules ahead, and, while `leading` is true, keeps the webhook configurations in sync.
+///
+/// # Errors
+/// [`AdmissionError::Tls`] when the certificate is unusable.
+pub async fn serve(
+    bound: Bound,
+    setup: Setup,
+    leading: watch::Receiver<bool>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<impl std::future::Future<Output = ()> + Send, AdmissionError> {
+    let Setup {
+        cert,
+        client,
+        engine,
+        selector,
+        configs,
+    } = setup;
+    let acceptor = tokio_rustls::TlsAcceptor::from(cert.server_config()?);
+    let api: Api<WasmReconciler> = Api::all(client.clone());
+    let wc = match &selector {
+        Some(s) => watcher::Config::default().labels(s),
+        None => watcher::Config::default(),
+    };
+    let (reader, writer) = reflector::store();
+    let events = reflector::reflector(writer, watcher(api, wc).default_backoff());
+    let webhook = Arc::new(Webhook {
+        client,
+        engine,
+        reconcilers: reader.clone(),
+        loaded: Mutex::default(),
+    });
+    readiness::global().pending("admission");
+    let addr = bound.addr;
+    let listener = bound.listener;
+    Ok(async move {
+        tokio::pin!(shutdown);
+        let sync = keep_in_sync(webhook.clone(), reader, events, configs, leading);
+        tokio::pin!(sync);
+        loop {
+            let (stream, peer) = tokio::select! {
+                _ = &mut shutdown => break,
+                _ = &mut sync => break,
+                a = listener.accept() => match a {
+                    Ok(a) => a,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "accepting an admission connection");
+                        continue;
+                    }
+                },
+            };
+            let (acceptor, webhook) = (acceptor.clone(), webhook.clone());
+            tokio::spawn(async move {
+                let tls = match acceptor.accept(stream).await {
+                    Ok(t) => t,
+                    Err(e) => {
+                        tracing::debug!(%peer, error = %e, "TLS handshake");
+                        return;
+                    }
+                };
+                let service = service_fn(move |req: Request<Incoming>| {
+                    let webhook = webhook.clone();
+                    async move { Ok::<_, Infallible>(handle(&webhook, req).await) }
+                });
+                if let Err(e) = http1::Builder::new()
+                    .serve_connection(TokioIo::new(tls), service)
+                    .await
+                {
+                    tracing::debug!(%peer, error = %e, "admission connection");
+                }
+            });
+        }
+        readiness::global().forget("admission");
+    }
+    .instrument(tracing::info_span!("admission", %addr)))
+}
+
+async fn handle(webhook: &Webhook, req: Request<Incoming>) -> Response<Full<Bytes>> {
+    let path = req.uri().path().to_string();
+    let Some(name) = path.strip_prefix("/validate/").filter(|n| !n.is_empty()) else {
+        return text(StatusCode::NOT_FOUND, "text/plain", "not found\n".into());
+    };
+    if req.method() != Method::POST {
+        return text(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "text/plain",
+            "POST only\n".into(),
+        );
+    }
+    let body = match Limited::new(req.into_body(), MAX_BODY).collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(e) => {
+            return text(
+                StatusCode::BAD_REQUEST,
+                "text/plain",
+                format!("cannot read the review: {e}\n"),
+            );
+        }
+    };
+    let response = webhook
+        .review(name, &body)
+        .instrument(tracing::info_span!("review", reconciler = name))
+        .await;
+    match serde_json::to_string(&response.into_review()) {
+        Ok(json) => text(StatusCode::OK, "application/json", json),
+        Err(e) => text(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "text/plain",
+            format!("{e}\n"),
+        ),
+    }
+}
+
+/// Follows WasmReconcilers: loads follower modules ahead and, while leading, applies or removes
+/// each one's webhook configuration. Returns only if the watch ends.
+async fn keep_in_sync(
+    webhook: Arc<Webhook>,
+    reader: Store<WasmReconciler>,
+    events: impl futures::Stream<Item = Result<watcher::Event<WasmReconciler>, watcher::Error>> + Send,
+    configs: Option<WebhookConfigs>,
+    mut leading: watch::Receiver<bool>,
+) {
+    let mut events = std::pin::pin!(events);
+    let mut ready = false;
+    loop {
+        let changed: Vec<Arc<WasmReconciler>> = tokio::select! {
+            e = events.next() => match e {
+                None => return,
+                Some(Err(e)) => {
+                    tracing::warn!(error = %e, "watching WasmReconcilers for admission");
+                    continue;
+                }
+                Some(Ok(watcher::Event::Apply(wr) | watcher::Event::InitApply(wr))) => vec![Arc::new(wr)],
+                Some(Ok(watcher::Event::Delete(wr))) => {
+                    let name = wr.name_any();
+                    if let Ok(mut l) = webhook.loaded.lock() {
+                        l.remove(&name);
+                    }
+                    if *leading.borrow()
+                        && let Some(c) = &configs
+                        && let Err(e) = c.remove(&name).await
+                    {
+                        tracing::warn!(reconciler = %name, error = %e, "removing the webhook configuration");
+                    }
+                    continue;
+                }
+                Some(Ok(watcher::Event::Init)) => continue,
+                Some(Ok(watcher::Event::InitDone)) => {
+                    if !ready {
+                        ready = true;
+                        readiness::global().ready("admission");
+                    }
+                    reader.state()
+                }
+            },
+            r = leading.changed() => {
+                if r.is_err() {
+                    return;
+                }
+                reader.state()
+            }
+        };
+        let lead = *leading.borrow();
+        for wr in changed {
+            let name = wr.name_any();
+            // Load ahead (followers) and learn whether the module validates.
+            let validates = match webhook.module(&wr).await {
+                Ok(m) => Some(m.metadata().validates),
+                Err(e) => {
+                    tracing::debug!(reconciler = %name, error = %e, "no module for admission yet");
+                    None
+                }
+            };
+            let Some(c) = configs.as_ref().filter(|_| lead) else {
+                continue;
+            };
+            let result = match validates {
+                Some(true) => c.apply(&wr).await,
+                Some(false) => c.remove(&name).await,
+                None => Ok(()),
+            };
+            match result {
+                Ok(()) if validates == Some(true) => {
+                    tracing::debug!(reconciler = %name, "webhook configuration applied")
+                }
+                Ok(()) => {}
+                Err(e) => {
+                    tracing::warn!(reconciler = %name, error = %e, "keeping the webhook configuration")
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,428 @@
+//! The host's Prometheus metrics (process-wide, like a default registry): reconciles, the work
+//! queue, module calls, hot swaps and admission reviews, each labelled with the WasmReconciler.
+//!
+//! [`global`] is the one registry; [`encode`] renders it in the OpenMetrics text format that
+//! [`crate::probes`] serves on `/metrics`. Every metric and its exact semantics are listed in
+//! `docs/operating.md` (section "Metrics").
+//!
+//! # Guarantees
+//! - Recording never blocks on I/O and never fails; a poisoned lock only loses the label
+//!   bookkeeping of [`Metrics::module_active`], never a count.
+//! - `wasmop_module_info{reconciler,sha256}` holds exactly one series per serving reconciler: the
+//!   previous digest's series is removed when a module is swapped in or the reconciler stops.
+//!
+//! # Errors
+//! [`MetricsError`] only when the registry cannot be rendered (a formatting error).
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+/// The content type of [`encode`]'s output.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// A failure to render the metrics.
+#[derive(Debug, thiserror::Error)]
+pub enum MetricsError {
+    /// The text encoder failed.
+    #[error("cannot encode the metrics: {0}")]
+    Encode(#[from] std::fmt::Error),
+}
+
+/// `{reconciler}`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReconcilerLabel {
+    /// The WasmReconciler's name.
+    pub reconciler: String,
+}
+
+/// `{reconciler, result}`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabels {
+    /// The WasmReconciler's name.
+    pub reconciler: String,
+    /// `ok` or `error` (reconciles); `swapped`, `unchanged`, `refused`, `rolled_back` (swaps).
+    pub result: String,
+}
+
+/// `{reconciler, function}`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CallLabels {
+    /// The WasmReconciler's name.
+    pub reconciler: String,
+    /// `reconcile`, `finalize`, `validate` or `dry_run`.
+    pub function: String,
+}
+
+/// `{reconciler, allowed}`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct AdmissionLabels {
+    /// The WasmReconciler's name.
+    pub reconciler: String,
+    /// `true` or `false`.
+    pub allowed: String,
+}
+
+/// `{reconciler, sha256}`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ModuleLabels {
+    /// The WasmReconciler's name.
+    pub reconciler: String,
+    /// The active module's digest (hex).
+    pub sha256: String,
+}
+
+type Hist<L> = Family<L, Histogram, fn() -> Histogram>;
+
+fn seconds_buckets() -> Histogram {
+    // 0.5 ms .. ~16 s.
+    Histogram::new(exponential_buckets(0.0005, 2.0, 16))
+}
+
+/// Every metric of the host.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    reconcile: Family<ResultLabels, Counter>,
+    reconcile_errors: Family<ReconcilerLabel, Counter>,
+    reconcile_duration: Hist<ReconcilerLabel>,
+    reconcile_active: Family<ReconcilerLabel, Gauge>,
+    queue_depth: Family<ReconcilerLabel, Gauge>,
+    queue_adds: Family<ReconcilerLabel, Counter>,
+    queue_retries: Family<ReconcilerLabel, Counter>,
+    call_duration: Hist<CallLabels>,
+    instantiate_duration: Hist<ReconcilerLabel>,
+    memory_peak: Family<ReconcilerLabel, Gauge>,
+    hotswap: Family<ResultLabels, Counter>,
+    admission: Family<AdmissionLabels, Counter>,
+    admission_errors: Family<ReconcilerLabel, Counter>,
+    module_info: Family<ModuleLabels, Gauge>,
+    leader: Gauge,
+    active_sha: Mutex<HashMap<String, String>>,
+}
+
+fn label(reconciler: &str) -> ReconcilerLabel {
+    ReconcilerLabel {
+        reconciler: reconciler.to_string(),
+    }
+}
+
+impl Metrics {
+    fn new() -> Self {
+        let mut registry = Registry::default();
+        let m = Metrics {
+            reconcile: Family::default(),
+            reconcile_errors: Family::default(),
+            reconcile_duration: Family::new_with_constructor(seconds_buckets),
+            reconcile_active: Family::default(),
+            queue_depth: Family::default(),
+            queue_adds: Family::default(),
+            queue_retries: Family::default(),
+            call_duration: Family::new_with_constructor(seconds_buckets),
+            instantiate_duration: Family::new_with_constructor(seconds_buckets),
+            memory_peak: Family::default(),
+            hotswap: Family::default(),
+            admission: Family::default(),
+            admission_errors: Family::default(),
+            module_info: Family::default(),
+            leader: Gauge::default(),
+            active_sha: Mutex::default(),
+            registry: Registry::default(),
+        };
+        // Counters are registered without `_total`; the encoder appends it.
+        registry.register(
+            "wasmop_reconcile",
+            "Reconciles finished, by result (ok, error)",
+            m.reconcile.clone(),
+        );
+        registry.register(
+            "wasmop_reconcile_errors",
+            "Reconciles that failed (module error, refused intents, write failure, conflict)",
+            m.reconcile_errors.clone(),
+        );
+        registry.register(
+            "wasmop_reconcile_duration_seconds",
+            "Wall time of one reconcile: module call, validation and writes",
+            m.reconcile_duration.clone(),
+        );
+        registry.register(
+            "wasmop_reconcile_active",
+            "Reconciles running now",
+            m.reconcile_active.clone(),
+        );
+        registry.register(
+            "wasmop_workqueue_depth",
+            "Objects whose reconcile was requested (by a watch event, a child or related change or a module swap) and has not started yet",
+            m.queue_depth.clone(),
+        );
+        registry.register(
+            "wasmop_workqueue_adds",
+            "Reconcile requests: watch-event triggers, module-swap re-reconciles and scheduled requeues (after success or failure)",
+            m.queue_adds.clone(),
+        );
+        registry.register(
+            "wasmop_workqueue_retries",
+            "Requeues after a failed reconcile (with backoff)",
+            m.queue_retries.clone(),
+        );
+        registry.register(
+            "wasmop_module_call_duration_seconds",
+            "Wall time of one module function call (without instantiation), by function",
+            m.call_duration.clone(),
+        );
+        registry.register(
+            "wasmop_module_instantiate_duration_seconds",
+            "Time to create a fresh sandbox (store and instance) for one call",
+            m.instantiate_duration.clone(),
+        );
+        registry.register(
+            "wasmop_module_memory_peak_bytes",
+            "The highest linear-memory size any call of the reconciler's modules reached",
+            m.memory_peak.clone(),
+        );
+        registry.register(
+            "wasmop_hotswap",
+            "Module changes seen in the ConfigMap, by result (swapped, unchanged, refused, rolled_back)",
+            m.hotswap.clone(),
+        );
+        registry.register(
+            "wasmop_admission_reviews",
+            "Admission reviews answered, by verdict",
+            m.admission.clone(),
+        );
+        registry.register(
+            "wasmop_admission_errors",
+            "Admission reviews whose module call failed or timed out (answered by the failure policy)",
+            m.admission_errors.clone(),
+        );
+        registry.register(
+            "wasmop_module_info",
+            "1 for the module serving each reconciler",
+            m.module_info.clone(),
+        );
+        registry.register(
+            "wasmop_leader",
+            "1 while this process holds the leader lease (or runs without leader election)",
+            m.leader.clone(),
+        );
+        Metrics { registry, ..m }
+    }
+
+    /// One finished reconcile.
+    pub fn reconciled(&self, reconciler: &str, ok: bool, elapsed: Duration) {
+        self.reconcile
+            .get_or_create(&ResultLabels {
+                reconciler: reconciler.to_string(),
+                result: if ok { "ok" } else { "error" }.into(),
+            })
+            .inc();
+        if !ok {
+            self.reconcile_errors
+                .get_or_create(&label(reconciler))
+                .inc();
+        }
+        self.reconcile_duration
+            .get_or_create(&label(reconciler))
+            .observe(elapsed.as_secs_f64());
+    }
+
+    /// A reconcile starts (`+1`) or ends (`-1`).
+    pub fn active(&self, reconciler: &str, delta: i64) {
+        self.reconcile_active
+            .get_or_create(&label(reconciler))
+            .inc_by(delta);
+    }
+
+    /// One module call's cost.
+    pub fn module_call(&self, reconciler: &str, function: &str, stats: &crate::engine::CallStats) {
+        self.call_duration
+            .get_or_create(&CallLabels {
+                reconciler: reconciler.to_string(),
+                function: function.to_string(),
+            })
+            .observe(stats.call.as_secs_f64());
+        self.instantiate_duration
+            .get_or_create(&label(reconciler))
+            .observe(stats.instantiate.as_secs_f64());
+        let peak = i64::try_from(stats.memory_peak).unwrap_or(i64::MAX);
+        self.memory_peak
+            .get_or_create(&label(reconciler))
+            .inner()
+            .fetch_max(peak, Ordering::Relaxed);
+    }
+
+    /// A module change seen: `swapped`, `unchanged`, `refused` or `rolled_back`.
+    pub fn hotswap(&self, reconciler: &str, result: &str) {
+        self.hotswap
+            .get_or_create(&ResultLabels {
+                reconciler: reconciler.to_string(),
+                result: result.to_string(),
+            })
+            .inc();
+    }
+
+    /// One admission review answered.
+    pub fn admission(&self, reconciler: &str, allowed: bool) {
+        self.admission
+            .get_or_create(&AdmissionLabels {
+                reconciler: reconciler.to_string(),
+                allowed: allowed.to_string(),
+            })
+            .inc();
+    }
+
+    /// One admission review whose module call failed.
+    pub fn admission_error(&self, reconciler: &str) {
+        self.admission_errors
+            .get_or_create(&label(reconciler))
+            .inc();
+    }
+
+    /// `sha256` now serves `reconciler` (None: the reconciler stopped).
+    pub fn module_active(&self, reconciler: &str, sha256: Option<&str>) {
+        let Ok(mut active) = self.active_sha.lock() else {
+            return;
+        };
+        if let Some(old) = active.remove(reconciler) {
+            self.module_info.remove(&ModuleLabels {
+                reconciler: reconciler.to_string(),
+                sha256: old,
+            });
+        }
+        if let Some(sha) = sha256 {
+            self.module_info
+                .get_or_create(&ModuleLabels {
+                    reconciler: reconciler.to_string(),
+                    sha256: sha.to_string(),
+                })
+                .set(1);
+            active.insert(reconciler.to_string(), sha.to_string());
+        }
+    }
+
+    /// Whether this process leads.
+    pub fn leader(&self, leading: bool) {
+        self.leader.set(i64::from(leading));
+    }
+
+    /// The work-queue bookkeeping of one reconciler.
+    pub fn queue(&'static self, reconciler: &str) -> Queue {
+        Queue {
+            metrics: self,
+            label: label(reconciler),
+            pending: Arc::default(),
+        }
+    }
+}
+
+/// The process's metrics.
+pub fn global() -> &'static Metrics {
+    static METRICS: OnceLock<Metrics> = OnceLock::new();
+    METRICS.get_or_init(Metrics::new)
+}
+
+/// Renders every metric (OpenMetrics text, ending in `# EOF`).
+///
+/// # Errors
+/// [`MetricsError::Encode`].
+pub fn encode() -> Result<String, MetricsError> {
+    let mut out = String::new();
+    prometheus_client::encoding::text::encode(&mut out, &global().registry)?;
+    Ok(out)
+}
+
+/// The work queue of one reconciler, as the host sees it: kube-runtime's scheduler does not
+/// expose its queue, so the host counts at the points where it asks for a reconcile (watch
+/// triggers, module swaps, requeues) and where a reconcile starts.
+///
+/// # Guarantees
+/// - `depth` counts distinct objects (the scheduler deduplicates by object too) requested and not
+///   yet started; delayed requeues are not in it until they fire, as in client-go's queue.
+/// - A requeue that fires while every worker is busy is not seen until it starts: `depth` can
+///   under-count then, never over-count for long (a start always removes the object).
+#[derive(Debug, Clone)]
+pub struct Queue {
+    metrics: &'static Metrics,
+    label: ReconcilerLabel,
+    pending: Arc<Mutex<HashSet<String>>>,
+}
+
+impl Queue {
+    fn set_depth(&self, pending: &HashSet<String>) {
+        self.metrics
+            .queue_depth
+            .get_or_create(&self.label)
+            .set(i64::try_from(pending.len()).unwrap_or(i64::MAX));
+    }
+
+    /// A reconcile of `key` was requested now.
+    pub fn requested(&self, key: String) {
+        self.metrics.queue_adds.get_or_create(&self.label).inc();
+        if let Ok(mut p) = self.pending.lock() {
+            p.insert(key);
+            self.set_depth(&p);
+        }
+    }
+
+    /// A reconcile was scheduled for later (`retry`: after a failure).
+    pub fn requeued(&self, retry: bool) {
+        self.metrics.queue_adds.get_or_create(&self.label).inc();
+        if retry {
+            self.metrics.queue_retries.get_or_create(&self.label).inc();
+        }
+    }
+
+    /// The reconcile of `key` started.
+    pub fn started(&self, key: &str) {
+        if let Ok(mut p) = self.pending.lock()
+            && p.remove(key)
+        {
+            self.set_depth(&p);
+        }
+    }
+
+    /// The reconciler stopped: its depth is zero.
+    pub fn clear(&self) {
+        if let Ok(mut p) = self.pending.lock() {
+            p.clear();
+            self.set_depth(&p);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metrics_render_with_their_labels() -> Result<(), MetricsError> {
+        let m = global();
+        m.reconciled("unit-a", true, Duration::from_millis(3));
+        m.reconciled("unit-a", false, Duration::from_millis(3));
+        m.module_active("unit-a", Some("aaa"));
+        m.module_active("unit-a", Some("bbb"));
+        let q = m.queue("unit-a");
+        q.requested("ns/x".into());
+        q.requested("ns/x".into());
+        q.requeued(true);
+        let text = encode()?;
+        assert!(text.contains(r#"wasmop_reconcile_total{reconciler="unit-a",result="ok"} 1"#));
+        assert!(text.contains(r#"wasmop_reconcile_errors_total{reconciler="unit-a"} 1"#));
+        assert!(text.contains(r#"wasmop_module_info{reconciler="unit-a",sha256="bbb"} 1"#));
+        assert!(!text.contains(r#"sha256="aaa""#));
+        assert!(text.contains(r#"wasmop_workqueue_depth{reconciler="unit-a"} 1"#));
+        assert!(text.contains(r#"wasmop_workqueue_adds_total{reconciler="unit-a"} 3"#));
+        assert!(text.contains(r#"wasmop_workqueue_retries_total{reconciler="unit-a"} 1"#));
+        q.started("ns/x");
+        assert!(encode()?.contains(r#"wasmop_workqueue_depth{reconciler="unit-a"} 0"#));
+        Ok(())
+    }
+}

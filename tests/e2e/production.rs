@@ -1,0 +1,590 @@
+//! The host's production features end to end, with the host as real `wasmop run` processes on
+//! the local control plane: admission refuses an illegal transition with the module's message,
+//! metrics count what happened, `/readyz` flips once caches sync, and with leader election only
+//! the leader reconciles, a follower takes over after the leader is killed, and a graceful stop
+//! releases the Lease.
+
+mod support;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::api::{
+    Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams,
+};
+use kube::{Client, ResourceExt};
+use serde_json::{Value, json};
+use support::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::OnceCell;
+use wasmop_testenv::{TestEnv, eventually};
+
+fn apps(client: &Client, ns: &str) -> Api<DynamicObject> {
+    let ar = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("example.wasmop.dev", "v1", "App"),
+        "apps",
+    );
+    Api::namespaced_with(client.clone(), ns, &ar)
+}
+
+fn app(name: &str, image: &str) -> anyhow::Result<DynamicObject> {
+    Ok(serde_json::from_value(json!({
+        "apiVersion": "example.wasmop.dev/v1", "kind": "App",
+        "metadata": {"name": name},
+        "spec": {"image": image, "replicas": 1, "port": 8080}
+    }))?)
+}
+
+/// The image-updater reconciler of `env`'s namespace; returns its name and module digest.
+async fn image_updater(env: &TestEnv) -> anyhow::Result<(String, String)> {
+    install_crds(&env.client).await?;
+    let cm = "image-updater";
+    let sha = push_module(
+        &env.client,
+        &env.namespace,
+        cm,
+        wasmop_test_modules::IMAGE_UPDATER,
+    )
+    .await?;
+    service_account(&env.client, &env.namespace, cm, image_updater_rules(true)).await?;
+    let name = format!("{}-{cm}", env.namespace);
+    let wr = reconciler(
+        env,
+        &name,
+        cm,
+        ("example.wasmop.dev/v1", "App"),
+        &[("apps/v1", "Deployment"), ("v1", "Service")],
+        cm,
+        json!({"admission": {"timeoutSeconds": 5, "failurePolicy": "Fail"}}),
+    );
+    apply_reconciler(&env.client, &wr).await?;
+    Ok((name, sha))
+}
+
+/// The `wasmop` binary, built once per test process (a no-op when it is fresh).
+async fn wasmop_binary() -> anyhow::Result<&'static Path> {
+    static BIN: OnceCell<PathBuf> = OnceCell::const_new();
+    let path = BIN
+        .get_or_try_init(|| async {
+            // <target>/debug/deps/production-<hash> -> <target>
+            let exe = std::env::current_exe()?;
+            let target = exe
+                .ancestors()
+                .nth(3)
+                .ok_or_else(|| anyhow::anyhow!("unexpected test binary path {}", exe.display()))?
+                .to_path_buf();
+            let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+            let status = tokio::process::Command::new(cargo)
+                .args(["build", "-p", "wasmop", "--bin", "wasmop", "--target-dir"])
+                .arg(&target)
+                .current_dir(repo())
+                .status()
+                .await?;
+            anyhow::ensure!(status.success(), "cargo build -p wasmop failed: {status}");
+            Ok::<_, anyhow::Error>(target.join("debug").join("wasmop"))
+        })
+        .await?;
+    Ok(path.as_path())
+}
+
+/// A `wasmop run` process, killed when dropped.
+struct HostProcess {
+    child: tokio::process::Child,
+    log: PathBuf,
+    metrics: SocketAddr,
+    identity: Option<String>,
+    _dir: tempfile::TempDir,
+}
+
+/// The JSON log lines of a host so far.
+fn log_lines(path: &Path) -> Vec<Value> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect()
+}
+
+fn field<'a>(line: &'a Value, name: &str) -> Option<&'a str> {
+    line["fields"][name].as_str()
+}
+
+impl HostProcess {
+    /// Starts a host serving `env`'s WasmReconcilers, with metrics and the webhook on loopback.
+    async fn start(env: &TestEnv, cache: &Path, extra: &[&str]) -> anyhow::Result<Self> {
+        let bin = wasmop_binary().await?;
+        let dir = tempfile::tempdir()?;
+        let log = dir.path().join("host.log");
+        let mut cmd = tokio::process::Command::new(bin);
+        cmd.arg("--log-format")
+            .arg("json")
+            .arg("run")
+            .arg("--kubeconfig")
+            .arg(env.kubeconfig())
+            .arg("--cache-dir")
+            .arg(cache)
+            .args(["--selector", &format!("wasmop.dev/test={}", env.namespace)])
+            .args(["--metrics-addr", "127.0.0.1:0"])
+            .args(extra)
+            .env_remove("RUST_BACKTRACE")
+            .env(
+                "RUST_LOG",
+                std::env::var("WASMOP_E2E_HOST_LOG").unwrap_or_else(|_| "info".into()),
+            )
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(std::fs::File::create(&log)?))
+            .kill_on_drop(true);
+        if !extra.contains(&"--webhook-addr") {
+            cmd.args(["--webhook-addr", "127.0.0.1:0"]);
+        }
+        let child = cmd.spawn()?;
+        let mut host = HostProcess {
+            child,
+            log,
+            metrics: SocketAddr::from(([127, 0, 0, 1], 0)),
+            identity: None,
+            _dir: dir,
+        };
+        let started = Instant::now();
+        loop {
+            let lines = log_lines(&host.log);
+            host.identity = lines
+                .iter()
+                .find_map(|l| field(l, "identity").map(str::to_string));
+            if let Some(addr) = lines
+                .iter()
+                .find(|l| field(l, "message") == Some("serving /metrics, /healthz and /readyz"))
+                .and_then(|l| field(l, "addr"))
+            {
+                host.metrics = addr.parse()?;
+                return Ok(host);
+            }
+            if let Some(status) = host.child.try_wait()? {
+                anyhow::bail!("wasmop run exited with {status}:\n{}", host.log_text());
+            }
+            anyhow::ensure!(
+                started.elapsed() < WAIT,
+                "wasmop run did not serve metrics within {WAIT:?}:\n{}",
+                host.log_text()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// GET `path` on the metrics server: (status, body).
+    async fn get(&self, path: &str) -> anyhow::Result<(u16, String)> {
+        http_get(self.metrics, path).await
+    }
+
+    /// The value of one sample of `/metrics` (`name{labels}` exactly as rendered).
+    async fn sample(&self, series: &str) -> anyhow::Result<Option<f64>> {
+        let (status, body) = self.get("/metrics").await?;
+        anyhow::ensure!(status == 200, "/metrics answered {status}");
+        Ok(parse_sample(&body, series))
+    }
+
+    fn signal(&self, signal: nix::sys::signal::Signal) -> anyhow::Result<()> {
+        let pid = self
+            .child
+            .id()
+            .ok_or_else(|| anyhow::anyhow!("the host already exited"))?;
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(i32::try_from(pid)?), signal)?;
+        Ok(())
+    }
+}
+
+async fn http_get(addr: SocketAddr, path: &str) -> anyhow::Result<(u16, String)> {
+    let mut s = tokio::net::TcpStream::connect(addr).await?;
+    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
+        .await?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).await?;
+    let status = out
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .ok_or_else(|| anyhow::anyhow!("not an HTTP response: {out:?}"))?;
+    let body = out
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    Ok((status, body))
+}
+
+/// The value of `series` (e.g. `wasmop_reconcile_total{reconciler="x",result="ok"}`).
+fn parse_sample(body: &str, series: &str) -> Option<f64> {
+    body.lines()
+        .filter(|l| !l.starts_with('#'))
+        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+}
+
+fn series(name: &str, labels: &[(&str, &str)]) -> String {
+    let l: Vec<String> = labels.iter().map(|(k, v)| format!("{k}=\"{v}\"")).collect();
+    format!("{name}{{{}}}", l.join(","))
+}
+
+/// Every sample of a metric family, for messages.
+fn family(body: &str, name: &str) -> String {
+    body.lines()
+        .filter(|l| l.starts_with(name))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[tokio::test]
+async fn admission_refuses_an_illegal_transition_and_metrics_count_the_scenario()
+-> anyhow::Result<()> {
+    let env = TestEnv::get("prod-admission").await?;
+    let (wr, sha) = image_updater(&env).await?;
+    let cache = tempfile::tempdir()?;
+    let host = HostProcess::start(&env, cache.path(), &[]).await?;
+    let vwcs: Api<ValidatingWebhookConfiguration> = Api::all(env.client.clone());
+    let config = eventually("the ValidatingWebhookConfiguration", WAIT, || async {
+        Ok(vwcs.get_opt(&format!("wasmop-{wr}")).await?)
+    })
+    .await
+    .map_err(|e| anyhow::anyhow!("{e}\nhost log:\n{}", host.log_text()))?;
+    let webhook = &config.webhooks.unwrap_or_default()[0];
+    assert_eq!(webhook.failure_policy.as_deref(), Some("Fail"));
+    assert_eq!(webhook.timeout_seconds, Some(5));
+    assert_eq!(webhook.side_effects, "None");
+
+    let apps = apps(&env.client, &env.namespace);
+    apps.create(&PostParams::default(), &app("web", "nginx:1.27")?)
+        .await?;
+    // The API server picks a new webhook configuration up within a moment; until then an
+    // illegal change would pass, so probe with dry runs (no side effects) until it is refused.
+    let dry = PatchParams {
+        dry_run: true,
+        ..PatchParams::default()
+    };
+    let refusal = eventually("spec.track changes to be refused", WAIT, || async {
+        let r = apps
+            .patch(
+                "web",
+                &dry,
+                &Patch::Merge(json!({"spec": {"track": "canary"}})),
+            )
+            .await;
+        Ok(match r {
+            Ok(_) => None,
+            Err(kube::Error::Api(s)) => Some(s),
+            Err(e) => return Err(e.into()),
+        })
+    })
+    .await?;
+    println!("refused: {}", refusal.message);
+    assert!(
+        refusal.message.contains("admission webhook")
+            && refusal
+                .message
+                .contains("spec.track: spec.track is immutable"),
+        "the API server relays the module's message with its field: {refusal:?}"
+    );
+    // The same, for real, is refused too and leaves the App as it was.
+    let real = apps
+        .patch(
+            "web",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"track": "canary"}})),
+        )
+        .await;
+    assert!(real.is_err(), "changing spec.track must be refused");
+    assert_eq!(apps.get("web").await?.data["spec"]["track"], "stable");
+    // A legal change passes (with the module's warning-free verdict) and is reconciled.
+    apps.patch(
+        "web",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"image": "nginx:1.28"}})),
+    )
+    .await?;
+    let deployments: Api<Deployment> = env.api();
+    eventually("the Deployment on nginx:1.28", WAIT, || async {
+        Ok(deployments.get_opt("web").await?.filter(|d| {
+            d.spec
+                .template
+                .spec
+                .as_ref()
+                .and_then(|p| p.containers.first())
+                .and_then(|c| c.image.as_deref())
+                == Some("nginx:1.28")
+        }))
+    })
+    .await?;
+
+    // Metrics: the reconciles, the module, the calls and the reviews, labelled by reconciler.
+    let ok = series(
+        "wasmop_reconcile_total",
+        &[("reconciler", &wr), ("result", "ok")],
+    );
+    eventually("reconciles counted", WAIT, || async {
+        Ok(host.sample(&ok).await?.filter(|v| *v >= 2.0))
+    })
+    .await?;
+    let (_, body) = host.get("/metrics").await?;
+    let r = wr.as_str();
+    let expect = |s: String, min: f64| {
+        let v = parse_sample(&body, &s);
+        assert!(
+            v.is_some_and(|v| v >= min),
+            "{s} >= {min}, got {v:?}; metrics:\n{}",
+            family(&body, "wasmop_")
+        );
+    };
+    expect(
+        series("wasmop_module_info", &[("reconciler", r), ("sha256", &sha)]),
+        1.0,
+    );
+    expect(
+        series(
+            "wasmop_reconcile_duration_seconds_count",
+            &[("reconciler", r)],
+        ),
+        2.0,
+    );
+    expect(
+        series(
+            "wasmop_module_call_duration_seconds_count",
+            &[("reconciler", r), ("function", "reconcile")],
+        ),
+        2.0,
+    );
+    expect(
+        series(
+            "wasmop_module_call_duration_seconds_count",
+            &[("reconciler", r), ("function", "validate")],
+        ),
+        3.0,
+    );
+    expect(
+        series(
+            "wasmop_module_instantiate_duration_seconds_count",
+            &[("reconciler", r)],
+        ),
+        2.0,
+    );
+    expect(
+        series("wasmop_module_memory_peak_bytes", &[("reconciler", r)]),
+        65536.0,
+    );
+    expect(
+        series("wasmop_workqueue_adds_total", &[("reconciler", r)]),
+        2.0,
+    );
+    expect(
+        series(
+            "wasmop_admission_reviews_total",
+            &[("reconciler", r), ("allowed", "false")],
+        ),
+        2.0,
+    );
+    expect(
+        series(
+            "wasmop_admission_reviews_total",
+            &[("reconciler", r), ("allowed", "true")],
+        ),
+        2.0,
+    );
+    expect(series("wasmop_leader", &[]).replace("{}", ""), 1.0);
+    assert_eq!(host.get("/healthz").await?.0, 200);
+    let (status, body) = host.get("/readyz").await?;
+    assert_eq!(status, 200, "ready: {body}");
+
+    // Deleting the WasmReconciler removes its webhook.
+    Api::<wasmop::crd::WasmReconciler>::all(env.client.clone())
+        .delete(&wr, &Default::default())
+        .await?;
+    eventually("the webhook configuration removed", WAIT, || async {
+        Ok(vwcs
+            .get_opt(&format!("wasmop-{wr}"))
+            .await?
+            .is_none()
+            .then_some(()))
+    })
+    .await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn readyz_is_unavailable_until_the_caches_sync() -> anyhow::Result<()> {
+    let env = TestEnv::get("prod-ready").await?;
+    let (wr, _) = image_updater(&env).await?;
+    // A fresh cache: the module is compiled at start, so startup takes a while.
+    let cache = tempfile::tempdir()?;
+    let host = HostProcess::start(&env, cache.path(), &["--webhook-addr", "off"]).await?;
+    let (status, body) = host.get("/readyz").await?;
+    println!("first /readyz: {status} {body}");
+    assert_eq!(status, 503, "not ready before the caches sync: {body}");
+    assert_eq!(host.get("/healthz").await?.0, 200, "alive meanwhile");
+    let started = Instant::now();
+    eventually("/readyz 200", WAIT, || async {
+        Ok((host.get("/readyz").await?.0 == 200).then_some(()))
+    })
+    .await
+    .map_err(|e| anyhow::anyhow!("{e}\nhost log:\n{}", host.log_text()))?;
+    println!("ready after {:?} more", started.elapsed());
+    // Ready means the reconciler is serving.
+    let ready_line = log_lines(&host.log)
+        .into_iter()
+        .any(|l| field(&l, "message") == Some("caches synced"));
+    assert!(ready_line, "the controller reported its caches synced");
+    let (_, body) = host.get("/metrics").await?;
+    assert!(
+        body.contains(&format!("wasmop_module_info{{reconciler=\"{wr}\",sha256=")),
+        "the module serving when ready is reported:\n{}",
+        family(&body, "wasmop_module_info")
+    );
+    Ok(())
+}
+
+async fn lease_holder(client: &Client, ns: &str) -> anyhow::Result<Option<String>> {
+    let leases: Api<Lease> = Api::namespaced(client.clone(), ns);
+    Ok(leases
+        .get_opt("wasmop-leader")
+        .await?
+        .and_then(|l| l.spec)
+        .and_then(|s| s.holder_identity)
+        .filter(|h| !h.is_empty()))
+}
+
+#[tokio::test]
+async fn only_the_leader_reconciles_and_a_follower_takes_over() -> anyhow::Result<()> {
+    let env = TestEnv::get("prod-leader").await?;
+    let (wr, _) = image_updater(&env).await?;
+    let cache = tempfile::tempdir()?;
+    let elect = [
+        "--leader-elect",
+        "--leader-election-namespace",
+        &env.namespace,
+    ];
+    let first = HostProcess::start(&env, cache.path(), &elect).await?;
+    let first_id = first
+        .identity
+        .clone()
+        .ok_or_else(|| anyhow::anyhow!("no identity logged:\n{}", first.log_text()))?;
+    eventually("the first host leads", WAIT, || async {
+        Ok(
+            (lease_holder(&env.client, &env.namespace).await? == Some(first_id.clone()))
+                .then_some(()),
+        )
+    })
+    .await?;
+    let second = HostProcess::start(&env, cache.path(), &elect).await?;
+    let second_id = second
+        .identity
+        .clone()
+        .ok_or_else(|| anyhow::anyhow!("no identity logged:\n{}", second.log_text()))?;
+    assert_ne!(first_id, second_id);
+
+    // The leader reconciles; the follower does not.
+    let apps = apps(&env.client, &env.namespace);
+    let deployments: Api<Deployment> = env.api();
+    let create = |name: &'static str| {
+        let apps = apps.clone();
+        async move {
+            // Right after a leader change the webhook may still point at the old leader.
+            eventually(&format!("App {name} created"), WAIT, || async {
+                match apps
+                    .create(&PostParams::default(), &app(name, "nginx:1.27")?)
+                    .await
+                {
+                    Ok(_) => Ok(Some(())),
+                    Err(kube::Error::Api(s)) if s.code == 409 => Ok(Some(())),
+                    Err(e) => Err(e.into()),
+                }
+            })
+            .await
+        }
+    };
+    create("one").await?;
+    eventually("Deployment one", WAIT, || async {
+        Ok(deployments.get_opt("one").await?)
+    })
+    .await?;
+    let ok = series(
+        "wasmop_reconcile_total",
+        &[("reconciler", &wr), ("result", "ok")],
+    );
+    eventually("the leader counted its reconciles", WAIT, || async {
+        Ok(first.sample(&ok).await?.filter(|v| *v >= 1.0))
+    })
+    .await?;
+    let (_, follower_metrics) = second.get("/metrics").await?;
+    assert_eq!(
+        family(&follower_metrics, "wasmop_reconcile_total"),
+        "",
+        "the follower ran no reconcile"
+    );
+    assert_eq!(parse_sample(&follower_metrics, "wasmop_leader"), Some(0.0));
+    assert_eq!(
+        second.get("/readyz").await?.0,
+        200,
+        "a follower is ready (it serves admission)"
+    );
+    let follower_writes = log_lines(&second.log)
+        .into_iter()
+        .filter(|l| field(l, "message") == Some("acquired leadership"))
+        .count();
+    assert_eq!(follower_writes, 0, "the follower never led");
+
+    // Kill the leader: the follower takes over once the Lease expires.
+    let mut first = first;
+    first.child.start_kill()?;
+    first.child.wait().await?;
+    let killed = Instant::now();
+    eventually("the second host leads", Duration::from_secs(40), || async {
+        Ok(
+            (lease_holder(&env.client, &env.namespace).await? == Some(second_id.clone()))
+                .then_some(()),
+        )
+    })
+    .await
+    .map_err(|e| anyhow::anyhow!("{e}\nsecond host log:\n{}", second.log_text()))?;
+    let takeover = killed.elapsed();
+    println!("takeover {takeover:?} after SIGKILL (lease 15 s, retry 2 s)");
+    assert!(
+        takeover <= Duration::from_secs(15 + 2 + 5),
+        "takeover within the lease duration plus a retry and slack: {takeover:?}"
+    );
+    create("two").await?;
+    eventually("Deployment two, made by the new leader", WAIT, || async {
+        Ok(deployments.get_opt("two").await?)
+    })
+    .await
+    .map_err(|e| anyhow::anyhow!("{e}\nsecond host log:\n{}", second.log_text()))?;
+    eventually("the new leader counted its reconciles", WAIT, || async {
+        Ok(second.sample(&ok).await?.filter(|v| *v >= 1.0))
+    })
+    .await?;
+
+    // A graceful stop exits 0 and hands the Lease back at once.
+    let mut second = second;
+    second.signal(nix::sys::signal::Signal::SIGTERM)?;
+    let status = tokio::time::timeout(Duration::from_secs(40), second.child.wait()).await??;
+    assert!(
+        status.success(),
+        "SIGTERM exits 0: {status}\n{}",
+        second.log_text()
+    );
+    assert_eq!(
+        lease_holder(&env.client, &env.namespace).await?,
+        None,
+        "the Lease was released"
+    );
+    let d = deployments.get("two").await?;
+    assert_eq!(
+        d.labels().get("wasmop.dev/reconciler").map(String::as_str),
+        Some(wr.as_str())
+    );
+    Ok(())
+}
