@@ -93,6 +93,31 @@ async fn deploy_applies_and_its_rbac_is_enough_to_run_an_example() -> anyhow::Re
         Some(true)
     );
     assert!(container.liveness_probe.is_some() && container.readiness_probe.is_some());
+    // The Deployment's arguments are ones this `wasmop` accepts.
+    let args = container.args.clone().unwrap_or_default();
+    let parsed = <wasmop::cli::Cli as clap::Parser>::try_parse_from(
+        std::iter::once("wasmop".to_string()).chain(args.iter().cloned()),
+    );
+    assert!(
+        matches!(&parsed, Ok(cli) if matches!(cli.command, wasmop::cli::Command::Run(_))),
+        "the host Deployment's args {args:?} do not parse: {:?}",
+        parsed.err().map(|e| e.to_string())
+    );
+    // The shared serving certificate the replicas mount (cert-manager's job in production).
+    kubectl(
+        &env,
+        &[
+            "-n",
+            "wasmop-system",
+            "create",
+            "secret",
+            "generic",
+            "wasmop-webhook-tls",
+            "--from-literal=tls.crt=test",
+            "--from-literal=tls.key=test",
+            "--from-literal=ca.crt=test",
+        ],
+    )?;
     // The restricted Pod Security level of wasmop-system admits the host's pods (kwok runs them).
     let pods: Api<Pod> = Api::namespaced(env.client.clone(), "wasmop-system");
     eventually("two host pods Running", WAIT, || async {
