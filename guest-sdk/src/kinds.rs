@@ -185,6 +185,41 @@ impl Selector {
     }
 }
 
+impl TryFrom<&k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector> for Selector {
+    type Error = crate::Error;
+
+    /// Converts a Kubernetes `LabelSelector` (as found in a spec: `namespaceSelector`,
+    /// `selector`) into a [`Selector`].
+    ///
+    /// # Errors
+    /// An unknown operator (the API server accepts only `In`, `NotIn`, `Exists`,
+    /// `DoesNotExist`).
+    fn try_from(
+        selector: &k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector,
+    ) -> crate::Result<Self> {
+        let mut out = Selector::everything();
+        for (k, v) in selector.match_labels.iter().flatten() {
+            out = out.label(k.clone(), v.clone());
+        }
+        for r in selector.match_expressions.iter().flatten() {
+            let operator = match r.operator.as_str() {
+                "In" => SelectorOperator::In,
+                "NotIn" => SelectorOperator::NotIn,
+                "Exists" => SelectorOperator::Exists,
+                "DoesNotExist" => SelectorOperator::DoesNotExist,
+                other => {
+                    return Err(crate::Error::msg(format!(
+                        "label selector operator {other:?} for key {:?} is not one of In, NotIn, Exists, DoesNotExist",
+                        r.key
+                    )));
+                }
+            };
+            out = out.requirement(r.key.clone(), operator, r.values.iter().flatten().cloned());
+        }
+        Ok(out)
+    }
+}
+
 /// Which primaries a change of a related object re-reconciles.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Mapping {
@@ -307,6 +342,26 @@ impl Metadata {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_kubernetes_label_selector_converts() {
+        let k: k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector =
+            serde_json::from_value(serde_json::json!({
+                "matchLabels": {"team": "a"},
+                "matchExpressions": [{"key": "env", "operator": "In", "values": ["prod"]}]
+            }))
+            .expect("a label selector");
+        let s = Selector::try_from(&k).expect("converts");
+        assert!(s.matches([("team", "a"), ("env", "prod")]));
+        assert!(!s.matches([("team", "a"), ("env", "dev")]));
+        let bad: k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector =
+            serde_json::from_value(serde_json::json!({
+                "matchExpressions": [{"key": "env", "operator": "Like"}]
+            }))
+            .expect("a label selector");
+        let err = Selector::try_from(&bad).expect_err("an unknown operator");
+        assert!(err.message().contains("Like"), "{}", err.message());
+    }
 
     #[test]
     fn selectors_match_like_the_api_server() {

@@ -126,6 +126,10 @@ impl<R: Reconciler> Harness<R> {
 
     /// An observed object: an owned child or a related object, by its kind.
     ///
+    /// When a kind is both owned and related (a propagator owns its copies and reads its
+    /// source, both ConfigMaps), the object goes where the host would put it: with the owned
+    /// children if it has a controller ownerReference, with the related objects otherwise.
+    ///
     /// # Panics
     /// If its kind is neither owned nor related by the metadata.
     pub fn observed(mut self, object: &impl Serialize) -> Self {
@@ -135,7 +139,13 @@ impl<R: Reconciler> Harness<R> {
         };
         let kind = kind_of(&value);
         let json = value.to_string();
-        if let Some((_, objects)) = self.owned.iter_mut().find(|(k, _)| *k == kind) {
+        let related_too = self.related.iter().any(|(k, _)| *k == kind);
+        let owned_slot = self
+            .owned
+            .iter_mut()
+            .find(|(k, _)| *k == kind)
+            .filter(|_| !related_too || has_controller(&value));
+        if let Some((_, objects)) = owned_slot {
             objects.push(json);
         } else if let Some((_, objects)) = self.related.iter_mut().find(|(k, _)| *k == kind) {
             objects.push(json);
@@ -299,4 +309,11 @@ mod erased {
             serde_json::to_string(self).unwrap_or_else(|e| panic!("does not serialize: {e}"))
         }
     }
+}
+
+/// Whether an object has a controller ownerReference.
+fn has_controller(object: &Value) -> bool {
+    object["metadata"]["ownerReferences"]
+        .as_array()
+        .is_some_and(|refs| refs.iter().any(|r| r["controller"] == true))
 }

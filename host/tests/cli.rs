@@ -112,3 +112,94 @@ fn inspect_prints_metadata_version_size_and_digest() {
     assert!(!out.status.success());
     assert!(stderr.contains("wasmop:reconciler/guest@0.2.0"), "{stderr}");
 }
+
+/// Runs `wasmop test` as an example's README says and expects its golden file to match.
+fn golden(example: &str, module: &str, args: &[&str]) {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../examples")
+        .join(example);
+    let out = wasmop()
+        .current_dir(&dir)
+        .arg("test")
+        .arg(module)
+        .args(args)
+        .output()
+        .expect("runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{example} {args:?}: {stderr}");
+    assert!(stderr.contains("the intents match"), "{example}: {stderr}");
+}
+
+#[test]
+fn every_examples_golden_files_match() {
+    let pr = [
+        "--object",
+        "fixtures/cr.yaml",
+        "--observed",
+        "fixtures/observed/statefulset.yaml",
+        "--observed",
+        "fixtures/observed/pvcs.yaml",
+        "--reconciler",
+        "primary-replica",
+        "--now-unix-ms",
+        "0",
+    ];
+    golden(
+        "primary-replica",
+        modules::PRIMARY_REPLICA,
+        &[&pr[..], &["--expect", "fixtures/expected.yaml"]].concat(),
+    );
+    golden(
+        "primary-replica",
+        modules::PRIMARY_REPLICA,
+        &[
+            &["--finalize"],
+            &pr[..],
+            &["--expect", "fixtures/expected-finalize.yaml"],
+        ]
+        .concat(),
+    );
+    golden(
+        "configmap-propagator",
+        modules::CONFIGMAP_PROPAGATOR,
+        &[
+            "--object",
+            "fixtures/cr.yaml",
+            "--observed",
+            "fixtures/observed/namespaces.yaml",
+            "--observed",
+            "fixtures/related/source.yaml",
+            "--observed",
+            "fixtures/observed/copies.yaml",
+            "--reconciler",
+            "configmap-propagator",
+            "--now-unix-ms",
+            "0",
+            "--expect",
+            "fixtures/expected.yaml",
+        ],
+    );
+}
+
+#[test]
+fn validate_refuses_a_downgrade_of_the_primary_replica_example() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/primary-replica");
+    let out = wasmop()
+        .current_dir(&dir)
+        .arg("test")
+        .arg(modules::PRIMARY_REPLICA)
+        .args(["--validate", "--object", "fixtures/cr.yaml"])
+        .args(["--old", "fixtures/validate/old-16.1.yaml"])
+        .output()
+        .expect("runs");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!out.status.success(), "a denial exits non-zero: {text}");
+    assert!(
+        text.contains("spec.version") && text.contains("downgrad"),
+        "{text}"
+    );
+}

@@ -1,9 +1,9 @@
 //! configmap-propagator, tested natively (no Wasm, no cluster).
 //!
 //! ConfigMap is both an owned kind (the copies) and a related kind (the source) of this module.
-//! The SDK harness files every observed object of an owned kind as owned, so these tests build
-//! the request the host sends with `Request::from_parts`: copies under owned, Namespaces and the
-//! source under related.
+//! Most tests build the request the host sends with `Request::from_parts` (copies under owned,
+//! Namespaces and the source under related); the harness files them the same way, by the
+//! controller ownerReference (see the last reconcile test).
 
 use configmap_propagator::{ConfigMapPropagator, PROPAGATION_LABEL, SOURCE_ANNOTATION};
 use serde_json::{Value, json};
@@ -239,6 +239,19 @@ fn the_harness_runs_it_too() {
         condition(&out, "SourceFound"),
         (ConditionStatus::False, "SourceMissing".into())
     );
+}
+
+#[test]
+fn the_harness_files_the_source_as_related_and_the_copies_as_owned() {
+    let out = Harness::<ConfigMapPropagator>::new()
+        .primary_yaml(CR)
+        .observed_yaml(NAMESPACES)
+        .observed_yaml(SOURCE)
+        .observed_yaml(COPIES)
+        .reconcile()
+        .expect("reconciles");
+    assert_eq!(condition(&out, "SourceFound").0, ConditionStatus::True);
+    assert!(!copy_namespaces(&out).is_empty());
 }
 
 fn denied(v: Validation) -> String {

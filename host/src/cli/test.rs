@@ -146,8 +146,15 @@ pub(crate) fn run(args: Args) -> Result<ExitCode, CliError> {
                     path: path.clone(),
                     detail: "an object has no apiVersion or kind".into(),
                 })?;
+                // A kind both owned and related goes where the host would put it: owned when
+                // the object has a controller ownerReference, related otherwise.
+                let related_too = related.iter().any(|g| g.kind == kind);
+                let controlled = doc["metadata"]["ownerReferences"]
+                    .as_array()
+                    .is_some_and(|refs| refs.iter().any(|r| r["controller"] == true));
                 let group = owned
                     .iter_mut()
+                    .filter(|_| !related_too || controlled)
                     .chain(related.iter_mut())
                     .find(|g| g.kind == kind)
                     .ok_or_else(|| CliError::Input {
