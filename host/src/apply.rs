@@ -120,6 +120,7 @@ pub struct Observed {
 #[derive(Clone)]
 pub struct Applier {
     client: Client,
+    reader: Client,
     field_manager: String,
     discovery: Discovery,
     recorder: Recorder,
@@ -154,10 +155,18 @@ pub fn object_reference(r: &ObjectRef, uid: Option<String>) -> ObjectReference {
 
 impl Applier {
     /// An applier writing through `client` (the reconciler's impersonating client) as field
-    /// manager `wasmop/<reconciler>`, recording Events as `reporter`.
-    pub fn new(client: Client, reconciler: &str, discovery: Discovery, recorder: Recorder) -> Self {
+    /// manager `wasmop/<reconciler>`, recording Events as `reporter`. `reader` (the host's own
+    /// identity, which may read the owned kinds) checks that a new child's name is not taken.
+    pub fn new(
+        client: Client,
+        reader: Client,
+        reconciler: &str,
+        discovery: Discovery,
+        recorder: Recorder,
+    ) -> Self {
         Applier {
             client,
+            reader,
             field_manager: format!("wasmop/{reconciler}"),
             discovery,
             recorder,
@@ -209,15 +218,52 @@ impl Applier {
             else {
                 continue;
             };
+            let ours: BTreeSet<(Option<String>, String)> = observed
+                .iter()
+                .filter(|o| o.kind == set.kind)
+                .flat_map(|o| o.objects.iter())
+                .filter(|o| controlled_by(o, &primary_uid))
+                .map(|o| (o.namespace(), o.name_any()))
+                .collect();
             let writes = set.objects.iter().map(|child| {
                 let api = api_for(&self.client, &resolved, child.namespace.as_deref());
+                let reader = api_for(&self.reader, &resolved, child.namespace.as_deref());
                 let params = params.clone();
+                let known = ours.contains(&(child.namespace.clone(), child.name.clone()));
+                let primary_uid = primary_uid.clone();
                 async move {
                     let intent = format!(
                         "apply {} {}",
                         set.kind,
                         display_name(child.namespace.as_deref(), &child.name)
                     );
+                    // Server-side apply with force would take over an object of the same name
+                    // that someone else made (and a later prune would delete it): a child not
+                    // yet known as ours is checked first. Ours are the only ones the watch
+                    // cache may not have caught up with.
+                    if !known {
+                        match reader.get_opt(&child.name).await {
+                            Ok(Some(existing)) if !controlled_by(&existing, &primary_uid) => {
+                                let owner = existing
+                                    .metadata
+                                    .owner_references
+                                    .iter()
+                                    .flatten()
+                                    .find(|o| o.controller == Some(true))
+                                    .map(|o| format!("is controlled by {} {} (uid {})", o.kind, o.name, o.uid))
+                                    .unwrap_or_else(|| "was not created by this reconciler".into());
+                                return Err(WriteFailure {
+                                    intent,
+                                    kind: FailureKind::Invalid,
+                                    message: format!(
+                                        "an object with this name already exists and {owner}; wasmop does not take over objects it does not control: delete or rename it, or give the child another name"
+                                    ),
+                                });
+                            }
+                            Ok(_) => {}
+                            Err(e) => return Err(classify(intent, &e)),
+                        }
+                    }
                     api.patch(&child.name, &params, &Patch::Apply(&child.object))
                         .await
                         .map(|_| ())

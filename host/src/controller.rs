@@ -424,6 +424,7 @@ pub fn start(
 
     let applier = Applier::new(
         clients.module.clone(),
+        clients.host.clone(),
         &settings.name,
         clients.discovery.clone(),
         clients.module_events.clone(),

@@ -529,3 +529,59 @@ async fn changing_and_deleting_a_wasmreconciler_reconfigures_and_stops_its_contr
     host.shutdown().await?;
     Ok(())
 }
+
+#[tokio::test]
+async fn a_child_name_taken_by_someone_else_is_not_taken_over() -> anyhow::Result<()> {
+    let env = TestEnv::get("host-taken").await?;
+    image_updater(&env, "image-updater", true).await?;
+    // A Service the user made, with the name the App's Service will want.
+    let services: Api<Service> = env.api();
+    let theirs: Service = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "shop", "labels": {"owner": "someone-else"}},
+        "spec": {"ports": [{"port": 9999}], "selector": {"app": "theirs"}}
+    }))?;
+    services.create(&PostParams::default(), &theirs).await?;
+    let host = start_host(&env, None).await?;
+    let apps = apps(&env.client, &env.namespace);
+    apps.create(&PostParams::default(), &app("shop", "nginx:1.27", 1))
+        .await?;
+    let warning = eventually(
+        "an ApplyFailed Event naming the taken Service",
+        WAIT,
+        || async {
+            Ok(events(&env.client, &env.namespace, "ApplyFailed")
+                .await?
+                .into_iter()
+                .find(|e| {
+                    e.note
+                        .as_deref()
+                        .is_some_and(|n| n.contains("Service") && n.contains("already exists"))
+                }))
+        },
+    )
+    .await?;
+    assert_eq!(warning.type_.as_deref(), Some("Warning"));
+    let after = services.get("shop").await?;
+    assert_eq!(
+        after
+            .spec
+            .as_ref()
+            .and_then(|s| s.ports.as_ref())
+            .map(|p| p[0].port),
+        Some(9999),
+        "the user's Service is untouched"
+    );
+    assert!(after.metadata.owner_references.is_none());
+    // Once the user removes it, the App gets its own.
+    services.delete("shop", &DeleteParams::default()).await?;
+    eventually("the App's own Service", WAIT, || async {
+        Ok(services
+            .get_opt("shop")
+            .await?
+            .filter(|s| s.metadata.owner_references.is_some()))
+    })
+    .await?;
+    host.shutdown().await?;
+    Ok(())
+}
