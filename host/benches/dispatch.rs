@@ -18,7 +18,7 @@ const WARMUP: usize = 200;
 
 fn primary() -> String {
     // A realistic App: the last-applied annotation and labels bring it to ~6 KB.
-    let filler: String = (0..90)
+    let filler: String = (0..300)
         .map(|i| format!("key-{i:03}=value-{i:03};"))
         .collect();
     let app = json!({

@@ -37,6 +37,7 @@ fn main() {
         "tests/guests",
         "Cargo.lock",
         "Cargo.toml",
+        ".cargo",
     ] {
         println!(
             "cargo:rerun-if-changed={}",
