@@ -285,23 +285,9 @@ impl Supervisor {
                         e.reason,
                         "ModuleUnavailable" | "ModuleInvalid" | "DigestMismatch" | "ModuleMismatch"
                     );
-                    conditions::set(
-                        &mut self.status.conditions,
-                        "Ready",
-                        false,
-                        e.reason,
-                        &e.message,
-                        self.wr.metadata.generation,
-                    );
+                    self.condition("Ready", false, e.reason, &e.message);
                     if !loaded {
-                        conditions::set(
-                            &mut self.status.conditions,
-                            "ModuleLoaded",
-                            false,
-                            e.reason,
-                            &e.message,
-                            self.wr.metadata.generation,
-                        );
+                        self.condition("ModuleLoaded", false, e.reason, &e.message);
                     }
                     self.write_status().await;
                     self.event_on_wr(KubeEventType::Warning, e.reason, &e.message)
@@ -457,14 +443,7 @@ impl Supervisor {
         let clients = match self.clients() {
             Ok(c) => c,
             Err(e) => {
-                conditions::set(
-                    &mut self.status.conditions,
-                    "Ready",
-                    false,
-                    e.reason,
-                    &e.message,
-                    self.wr.metadata.generation,
-                );
+                self.condition("Ready", false, e.reason, &e.message);
                 self.write_status().await;
                 return;
             }
@@ -715,32 +694,11 @@ impl Supervisor {
             },
         });
         self.status.ungranted = active.fit.ungranted.clone();
-        let generation = self.wr.metadata.generation;
-        conditions::set(
-            &mut self.status.conditions,
-            "ModuleLoaded",
-            true,
-            reason,
-            &message,
-            generation,
-        );
-        conditions::set(
-            &mut self.status.conditions,
-            "Ready",
-            true,
-            "Reconciling",
-            &format!("watching {}", self.wr.spec.primary.kind),
-            generation,
-        );
+        self.condition("ModuleLoaded", true, reason, &message);
+        let watching = format!("watching {}", self.wr.spec.primary.kind);
+        self.condition("Ready", true, "Reconciling", &watching);
         if !self.status.conditions.iter().any(|c| c.type_ == "Degraded") {
-            conditions::set(
-                &mut self.status.conditions,
-                "Degraded",
-                false,
-                "AllWritesAllowed",
-                "",
-                generation,
-            );
+            self.condition("Degraded", false, "AllWritesAllowed", "");
         }
         self.write_status().await;
         self.event_on_wr(KubeEventType::Normal, reason, &message)
@@ -751,14 +709,7 @@ impl Supervisor {
         metrics::global().hotswap(&self.name(), "refused");
         let message = format!("{}; the previous module keeps serving", e.message);
         tracing::warn!(reconciler = %self.name(), reason = e.reason, "{message}");
-        conditions::set(
-            &mut self.status.conditions,
-            "ModuleLoaded",
-            false,
-            e.reason,
-            &message,
-            self.wr.metadata.generation,
-        );
+        self.condition("ModuleLoaded", false, e.reason, &message);
         self.write_status().await;
         self.event_on_wr(KubeEventType::Warning, e.reason, &message)
             .await;
@@ -792,14 +743,7 @@ impl Supervisor {
         metrics::global().hotswap(&self.name(), "rolled_back");
         self.status.rejected_sha256 = Some(bad.to_string());
         self.activated(slot, "RolledBack", message.clone()).await;
-        conditions::set(
-            &mut self.status.conditions,
-            "ModuleLoaded",
-            false,
-            "RolledBack",
-            &message,
-            self.wr.metadata.generation,
-        );
+        self.condition("ModuleLoaded", false, "RolledBack", &message);
         self.write_status().await;
         self.event_on_wr(KubeEventType::Warning, "RolledBack", &message)
             .await;
@@ -811,16 +755,8 @@ impl Supervisor {
             .lock()
             .map(|f| f.clone())
             .unwrap_or_default();
-        let generation = self.wr.metadata.generation;
         if forbidden.is_empty() {
-            conditions::set(
-                &mut self.status.conditions,
-                "Degraded",
-                false,
-                "AllWritesAllowed",
-                "",
-                generation,
-            );
+            self.condition("Degraded", false, "AllWritesAllowed", "");
         } else {
             let first = forbidden
                 .iter()
@@ -831,16 +767,22 @@ impl Supervisor {
                 "{} object(s) have writes refused by RBAC; first: {first}",
                 forbidden.len()
             );
-            conditions::set(
-                &mut self.status.conditions,
-                "Degraded",
-                true,
-                "Forbidden",
-                &message,
-                generation,
-            );
+            self.condition("Degraded", true, "Forbidden", &message);
         }
         self.write_status().await;
+    }
+
+    /// Sets a condition of the WasmReconciler's status at its current generation.
+    fn condition(&mut self, type_: &str, status: bool, reason: &str, message: &str) {
+        let generation = self.wr.metadata.generation;
+        conditions::set(
+            &mut self.status.conditions,
+            type_,
+            status,
+            reason,
+            message,
+            generation,
+        );
     }
 
     async fn write_status(&mut self) {

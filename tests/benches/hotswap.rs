@@ -22,9 +22,7 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::{
-    Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams,
-};
+use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
 use serde_json::json;
@@ -169,46 +167,21 @@ async fn main() -> anyhow::Result<()> {
         .unwrap_or(20)
         .max(2);
     let env = TestEnv::get("bench-hotswap").await?;
-    install_crds(&env.client).await?;
     let v1 = wasmop_test_modules::bytes(wasmop_test_modules::IMAGE_UPDATER);
     let v2 = wasmop_test_modules::bytes(wasmop_test_modules::IMAGE_UPDATER_V2);
-    push_module(
-        &env.client,
-        &env.namespace,
+    // Rollback watches must not hold a swap back.
+    image_updater(
+        &env,
         "image-updater",
         wasmop_test_modules::IMAGE_UPDATER,
-    )
-    .await?;
-    service_account(
-        &env.client,
-        &env.namespace,
-        "image-updater",
-        image_updater_rules(true),
-    )
-    .await?;
-    let wr = format!("{}-image-updater", env.namespace);
-    apply_reconciler(
-        &env.client,
-        &reconciler(
-            &env,
-            &wr,
-            "image-updater",
-            ("example.wasmop.dev/v1", "App"),
-            &[("apps/v1", "Deployment"), ("v1", "Service")],
-            "image-updater",
-            // Rollback watches must not hold a swap back.
-            json!({"rollout": {"watchReconciles": 1}}),
-        ),
+        true,
+        json!({"rollout": {"watchReconciles": 1}}),
     )
     .await?;
     let cache = std::env::temp_dir().join(format!("wasmop-bench-hotswap-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&cache);
     let host = start_host(&env, Some(&cache)).await?;
-    let ar = ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk("example.wasmop.dev", "v1", "App"),
-        "apps",
-    );
-    let apps: Api<DynamicObject> = Api::namespaced_with(env.client.clone(), &env.namespace, &ar);
+    let apps = apps(&env.client, &env.namespace);
     let app: DynamicObject = serde_json::from_value(json!({
         "apiVersion": "example.wasmop.dev/v1", "kind": "App", "metadata": {"name": "app"},
         "spec": {"image": "nginx:1.27", "replicas": 1}

@@ -8,30 +8,11 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Service};
-use kube::api::{
-    Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch,
-    PatchParams, PostParams,
-};
-use kube::{Client, ResourceExt};
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use support::*;
 use wasmop_testenv::{TestEnv, eventually};
-
-fn apps(client: &Client, ns: &str) -> Api<DynamicObject> {
-    let ar = ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk("example.wasmop.dev", "v1", "App"),
-        "apps",
-    );
-    Api::namespaced_with(client.clone(), ns, &ar)
-}
-
-fn widgets(client: &Client, ns: &str) -> Api<DynamicObject> {
-    let ar = ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk("test.wasmop.dev", "v1", "Widget"),
-        "widgets",
-    );
-    Api::namespaced_with(client.clone(), ns, &ar)
-}
 
 fn app(name: &str, image: &str, replicas: i64) -> DynamicObject {
     serde_json::from_value(json!({
@@ -40,37 +21,6 @@ fn app(name: &str, image: &str, replicas: i64) -> DynamicObject {
         "spec": {"image": image, "replicas": replicas, "port": 8080}
     }))
     .unwrap_or_else(|e| panic!("app literal: {e}"))
-}
-
-/// An image-updater reconciler in the test's namespace; `services` says whether its
-/// ServiceAccount may write Services.
-async fn image_updater(env: &TestEnv, name: &str, services: bool) -> anyhow::Result<String> {
-    install_crds(&env.client).await?;
-    let sha = push_module(
-        &env.client,
-        &env.namespace,
-        name,
-        wasmop_test_modules::IMAGE_UPDATER,
-    )
-    .await?;
-    service_account(
-        &env.client,
-        &env.namespace,
-        name,
-        image_updater_rules(services),
-    )
-    .await?;
-    let wr = reconciler(
-        env,
-        &format!("{}-{name}", env.namespace),
-        name,
-        ("example.wasmop.dev/v1", "App"),
-        &[("apps/v1", "Deployment"), ("v1", "Service")],
-        name,
-        json!({}),
-    );
-    apply_reconciler(&env.client, &wr).await?;
-    Ok(sha)
 }
 
 fn container_image(d: &Deployment) -> Option<String> {
@@ -88,7 +38,14 @@ fn container_image(d: &Deployment) -> Option<String> {
 async fn an_app_becomes_a_deployment_and_a_service_rolls_out_and_is_finalized() -> anyhow::Result<()>
 {
     let env = TestEnv::get("host-app").await?;
-    let sha = image_updater(&env, "image-updater", true).await?;
+    let (_, sha) = image_updater(
+        &env,
+        "image-updater",
+        wasmop_test_modules::IMAGE_UPDATER,
+        true,
+        json!({}),
+    )
+    .await?;
     let host = start_host(&env, None).await?;
     let apps = apps(&env.client, &env.namespace);
     let created = apps
@@ -263,7 +220,14 @@ async fn an_app_becomes_a_deployment_and_a_service_rolls_out_and_is_finalized() 
 async fn a_forbidden_write_is_a_warning_and_degrades_the_reconciler_while_the_rest_applies()
 -> anyhow::Result<()> {
     let env = TestEnv::get("host-rbac").await?;
-    image_updater(&env, "no-services", false).await?;
+    image_updater(
+        &env,
+        "no-services",
+        wasmop_test_modules::IMAGE_UPDATER,
+        false,
+        json!({}),
+    )
+    .await?;
     let host = start_host(&env, None).await?;
     let apps = apps(&env.client, &env.namespace);
     apps.create(&PostParams::default(), &app("web", "nginx:1.27", 1))
@@ -337,7 +301,14 @@ async fn a_trapping_module_backs_off_while_other_objects_and_reconcilers_work() 
         ),
     )
     .await?;
-    image_updater(&env, "image-updater", true).await?;
+    image_updater(
+        &env,
+        "image-updater",
+        wasmop_test_modules::IMAGE_UPDATER,
+        true,
+        json!({}),
+    )
+    .await?;
     let host = start_host(&env, None).await?;
 
     let widgets = widgets(&env.client, &env.namespace);
@@ -401,7 +372,14 @@ async fn a_trapping_module_backs_off_while_other_objects_and_reconcilers_work() 
 #[tokio::test]
 async fn concurrent_edits_by_another_client_converge_without_lost_updates() -> anyhow::Result<()> {
     let env = TestEnv::get("host-race").await?;
-    image_updater(&env, "image-updater", true).await?;
+    image_updater(
+        &env,
+        "image-updater",
+        wasmop_test_modules::IMAGE_UPDATER,
+        true,
+        json!({}),
+    )
+    .await?;
     let host = start_host(&env, None).await?;
     let apps = apps(&env.client, &env.namespace);
     apps.create(&PostParams::default(), &app("web", "nginx:1.27", 1))
@@ -475,7 +453,14 @@ async fn concurrent_edits_by_another_client_converge_without_lost_updates() -> a
 async fn changing_and_deleting_a_wasmreconciler_reconfigures_and_stops_its_controller()
 -> anyhow::Result<()> {
     let env = TestEnv::get("host-live").await?;
-    image_updater(&env, "image-updater", true).await?;
+    image_updater(
+        &env,
+        "image-updater",
+        wasmop_test_modules::IMAGE_UPDATER,
+        true,
+        json!({}),
+    )
+    .await?;
     let host = start_host(&env, None).await?;
     let apps = apps(&env.client, &env.namespace);
     apps.create(&PostParams::default(), &app("one", "nginx:1.27", 1))
@@ -533,7 +518,14 @@ async fn changing_and_deleting_a_wasmreconciler_reconfigures_and_stops_its_contr
 #[tokio::test]
 async fn a_child_name_taken_by_someone_else_is_not_taken_over() -> anyhow::Result<()> {
     let env = TestEnv::get("host-taken").await?;
-    image_updater(&env, "image-updater", true).await?;
+    image_updater(
+        &env,
+        "image-updater",
+        wasmop_test_modules::IMAGE_UPDATER,
+        true,
+        json!({}),
+    )
+    .await?;
     // A Service the user made, with the name the App's Service will want.
     let services: Api<Service> = env.api();
     let theirs: Service = serde_json::from_value(json!({

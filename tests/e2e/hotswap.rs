@@ -8,9 +8,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::{
-    Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams,
-};
+use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 use support::*;
@@ -25,22 +23,6 @@ const FAILURE_REASONS: [&str; 6] = [
     "InvalidIntents",
     "ApplyFailed",
 ];
-
-fn apps(client: &Client, ns: &str) -> Api<DynamicObject> {
-    let ar = ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk("example.wasmop.dev", "v1", "App"),
-        "apps",
-    );
-    Api::namespaced_with(client.clone(), ns, &ar)
-}
-
-fn widgets(client: &Client, ns: &str) -> Api<DynamicObject> {
-    let ar = ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk("test.wasmop.dev", "v1", "Widget"),
-        "widgets",
-    );
-    Api::namespaced_with(client.clone(), ns, &ar)
-}
 
 async fn module_failures(env: &TestEnv) -> anyhow::Result<usize> {
     let mut n = 0;
@@ -70,33 +52,12 @@ fn revision(d: &Deployment) -> Option<String> {
 async fn v1_to_v2_swaps_without_failures_garbage_is_refused_and_v2_keeps_serving()
 -> anyhow::Result<()> {
     let env = TestEnv::get("swap").await?;
-    install_crds(&env.client).await?;
-    let v1 = push_module(
-        &env.client,
-        &env.namespace,
+    let (wr, v1) = image_updater(
+        &env,
         "image-updater",
         wasmop_test_modules::IMAGE_UPDATER,
-    )
-    .await?;
-    service_account(
-        &env.client,
-        &env.namespace,
-        "image-updater",
-        image_updater_rules(true),
-    )
-    .await?;
-    let wr = format!("{}-image-updater", env.namespace);
-    apply_reconciler(
-        &env.client,
-        &reconciler(
-            &env,
-            &wr,
-            "image-updater",
-            ("example.wasmop.dev/v1", "App"),
-            &[("apps/v1", "Deployment"), ("v1", "Service")],
-            "image-updater",
-            json!({}),
-        ),
+        true,
+        json!({}),
     )
     .await?;
     let host = start_host(&env, None).await?;
@@ -245,27 +206,11 @@ async fn v1_to_v2_swaps_without_failures_garbage_is_refused_and_v2_keeps_serving
 #[tokio::test]
 async fn a_failing_new_module_is_rolled_back_and_not_retried() -> anyhow::Result<()> {
     let env = TestEnv::get("rollback").await?;
-    install_crds(&env.client).await?;
-    let good = push_module(
-        &env.client,
-        &env.namespace,
+    let (wr, good) = widget_reconciler(
+        &env,
         "widgets",
         wasmop_test_modules::MISBEHAVE,
-    )
-    .await?;
-    service_account(&env.client, &env.namespace, "widgets", widget_rules()).await?;
-    let wr = format!("{}-widgets", env.namespace);
-    apply_reconciler(
-        &env.client,
-        &reconciler(
-            &env,
-            &wr,
-            "widgets",
-            ("test.wasmop.dev/v1", "Widget"),
-            &[("v1", "ConfigMap")],
-            "widgets",
-            json!({"rollout": {"watchReconciles": 6, "failureThresholdPercent": 50}}),
-        ),
+        json!({"rollout": {"watchReconciles": 6, "failureThresholdPercent": 50}}),
     )
     .await?;
     let host = start_host(&env, None).await?;
@@ -354,29 +299,8 @@ async fn a_failing_new_module_is_rolled_back_and_not_retried() -> anyhow::Result
 #[tokio::test]
 async fn a_restarted_host_loads_the_module_from_its_compiled_cache() -> anyhow::Result<()> {
     let env = TestEnv::get("restart").await?;
-    install_crds(&env.client).await?;
-    push_module(
-        &env.client,
-        &env.namespace,
-        "widgets",
-        wasmop_test_modules::MISBEHAVE,
-    )
-    .await?;
-    service_account(&env.client, &env.namespace, "widgets", widget_rules()).await?;
-    let wr = format!("{}-widgets", env.namespace);
-    apply_reconciler(
-        &env.client,
-        &reconciler(
-            &env,
-            &wr,
-            "widgets",
-            ("test.wasmop.dev/v1", "Widget"),
-            &[("v1", "ConfigMap")],
-            "widgets",
-            json!({}),
-        ),
-    )
-    .await?;
+    let (wr, _) =
+        widget_reconciler(&env, "widgets", wasmop_test_modules::MISBEHAVE, json!({})).await?;
     let cache = tempfile_dir(&env.namespace)?;
     let source = |client: Client| {
         let wr = wr.clone();

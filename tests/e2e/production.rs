@@ -14,23 +14,13 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
-use kube::api::{
-    Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams,
-};
+use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 use support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::OnceCell;
 use wasmop_testenv::{TestEnv, eventually};
-
-fn apps(client: &Client, ns: &str) -> Api<DynamicObject> {
-    let ar = ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk("example.wasmop.dev", "v1", "App"),
-        "apps",
-    );
-    Api::namespaced_with(client.clone(), ns, &ar)
-}
 
 fn app(name: &str, image: &str) -> anyhow::Result<DynamicObject> {
     Ok(serde_json::from_value(json!({
@@ -40,30 +30,17 @@ fn app(name: &str, image: &str) -> anyhow::Result<DynamicObject> {
     }))?)
 }
 
-/// The image-updater reconciler of `env`'s namespace; returns its name and module digest.
-async fn image_updater(env: &TestEnv) -> anyhow::Result<(String, String)> {
-    install_crds(&env.client).await?;
-    let cm = "image-updater";
-    let sha = push_module(
-        &env.client,
-        &env.namespace,
-        cm,
-        wasmop_test_modules::IMAGE_UPDATER,
-    )
-    .await?;
-    service_account(&env.client, &env.namespace, cm, image_updater_rules(true)).await?;
-    let name = format!("{}-{cm}", env.namespace);
-    let wr = reconciler(
+/// The image-updater reconciler of `env`'s namespace, with admission; returns its name and
+/// module digest.
+async fn image_updater_with_admission(env: &TestEnv) -> anyhow::Result<(String, String)> {
+    image_updater(
         env,
-        &name,
-        cm,
-        ("example.wasmop.dev/v1", "App"),
-        &[("apps/v1", "Deployment"), ("v1", "Service")],
-        cm,
+        "image-updater",
+        wasmop_test_modules::IMAGE_UPDATER,
+        true,
         json!({"admission": {"timeoutSeconds": 5, "failurePolicy": "Fail"}}),
-    );
-    apply_reconciler(&env.client, &wr).await?;
-    Ok((name, sha))
+    )
+    .await
 }
 
 /// The `wasmop` binary, built once per test process (a no-op when it is fresh).
@@ -245,7 +222,7 @@ fn family(body: &str, name: &str) -> String {
 async fn admission_refuses_an_illegal_transition_and_metrics_count_the_scenario()
 -> anyhow::Result<()> {
     let env = TestEnv::get("prod-admission").await?;
-    let (wr, sha) = image_updater(&env).await?;
+    let (wr, sha) = image_updater_with_admission(&env).await?;
     let cache = tempfile::tempdir()?;
     let host = HostProcess::start(&env, cache.path(), &[]).await?;
     let vwcs: Api<ValidatingWebhookConfiguration> = Api::all(env.client.clone());
@@ -418,7 +395,7 @@ async fn admission_refuses_an_illegal_transition_and_metrics_count_the_scenario(
 #[tokio::test]
 async fn readyz_is_unavailable_until_the_caches_sync() -> anyhow::Result<()> {
     let env = TestEnv::get("prod-ready").await?;
-    let (wr, _) = image_updater(&env).await?;
+    let (wr, _) = image_updater_with_admission(&env).await?;
     // A fresh cache: the module is compiled at start, so startup takes a while.
     let cache = tempfile::tempdir()?;
     let host = HostProcess::start(&env, cache.path(), &["--webhook-addr", "off"]).await?;
@@ -460,7 +437,7 @@ async fn lease_holder(client: &Client, ns: &str) -> anyhow::Result<Option<String
 #[tokio::test]
 async fn only_the_leader_reconciles_and_a_follower_takes_over() -> anyhow::Result<()> {
     let env = TestEnv::get("prod-leader").await?;
-    let (wr, _) = image_updater(&env).await?;
+    let (wr, _) = image_updater_with_admission(&env).await?;
     let cache = tempfile::tempdir()?;
     let elect = [
         "--leader-elect",

@@ -10,7 +10,9 @@ use k8s_openapi::api::core::v1::{ConfigMap, ServiceAccount};
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::api::{
+    Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams,
+};
 use kube::{Client, CustomResourceExt};
 use serde_json::{Value, json};
 use wasmop::crd::WasmReconciler;
@@ -252,4 +254,86 @@ pub async fn wr_condition(
         .status
         .and_then(|s| s.conditions.into_iter().find(|c| c.type_ == type_))
         .map(|c| (c.status, c.reason, c.message)))
+}
+
+/// Apps (the image-updater example's kind) in namespace `ns`.
+pub fn apps(client: &Client, ns: &str) -> Api<DynamicObject> {
+    let ar = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("example.wasmop.dev", "v1", "App"),
+        "apps",
+    );
+    Api::namespaced_with(client.clone(), ns, &ar)
+}
+
+/// Widgets (the misbehave guest's kind) in namespace `ns`.
+pub fn widgets(client: &Client, ns: &str) -> Api<DynamicObject> {
+    let ar = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("test.wasmop.dev", "v1", "Widget"),
+        "widgets",
+    );
+    Api::namespaced_with(client.clone(), ns, &ar)
+}
+
+/// Registers `module` as an image-updater reconciler `<namespace>-<name>` for the test: the
+/// CRDs, the module in ConfigMap `name`, ServiceAccount `name` (allowed to write Services when
+/// `services`), and the WasmReconciler with `extra` spec fields. Returns the reconciler's name
+/// and the module's sha256.
+pub async fn image_updater(
+    env: &TestEnv,
+    name: &str,
+    module: &str,
+    services: bool,
+    extra: Value,
+) -> anyhow::Result<(String, String)> {
+    register(
+        env,
+        name,
+        module,
+        ("example.wasmop.dev/v1", "App"),
+        &[("apps/v1", "Deployment"), ("v1", "Service")],
+        image_updater_rules(services),
+        extra,
+    )
+    .await
+}
+
+/// Registers `module` (a build of the misbehave guest) as a Widget reconciler
+/// `<namespace>-<name>`, as [`image_updater`] does.
+pub async fn widget_reconciler(
+    env: &TestEnv,
+    name: &str,
+    module: &str,
+    extra: Value,
+) -> anyhow::Result<(String, String)> {
+    register(
+        env,
+        name,
+        module,
+        ("test.wasmop.dev/v1", "Widget"),
+        &[("v1", "ConfigMap")],
+        widget_rules(),
+        extra,
+    )
+    .await
+}
+
+async fn register(
+    env: &TestEnv,
+    name: &str,
+    module: &str,
+    primary: (&str, &str),
+    owns: &[(&str, &str)],
+    rules: Value,
+    extra: Value,
+) -> anyhow::Result<(String, String)> {
+    install_crds(&env.client).await?;
+    let sha = push_module(&env.client, &env.namespace, name, module).await?;
+    service_account(&env.client, &env.namespace, name, rules).await?;
+    let wr = format!("{}-{name}", env.namespace);
+    apply_reconciler(
+        &env.client,
+        &reconciler(env, &wr, name, primary, owns, name, extra),
+    )
+    .await?;
+    Ok((wr, sha))
 }
