@@ -331,12 +331,33 @@ pub struct ActiveModule {
     pub source: String,
 }
 
+/// The longest `spec.limits.deadline` accepted: a module call is meant to be short, and a longer
+/// deadline only holds a pool slot and a thread longer.
+pub const MAX_DEADLINE: Duration = Duration::from_secs(5 * 60);
+
+/// The longest `spec.resyncPeriod` (and `--resync`) accepted: 7 days. Longer periods only
+/// overflow timers; a reconciler that never wants a resync can use this one.
+pub const MAX_RESYNC: Duration = Duration::from_secs(7 * 24 * 3600);
+
+/// The longest duration [`parse_duration`] returns (100 years): far beyond any limit above,
+/// far below what a timer can hold.
+pub const MAX_DURATION: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
 /// Parses a Go-style duration: `500ms`, `2s`, `1m30s`, `1h`.
 ///
 /// # Errors
-/// A message naming the bad input.
+/// A message naming the bad input: not a duration, a negative, infinite or NaN value, or more
+/// than [`MAX_DURATION`]. Never panics, whatever the input.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let bad = || format!("{text:?} is not a duration (use e.g. 500ms, 2s, 1m30s, 1h)");
+    // Hostile input can be long: quote only its start.
+    let shown: String = text.chars().take(40).collect();
+    let shown = if shown.len() < text.len() {
+        format!("{shown:?}...")
+    } else {
+        format!("{shown:?}")
+    };
+    let bad = || format!("{shown} is not a duration (use e.g. 500ms, 2s, 1m30s, 1h)");
+    let too_long = || format!("{shown} is longer than the maximum of {MAX_DURATION:?}");
     let mut total = Duration::ZERO;
     let mut rest = text.trim();
     if rest.is_empty() {
@@ -361,10 +382,28 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
             "h" => 3600.0,
             _ => return Err(bad()),
         };
-        total += Duration::from_secs_f64(value * unit);
+        let part = Duration::try_from_secs_f64(value * unit).map_err(|_| too_long())?;
+        total = total
+            .checked_add(part)
+            .filter(|t| *t <= MAX_DURATION)
+            .ok_or_else(too_long)?;
         rest = &rest[unit_len..];
     }
     Ok(total)
+}
+
+/// Parses `text` as a duration of at most `max`, for the spec field `field`.
+///
+/// # Errors
+/// A message naming the field, the input and the limit.
+pub fn parse_bounded_duration(field: &str, text: &str, max: Duration) -> Result<Duration, String> {
+    let d = parse_duration(text).map_err(|e| format!("{field}: {e}"))?;
+    if d > max {
+        return Err(format!(
+            "{field}: {d:?} is longer than the maximum of {max:?}"
+        ));
+    }
+    Ok(d)
 }
 
 /// Parses a memory quantity: `64Mi`, `1Gi`, `512Ki`, `100M`, `1048576`.
@@ -375,9 +414,10 @@ pub fn parse_quantity(text: &str) -> Result<u64, String> {
     let t = text.trim();
     let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
     let (n, suffix) = t.split_at(split);
+    let shown: String = text.chars().take(40).collect();
     let n: u64 = n
         .parse()
-        .map_err(|_| format!("{text:?} is not a memory quantity (use e.g. 64Mi)"))?;
+        .map_err(|_| format!("{shown:?} is not a memory quantity (use e.g. 64Mi)"))?;
     let mult: u64 = match suffix {
         "" => 1,
         "Ki" => 1 << 10,
@@ -388,12 +428,12 @@ pub fn parse_quantity(text: &str) -> Result<u64, String> {
         "G" => 1_000_000_000,
         _ => {
             return Err(format!(
-                "{text:?} has an unknown unit (use Ki, Mi, Gi, K, M or G)"
+                "{shown:?} has an unknown unit (use Ki, Mi, Gi, K, M or G)"
             ));
         }
     };
     n.checked_mul(mult)
-        .ok_or_else(|| format!("{text:?} is too large"))
+        .ok_or_else(|| format!("{shown:?} is too large"))
 }
 
 /// All CRDs the host serves, as YAML documents (what `wasmop crdgen` prints).
@@ -424,5 +464,74 @@ mod tests {
         assert_eq!(parse_quantity("64Mi"), Ok(64 << 20));
         assert_eq!(parse_quantity("1G"), Ok(1_000_000_000));
         assert!(parse_quantity("lots").is_err());
+    }
+
+    #[test]
+    fn hostile_durations_are_errors_never_panics() {
+        for hostile in [
+            "99999999999999999999999h",
+            "1e400s",
+            "18446744073709551616s",
+            "9223372036854775807h9223372036854775807h",
+            "876001h",
+            "1.7976931348623157e308ms",
+            "...s",
+            "1..2s",
+            ".s",
+            "-1s",
+            "1s-1s",
+            "NaNs",
+            "infs",
+            "1",
+            "h",
+            "1µs",
+            "1 s",
+            "\u{0}1s",
+        ] {
+            assert!(
+                parse_duration(hostile).is_err(),
+                "{hostile:?} parsed as {:?}",
+                parse_duration(hostile)
+            );
+        }
+        // The largest accepted value sums to exactly the maximum.
+        assert_eq!(parse_duration("876000h"), Ok(MAX_DURATION));
+        assert!(parse_duration("876000h1ms").is_err());
+        // A huge input's message quotes only its start.
+        let long = "9".repeat(100_000) + "h";
+        let e = parse_duration(&long).err().unwrap_or_default();
+        assert!(e.len() < 200, "{e}");
+    }
+
+    #[test]
+    fn bounded_durations_name_the_field_and_the_limit() {
+        assert_eq!(
+            parse_bounded_duration("spec.resyncPeriod", "10m", MAX_RESYNC),
+            Ok(Duration::from_secs(600))
+        );
+        let e = parse_bounded_duration("spec.resyncPeriod", "200000h", MAX_RESYNC)
+            .err()
+            .unwrap_or_default();
+        assert!(e.contains("spec.resyncPeriod") && e.contains("maximum"), "{e}");
+        let e = parse_bounded_duration("spec.limits.deadline", "99999999999999999999999h", MAX_DEADLINE)
+            .err()
+            .unwrap_or_default();
+        assert!(e.contains("spec.limits.deadline"), "{e}");
+        assert!(parse_bounded_duration("spec.limits.deadline", "6m", MAX_DEADLINE).is_err());
+    }
+
+    #[test]
+    fn hostile_quantities_are_errors_never_panics() {
+        for hostile in [
+            "99999999999999999999999Gi",
+            "18446744073709551615Gi",
+            "-1Mi",
+            "1.5Gi",
+            "Mi",
+            "1Ei",
+            "",
+        ] {
+            assert!(parse_quantity(hostile).is_err(), "{hostile:?}");
+        }
     }
 }
