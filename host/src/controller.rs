@@ -14,6 +14,13 @@
 //! - A module failure, an invalid response or a failed write affects only that object: it gets a
 //!   Warning Event and a backoff; other objects and other reconcilers go on.
 //! - Stale writes (409) are retried on fresh state; nothing is silently dropped.
+//! - No reconcile and no finalize runs before every watch (primary, owned, related) has
+//!   finished its first list: a module never prunes against an empty cache. A watch that cannot
+//!   list is reported through [`Health`] (the manager sets `Ready=False`, reason `WatchFailed`).
+//! - Requests for primaries that do not exist (deleted, named by a child being garbage-collected
+//!   or by a label mapping, out of scope) finish: the work-queue entry and the per-object state
+//!   are freed ([`tracked_objects`] counts what is left).
+//! - A panic of the controller (a host bug) is reported through [`Health`], never silent.
 //!
 //! # Errors
 //! [`ReconcileError`] is what one reconcile can fail with; the controller itself only stops
@@ -23,12 +30,12 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
 use kube::runtime::events::{Event as KubeEvent, EventType as KubeEventType, Recorder};
 use kube::runtime::reflector::{ObjectRef as KubeRef, Store, store::Writer};
-use kube::runtime::{WatchStreamExt, reflector, watcher};
+use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 use tracing::{Instrument, info_span};
@@ -44,6 +51,7 @@ use crate::intents::{self, Grant, Primary, RECONCILER_LABEL, Rejected};
 use crate::metrics::{self, Queue};
 use crate::readiness;
 use crate::slot::ModuleSlot;
+use crate::watches::WatchErrors;
 
 /// Backoff after failures: 5 ms doubling to 5 minutes.
 pub const BACKOFF_START: Duration = Duration::from_millis(5);
@@ -128,8 +136,34 @@ struct ObjectState {
 pub struct Health {
     /// Objects whose last reconcile hit a Forbidden write, with the message.
     pub forbidden: Mutex<BTreeMap<String, String>>,
-    /// Bumped whenever `forbidden` changes.
+    /// Watched kinds that cannot list or watch, with the API's error.
+    pub watches: WatchErrors,
+    /// The controller panicked (a host bug), with the panic's message.
+    pub crashed: Mutex<Option<String>>,
+    /// Bumped whenever `forbidden`, `watches` or `crashed` changes.
     pub changed: tokio::sync::Notify,
+}
+
+/// The message of a panic's payload (a `&str` or `String` for `panic!` and `.expect`).
+pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".to_string())
+}
+
+impl Health {
+    /// Records what a watcher of `kind` delivered and tells the manager when that changes the
+    /// failing watches.
+    fn watched<K>(&self, kind: &Gvk, event: &Result<watcher::Event<K>, watcher::Error>) {
+        if let Err(e) = event {
+            tracing::debug!(kind = %kind.kind, error = %e, "watch failed; retrying");
+        }
+        if self.watches.record(kind, event) {
+            self.changed.notify_one();
+        }
+    }
 }
 
 /// The state shared by all reconciles of one reconciler.
@@ -145,6 +179,19 @@ pub struct Shared {
     objects: Arc<Mutex<HashMap<Key, ObjectState>>>,
     health: Arc<Health>,
     queue: Queue,
+    primaries: Store<DynamicObject>,
+    synced: tokio::sync::watch::Receiver<Gate>,
+}
+
+/// Whether reconciles may run: they wait while `Waiting`, and give up when `Stopping`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Gate {
+    /// Some cache has not finished its first list yet.
+    Waiting,
+    /// Every cache has its first list.
+    Synced,
+    /// The controller is stopping: waiting reconciles return.
+    Stopping,
 }
 
 /// An object's key: namespace (None for cluster-scoped) and name.
@@ -266,6 +313,71 @@ fn note_trigger(objects: &Mutex<HashMap<Key, ObjectState>>, key: Key, trigger: T
     }
 }
 
+/// Frees everything the host keeps per primary `key`: its state, its pending work-queue entry
+/// and its Forbidden report.
+fn forget_key(
+    objects: &Mutex<HashMap<Key, ObjectState>>,
+    health: &Health,
+    queue: &Queue,
+    key: &Key,
+) {
+    if let Ok(mut objects) = objects.lock() {
+        objects.remove(key);
+    }
+    queue.started(&key_text(key));
+    let changed = health
+        .forbidden
+        .lock()
+        .is_ok_and(|mut f| f.remove(&key_text(key)).is_some());
+    if changed {
+        health.changed.notify_one();
+    }
+}
+
+/// Frees the state of primaries that are gone: deleted ones, and after a (re)list, every one
+/// the list no longer holds (deleted while the watch was down).
+fn forget_gone(
+    event: &Result<watcher::Event<DynamicObject>, watcher::Error>,
+    objects: &Mutex<HashMap<Key, ObjectState>>,
+    primaries: &Store<DynamicObject>,
+    health: &Health,
+    queue: &Queue,
+) {
+    match event {
+        Ok(watcher::Event::Delete(o)) => forget_key(objects, health, queue, &key_of(o)),
+        Ok(watcher::Event::InitDone) => {
+            let present: std::collections::HashSet<Key> =
+                primaries.state().iter().map(|p| key_of(p)).collect();
+            let gone: Vec<Key> = objects
+                .lock()
+                .map(|m| m.keys().filter(|k| !present.contains(*k)).cloned().collect())
+                .unwrap_or_default();
+            for key in gone {
+                forget_key(objects, health, queue, &key);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// The per-object state of every running controller, by reconciler name (see
+/// [`tracked_objects`]).
+type Tracked = Mutex<HashMap<String, std::sync::Weak<Mutex<HashMap<Key, ObjectState>>>>>;
+
+fn tracked() -> &'static Tracked {
+    static TRACKED: std::sync::OnceLock<Tracked> = std::sync::OnceLock::new();
+    TRACKED.get_or_init(Tracked::default)
+}
+
+/// How many primaries reconciler `name`'s running controller keeps state for (None when it
+/// is not running). For diagnostics and tests: it returns to 0 once every primary is gone.
+pub fn tracked_objects(name: &str) -> Option<usize> {
+    let map = tracked().lock().ok()?;
+    let objects = map.get(name)?.upgrade()?;
+    let n = objects.lock().ok()?.len();
+    Some(n)
+}
+
 /// Starts the controller of one reconciler. `module_changed` yields whenever a new module is
 /// activated, which re-reconciles every primary.
 pub fn start(
@@ -282,19 +394,31 @@ pub fn start(
     let primary_api = api_for(&client, &primary_resolved, &settings.namespaces);
     let queue = metrics::global().queue(&settings.name);
     // What Controller::new_with builds, with the triggers counted for the queue metrics.
+    let objects: Arc<Mutex<HashMap<Key, ObjectState>>> = Arc::default();
+    if let Ok(mut t) = tracked().lock() {
+        t.retain(|_, w| w.strong_count() > 0);
+        t.insert(settings.name.clone(), Arc::downgrade(&objects));
+    }
     let primary_writer = Writer::new(primary_ar.clone());
     let primaries = primary_writer.as_reader();
-    let q = queue.clone();
-    let primary_stream = reflector(
-        primary_writer,
-        watcher(primary_api, watcher::Config::default()),
-    )
-    .applied_objects()
-    .inspect(move |o| {
-        if let Ok(o) = o {
-            q.requested(key_text(&key_of(o)));
-        }
-    });
+    let (q, h, k) = (queue.clone(), health.clone(), primary_kind.clone());
+    let (o, all, q2, h2) = (
+        objects.clone(),
+        primaries.clone(),
+        queue.clone(),
+        health.clone(),
+    );
+    let primary_stream = watcher(primary_api, watcher::Config::default())
+        .default_backoff()
+        .inspect(move |e| h.watched(&k, e))
+        .reflect(primary_writer)
+        .inspect(move |e| forget_gone(e, &o, &all, &h2, &q2))
+        .applied_objects()
+        .inspect(move |o| {
+            if let Ok(o) = o {
+                q.requested(key_text(&key_of(o)));
+            }
+        });
     let (q, all) = (queue.clone(), primaries.clone());
     let module_changed = module_changed.inspect(move |()| {
         for p in all.state() {
@@ -307,15 +431,16 @@ pub fn start(
             .reconcile_all_on(module_changed);
     let mut stores = vec![primaries.clone()];
     let label = format!("{RECONCILER_LABEL}={}", settings.name);
-    let objects: Arc<Mutex<HashMap<Key, ObjectState>>> = Arc::default();
 
     let mut owned = Vec::new();
     for (kind, resolved) in &settings.owned {
         let writer = Writer::new(resolved.resource.clone());
         let store = writer.as_reader();
         let api = api_for(&client, resolved, &settings.namespaces);
+        let (h, k) = (health.clone(), kind.clone());
         let stream = watcher(api, watcher::Config::default().labels(&label))
             .default_backoff()
+            .inspect(move |e| h.watched(&k, e))
             .reflect(writer)
             .touched_objects();
         let (primary_kind, primary_ar, objects, child_kind, q) = (
@@ -366,8 +491,10 @@ pub fn start(
             Some(s) if !s.is_empty() => watcher::Config::default().labels(s),
             _ => watcher::Config::default(),
         };
+        let (h, k) = (health.clone(), kind.clone());
         let stream = watcher(api, wc)
             .default_backoff()
+            .inspect(move |e| h.watched(&k, e))
             .reflect(writer)
             .touched_objects();
         let (primary_ar, objects, kind2, primaries, slot, q) = (
@@ -430,6 +557,11 @@ pub fn start(
         clients.module_events.clone(),
     );
     let name = settings.name.clone();
+    // Reconciles (and finalizes) wait until every cache has its first full list: a module that
+    // saw an empty cache would prune children or let a primary go that it should keep.
+    let (gate_tx, synced_rx) = tokio::sync::watch::channel(Gate::Waiting);
+    let gate_tx = Arc::new(gate_tx);
+    let (synced_tx, stopping_tx) = (gate_tx.clone(), gate_tx);
     let shared = Arc::new(Shared {
         settings,
         slot,
@@ -440,8 +572,10 @@ pub fn start(
         owned,
         related,
         objects,
-        health,
+        health: health.clone(),
         queue: queue.clone(),
+        primaries: primaries.clone(),
+        synced: synced_rx,
     });
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     // Ready once every cache has its first full list (the controller's own watches start
@@ -462,21 +596,48 @@ pub fn start(
             }
         }
         tracing::info!(component, "caches synced");
+        synced_tx.send_if_modified(|g| {
+            let waiting = *g == Gate::Waiting;
+            if waiting {
+                *g = Gate::Synced;
+            }
+            waiting
+        });
         readiness::global().ready(&component);
     });
+    let crash_report = health.clone();
     let task = tokio::spawn(
         async move {
-            controller
+            let run = controller
                 .graceful_shutdown_on(async move {
                     let _ = rx.await;
+                    // Reconciles still waiting for the caches must not hold the shutdown.
+                    stopping_tx.send_replace(Gate::Stopping);
                 })
-                .run(reconcile, error_policy, shared)
-                .for_each(|result| async move {
-                    if let Err(e) = result {
-                        tracing::debug!(error = %e, "controller event");
+                .run(reconcile, error_policy, shared.clone())
+                .for_each(|result| {
+                    let shared = shared.clone();
+                    async move {
+                        match result {
+                            // A request for a primary that does not exist (deleted, or named by
+                            // a child or a label mapping): the request is done.
+                            Err(kube::runtime::controller::Error::ObjectNotFound(r)) => {
+                                shared.forget(&(r.namespace.clone(), r.name.clone()));
+                            }
+                            Err(e) => tracing::debug!(error = %e, "controller event"),
+                            Ok(_) => {}
+                        }
                     }
-                })
-                .await;
+                });
+            // A bug must not stop reconciling silently: the manager reports it.
+            if let Err(panic) = std::panic::AssertUnwindSafe(run).catch_unwind().await {
+                let message = panic_message(panic.as_ref());
+                tracing::error!(error = %message, "the controller panicked");
+                if let Ok(mut c) = crash_report.crashed.lock() {
+                    *c = Some(message);
+                }
+                crash_report.changed.notify_one();
+            }
             synced.abort();
             queue.clear();
         }
@@ -517,29 +678,32 @@ impl Shared {
     }
 
     fn succeeded(&self, key: &Key, next: Option<(Duration, Trigger)>) {
-        if let Ok(mut objects) = self.objects.lock() {
-            let st = objects.entry(key.clone()).or_default();
+        // `get_mut`: a primary deleted meanwhile was forgotten and stays so.
+        if let Ok(mut objects) = self.objects.lock()
+            && let Some(st) = objects.get_mut(key)
+        {
             st.failures = 0;
-            st.scheduled = next.map(|(d, t)| (Instant::now() + d, t));
+            st.scheduled = next.and_then(|(d, t)| Some((Instant::now().checked_add(d)?, t)));
         }
     }
 
     fn failed(&self, key: &Key) -> u32 {
         match self.objects.lock() {
-            Ok(mut objects) => {
-                let st = objects.entry(key.clone()).or_default();
-                st.failures = st.failures.saturating_add(1);
-                st.failures
-            }
+            Ok(mut objects) => match objects.get_mut(key) {
+                Some(st) => {
+                    st.failures = st.failures.saturating_add(1);
+                    st.failures
+                }
+                // Forgotten meanwhile (deleted): a retry finds it gone.
+                None => 1,
+            },
             Err(_) => 1,
         }
     }
 
+    /// Frees everything kept for `key` (see [`forget_key`]).
     fn forget(&self, key: &Key) {
-        if let Ok(mut objects) = self.objects.lock() {
-            objects.remove(key);
-        }
-        self.set_forbidden(key, None);
+        forget_key(&self.objects, &self.health, &self.queue, key);
     }
 
     fn set_forbidden(&self, key: &Key, message: Option<String>) {
@@ -665,12 +829,20 @@ async fn reconcile(
     shared: Arc<Shared>,
 ) -> Result<Action, ReconcileError> {
     let key = key_of(&primary);
+    // No reconcile and no finalize before every watch has its first list.
+    let mut gate = shared.synced.clone();
+    match gate.wait_for(|g| *g != Gate::Waiting).await.map(|g| *g) {
+        Ok(Gate::Synced) => {}
+        // The controller is stopping.
+        _ => return Ok(Action::await_change()),
+    }
     if !shared.settings.namespaces.is_empty()
         && !key
             .0
             .as_ref()
             .is_some_and(|ns| shared.settings.namespaces.contains(ns))
     {
+        shared.forget(&key);
         return Ok(Action::await_change());
     }
     let active = shared.slot.active();
@@ -710,6 +882,15 @@ async fn reconcile(
         Ok(_) => true,
         Err(e) => !e.is_module_failure(),
     });
+    // Deleted while it ran: nothing more will come for it.
+    let r = reference(
+        &shared.settings.primary.1.resource,
+        key.0.clone(),
+        &key.1,
+    );
+    if shared.primaries.get(&r).is_none() {
+        shared.forget(&key);
+    }
     result
 }
 

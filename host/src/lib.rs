@@ -17,6 +17,7 @@
 //! - [`admission`], [`webhook_config`], [`webhook_tls`]: the validating admission webhook.
 //! - [`cli`]: the `wasmop` command.
 
+pub mod access;
 pub mod admission;
 pub mod apply;
 pub mod cli;
@@ -35,6 +36,7 @@ pub mod probes;
 pub mod readiness;
 pub mod slot;
 pub mod source;
+pub mod watches;
 pub mod webhook_config;
 pub mod webhook_tls;
 

@@ -24,7 +24,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::{StreamExt, TryStreamExt};
+use futures::{FutureExt, StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
@@ -34,17 +34,20 @@ use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
 use tokio::sync::oneshot;
 
+use crate::access;
 use crate::conditions;
 use crate::contract::{Context, Gvk, KindObjects, ReconcileRequest, Trigger};
 use crate::controller::{self, Clients, Health, Running, Settings};
 use crate::crd::{
-    ActiveModule, WasmReconciler, WasmReconcilerStatus, parse_duration, parse_quantity,
+    ActiveModule, MAX_DEADLINE, MAX_RESYNC, WasmReconciler, WasmReconcilerStatus,
+    parse_bounded_duration, parse_quantity,
 };
 use crate::discovery::{Discovery, Resolved};
 use crate::engine::{Compiled, Engine, Limits, Module, sha256_hex};
 use crate::intents::{self, Primary};
 use crate::slot::{Active, Fit, ModuleSlot};
 use crate::source::{self, ModuleBytes};
+use crate::watches::WATCH_FAILED;
 use crate::{metrics, readiness};
 
 /// The field manager of the host's own writes (WasmReconciler status).
@@ -204,7 +207,14 @@ fn spawn_supervisor(ctx: Arc<HostContext>, wr: WasmReconciler) -> Supervised {
     readiness::global().pending(&component);
     let task = tokio::spawn(async move {
         let mut sup = Supervisor::new(ctx, wr);
-        sup.run(rx).await;
+        // A bug must not stop a reconciler silently: report the panic on the WasmReconciler.
+        let outcome = std::panic::AssertUnwindSafe(sup.run(rx))
+            .catch_unwind()
+            .await;
+        if let Err(panic) = outcome {
+            sup.panicked(&controller::panic_message(panic.as_ref()))
+                .await;
+        }
         readiness::global().forget(&component);
         metrics::global().module_active(&sup.name(), None);
         crate::admission::slots().remove(&sup.name());
@@ -261,8 +271,8 @@ impl Supervisor {
             message,
         };
         Ok(Limits {
-            deadline: parse_duration(&l.deadline)
-                .map_err(|e| bad(format!("spec.limits.deadline: {e}")))?,
+            deadline: parse_bounded_duration("spec.limits.deadline", &l.deadline, MAX_DEADLINE)
+                .map_err(bad)?,
             memory_bytes: parse_quantity(&l.memory)
                 .map_err(|e| bad(format!("spec.limits.memory: {e}")))?,
             ..Limits::default()
@@ -336,14 +346,34 @@ impl Supervisor {
                 r.selector.clone(),
             ));
         }
+        // The module reads through the host's watches: its own identity must be allowed them.
+        let related_kinds: Vec<(Gvk, Resolved)> =
+            related.iter().map(|(k, r, _)| (k.clone(), r.clone())).collect();
+        let reads = access::reads(
+            &owned,
+            &related_kinds,
+            &spec.namespaces,
+            primary_resolved.namespaced,
+        );
+        access::check_reads(&self.ctx.client, &spec.service_account, &reads)
+            .await
+            .map_err(|e| SetupError {
+                reason: match e {
+                    access::AccessError::NotAllowed { .. } => access::READ_NOT_ALLOWED,
+                    access::AccessError::Review { .. } => "AccessCheckFailed",
+                },
+                message: e.to_string(),
+            })?;
         let candidate = self.candidate(None).await?;
         let limits = self.limits()?;
         let resync = match &spec.resync_period {
-            Some(p) => parse_duration(p).map_err(|e| SetupError {
-                reason: "InvalidSpec",
-                message: format!("spec.resyncPeriod: {e}"),
-            })?,
-            None => self.ctx.default_resync,
+            Some(p) => parse_bounded_duration("spec.resyncPeriod", p, MAX_RESYNC).map_err(
+                |message| SetupError {
+                    reason: "InvalidSpec",
+                    message,
+                },
+            )?,
+            None => self.ctx.default_resync.min(MAX_RESYNC),
         };
         let settings = Settings {
             name: self.name(),
@@ -749,7 +779,68 @@ impl Supervisor {
             .await;
     }
 
+    /// Reports a panic of this supervisor (a host bug): logged as an error, `Ready=False` with
+    /// reason `InternalError`, and a Warning Event. The reconciler stays stopped until the
+    /// WasmReconciler changes or the host restarts.
+    async fn panicked(&mut self, message: &str) {
+        let message = format!(
+            "the host's supervisor of this reconciler panicked: {message} (a wasmop bug: please report it; edit the WasmReconciler or restart the host to retry)"
+        );
+        tracing::error!(reconciler = %self.name(), "{message}");
+        self.condition("Ready", false, "InternalError", &message);
+        self.write_status().await;
+        self.event_on_wr(KubeEventType::Warning, "InternalError", &message)
+            .await;
+    }
+
+    /// Reports the watches that cannot list or watch: `Ready=False` (reason `WatchFailed`,
+    /// naming each kind and the API's error) and a Warning Event when that changes; back to
+    /// `Ready=True` once every watch works again. No reconcile runs meanwhile (the controller
+    /// waits for every cache), so this does not hold the host's own readiness back.
+    async fn watch_failures(&mut self, health: &Health) {
+        let failing = health.watches.failing();
+        let ready = self
+            .status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "Ready")
+            .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()));
+        if failing.is_empty() {
+            if ready.is_some_and(|(_, reason, _)| reason == WATCH_FAILED) {
+                let watching = format!("watching {}", self.wr.spec.primary.kind);
+                self.condition("Ready", true, "Reconciling", &watching);
+                self.event_on_wr(KubeEventType::Normal, "WatchesSynced", &watching)
+                    .await;
+            }
+            return;
+        }
+        let message = format!(
+            "{}; no reconcile runs until every watch has listed its objects",
+            failing.join("; ")
+        );
+        if ready.is_some_and(|(status, reason, m)| {
+            status == "False" && reason == WATCH_FAILED && m == message
+        }) {
+            return;
+        }
+        tracing::warn!(reconciler = %self.name(), "{message}");
+        if health.watches.lasting() {
+            // Reported here; it must not keep the whole host unready (transient failures do,
+            // until the watch recovers).
+            readiness::global().ready(&controller::readiness_component(&self.name()));
+        }
+        self.condition("Ready", false, WATCH_FAILED, &message);
+        self.event_on_wr(KubeEventType::Warning, WATCH_FAILED, &message)
+            .await;
+    }
+
     async fn degraded(&mut self, health: &Health) {
+        let crashed = health.crashed.lock().ok().and_then(|mut c| c.take());
+        if let Some(message) = crashed {
+            self.panicked(&format!("its controller: {message}")).await;
+            return;
+        }
+        self.watch_failures(health).await;
         let forbidden = health
             .forbidden
             .lock()
@@ -829,4 +920,28 @@ fn truncate(s: &str) -> String {
 
 fn short(sha: &str) -> String {
     format!("sha256:{}", &sha[..12.min(sha.len())])
+}
+
+#[cfg(test)]
+mod panic_tests {
+    use super::*;
+    use crate::controller::panic_message;
+
+    #[tokio::test]
+    async fn a_panic_in_a_task_is_caught_with_its_message() {
+        let caught = std::panic::AssertUnwindSafe(async {
+            let d = crate::crd::parse_duration("1s").unwrap_or_default();
+            if d == Duration::from_secs(1) {
+                panic!("boom {}", 42);
+            }
+        })
+        .catch_unwind()
+        .await;
+        let message = caught.err().map(|p| panic_message(p.as_ref()));
+        assert_eq!(message.as_deref(), Some("boom 42"));
+        let static_payload: Box<dyn std::any::Any + Send> = Box::new("static");
+        assert_eq!(panic_message(static_payload.as_ref()), "static");
+        let other: Box<dyn std::any::Any + Send> = Box::new(7u8);
+        assert_eq!(panic_message(other.as_ref()), "a panic without a message");
+    }
 }
