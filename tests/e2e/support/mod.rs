@@ -149,6 +149,9 @@ pub fn image_updater_rules(services: bool) -> Value {
     ];
     if services {
         rules.push(json!({"apiGroups": [""], "resources": ["services"], "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"]}));
+    } else {
+        // Reading an owned kind is required (the host checks it at set-up); writing is not.
+        rules.push(json!({"apiGroups": [""], "resources": ["services"], "verbs": ["get", "list", "watch"]}));
     }
     Value::Array(rules)
 }
