@@ -820,11 +820,20 @@ async fn run_once(
     };
     let primary_info = Primary::from_object(&serde_json::to_value(&current).unwrap_or_default())
         .map_err(ReconcileError::Apply)?;
+    let children: intents::ObservedChildren = observed
+        .iter()
+        .flat_map(|o| {
+            o.objects
+                .iter()
+                .map(|x| (o.kind.clone(), x.namespace(), x.name_any()))
+        })
+        .collect();
     let validated = match intents::validate(
         &shared.settings.name,
         &primary_info,
         &active.fit.grant,
         &shared.discovery,
+        &children,
         response,
     ) {
         Ok(v) => v,
