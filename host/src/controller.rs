@@ -881,6 +881,22 @@ async fn run_once(
         shared.warn(primary, "ApplyFailed", others.join("; ")).await;
         return Err(ReconcileError::Apply(others.join("; ")));
     }
+    if done == Some(true) && !report.failures.is_empty() {
+        // The module's cleanup did not all happen: the finalizer keeps protecting what is left.
+        let message = format!(
+            "finalize reported done, but some of its writes failed: {}; the finalizer {FINALIZER} stays and finalize runs again",
+            report
+                .failures
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join("; ")
+        );
+        shared
+            .warn(primary, "FinalizeIncomplete", message.clone())
+            .await;
+        return Err(ReconcileError::Apply(message));
+    }
     if done == Some(true) {
         shared.set_finalizer(&current, false).await?;
         shared.forget(&key);
