@@ -9,6 +9,11 @@
 //!   the module's ServiceAccount's RBAC decides; nothing is written with the host's own rights.
 //! - Pruning deletes only children of this primary (controller ownerReference uid) that carry
 //!   this reconciler's label, of kinds whose complete set the module sent.
+//! - Every prune, and every delete of an observed child or of the primary, carries the uid the
+//!   host observed as a precondition (`Preconditions { uid }`): a stale cache never deletes a
+//!   same-named object that someone recreated; that object is left alone.
+//! - Children are applied [`APPLY_CONCURRENCY`] at a time, so one response (at most
+//!   `spec.limits.children` children) never opens more requests than that at once.
 //! - A failed write does not stop the others: every intent is attempted and every failure is
 //!   reported, classified (forbidden, conflict, invalid, transient).
 //! - The status is written only when it differs from the object's, conditioned on the primary's
@@ -16,10 +21,11 @@
 
 use std::collections::BTreeSet;
 
-use futures::future::join_all;
+use futures::StreamExt;
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::api::{
-    Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams, PropagationPolicy,
+    Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams, Preconditions,
+    PropagationPolicy,
 };
 use kube::runtime::events::{Event as KubeEvent, EventType as KubeEventType, Recorder};
 use kube::{Client, ResourceExt};
@@ -103,8 +109,25 @@ fn classify(intent: String, e: &kube::Error) -> WriteFailure {
     }
 }
 
+/// How many children of one set are written at once (each costs a GET when new, and an apply).
+pub const APPLY_CONCURRENCY: usize = 8;
+
 fn is_not_found(e: &kube::Error) -> bool {
     matches!(e, kube::Error::Api(s) if s.code == 404)
+}
+
+/// Whether a delete found its target gone: not found, or (409) the uid precondition failed
+/// because the name now belongs to another object, which is not ours to delete.
+fn is_gone(e: &kube::Error) -> bool {
+    is_not_found(e) || matches!(e, kube::Error::Api(s) if s.code == 409)
+}
+
+/// The uid precondition of a delete of `uid`.
+fn uid_precondition(uid: Option<String>) -> Option<Preconditions> {
+    uid.map(|uid| Preconditions {
+        uid: Some(uid),
+        resource_version: None,
+    })
 }
 
 /// Observed children of one owned kind (already filtered to this primary).
@@ -270,7 +293,11 @@ impl Applier {
                         .map_err(|e| classify(intent, &e))
                 }
             });
-            for result in join_all(writes).await {
+            let results: Vec<Result<(), WriteFailure>> = futures::stream::iter(writes)
+                .buffer_unordered(APPLY_CONCURRENCY)
+                .collect()
+                .await;
+            for result in results {
                 match result {
                     Ok(()) => report.applied += 1,
                     Err(f) => report.failures.push(f),
@@ -296,19 +323,21 @@ impl Applier {
                     display_name(namespace.as_deref(), &object.name_any())
                 );
                 let api = api_for(&self.client, &resolved, namespace.as_deref());
-                match api
-                    .delete(&object.name_any(), &DeleteParams::background())
-                    .await
-                {
+                let params = DeleteParams {
+                    preconditions: uid_precondition(object.uid()),
+                    ..DeleteParams::background()
+                };
+                match api.delete(&object.name_any(), &params).await {
                     Ok(_) => report.pruned += 1,
-                    Err(e) if is_not_found(&e) => {}
+                    Err(e) if is_gone(&e) => {}
                     Err(e) => report.failures.push(classify(intent, &e)),
                 }
             }
         }
 
         for action in validated.actions {
-            if self.action(&action, &mut report).await {
+            let uid = observed_uid(primary, observed, action.target());
+            if self.action(&action, uid, &mut report).await {
                 report.actions += 1;
             }
         }
@@ -361,8 +390,8 @@ impl Applier {
         report
     }
 
-    /// Carries out one action; true on success.
-    async fn action(&self, action: &Action, report: &mut ApplyReport) -> bool {
+    /// Carries out one action; true on success. A delete is conditioned on `uid` when given.
+    async fn action(&self, action: &Action, uid: Option<String>, report: &mut ApplyReport) -> bool {
         let target = action.target();
         let intent = format!("{} {target}", action.name());
         let Some(resolved) = self.resolve(&target.gvk(), &intent, report).await else {
@@ -397,11 +426,12 @@ impl Applier {
                         Propagation::Foreground => PropagationPolicy::Foreground,
                         Propagation::Orphan => PropagationPolicy::Orphan,
                     }),
+                    preconditions: uid_precondition(uid),
                     ..DeleteParams::default()
                 };
                 match api.delete(&target.name, &dp).await {
                     Ok(_) => Ok(()),
-                    Err(e) if is_not_found(&e) => Ok(()),
+                    Err(e) if is_gone(&e) => Ok(()),
                     Err(e) => Err(e),
                 }
             }
@@ -446,6 +476,28 @@ impl Applier {
             Err(e) => report.failures.push(classify(intent, &e)),
         }
     }
+}
+
+/// The uid the host observed for `target`: the primary's, or an observed child's.
+fn observed_uid(
+    primary: &DynamicObject,
+    observed: &[Observed],
+    target: &ObjectRef,
+) -> Option<String> {
+    let same = |o: &DynamicObject| o.name_any() == target.name && o.namespace() == target.namespace;
+    let primary_kind = primary
+        .types
+        .as_ref()
+        .map(|t| (t.api_version.as_str(), t.kind.as_str()));
+    if primary_kind == Some((target.api_version.as_str(), target.kind.as_str())) && same(primary) {
+        return primary.uid();
+    }
+    observed
+        .iter()
+        .filter(|o| o.kind == target.gvk())
+        .flat_map(|o| o.objects.iter())
+        .find(|o| same(o))
+        .and_then(|o| o.uid())
 }
 
 /// Whether `object`'s controller ownerReference is the object with `uid`.

@@ -1001,11 +1001,20 @@ async fn run_once(
     };
     let primary_info = Primary::from_object(&serde_json::to_value(&current).unwrap_or_default())
         .map_err(ReconcileError::Apply)?;
+    let children: intents::ObservedChildren = observed
+        .iter()
+        .flat_map(|o| {
+            o.objects
+                .iter()
+                .map(|x| (o.kind.clone(), x.namespace(), x.name_any()))
+        })
+        .collect();
     let validated = match intents::validate(
         &shared.settings.name,
         &primary_info,
         &active.fit.grant,
         &shared.discovery,
+        &children,
         response,
     ) {
         Ok(v) => v,
@@ -1052,6 +1061,22 @@ async fn run_once(
     if !others.is_empty() {
         shared.warn(primary, "ApplyFailed", others.join("; ")).await;
         return Err(ReconcileError::Apply(others.join("; ")));
+    }
+    if done == Some(true) && !report.failures.is_empty() {
+        // The module's cleanup did not all happen: the finalizer keeps protecting what is left.
+        let message = format!(
+            "finalize reported done, but some of its writes failed: {}; the finalizer {FINALIZER} stays and finalize runs again",
+            report
+                .failures
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join("; ")
+        );
+        shared
+            .warn(primary, "FinalizeIncomplete", message.clone())
+            .await;
+        return Err(ReconcileError::Apply(message));
     }
     if done == Some(true) {
         shared.set_finalizer(&current, false).await?;

@@ -64,7 +64,8 @@ pub struct WasmReconcilerSpec {
     /// kinds in both lists are watched and written.
     #[serde(default)]
     pub owns: Vec<KindRef>,
-    /// Kinds the module may read and react to (and patch, delete or report Events on).
+    /// Kinds the module may read and react to (and, where `write` is set, patch, delete or
+    /// report Events on).
     #[serde(default)]
     pub related: Vec<RelatedGrant>,
     /// Namespaces whose primaries are reconciled; empty means all namespaces.
@@ -155,6 +156,11 @@ pub struct RelatedGrant {
     /// the module's own selector narrows further.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub selector: Option<String>,
+    /// Whether the module may patch and delete objects of this kind and report Events on them
+    /// (default false: related kinds are read-only). The ServiceAccount's RBAC must allow the
+    /// writes too.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub write: bool,
 }
 
 impl RelatedGrant {
@@ -195,6 +201,30 @@ pub struct ReconcilerLimits {
     #[serde(default = "default_concurrency")]
     #[schemars(range(min = 1, max = 256))]
     pub concurrency: u16,
+    /// Most children one response may carry, over all child sets (default 500); a response
+    /// with more is refused whole before any request.
+    #[serde(default = "default_children")]
+    #[schemars(range(min = 0, max = 10000))]
+    pub children: u32,
+    /// Most actions (patches, deletes) one response may carry (default 100).
+    #[serde(default = "default_actions")]
+    #[schemars(range(min = 0, max = 10000))]
+    pub actions: u32,
+    /// Most Events one response may carry (default 20).
+    #[serde(default = "default_events")]
+    #[schemars(range(min = 0, max = 1000))]
+    pub events: u32,
+}
+
+impl ReconcilerLimits {
+    /// The count limits of one response.
+    pub fn counts(&self) -> crate::intents::Counts {
+        crate::intents::Counts {
+            children: self.children,
+            actions: self.actions,
+            events: self.events,
+        }
+    }
 }
 
 fn default_deadline() -> String {
@@ -206,6 +236,15 @@ fn default_memory() -> String {
 fn default_concurrency() -> u16 {
     4
 }
+fn default_children() -> u32 {
+    crate::intents::DEFAULT_MAX_CHILDREN
+}
+fn default_actions() -> u32 {
+    crate::intents::DEFAULT_MAX_ACTIONS
+}
+fn default_events() -> u32 {
+    crate::intents::DEFAULT_MAX_EVENTS
+}
 
 impl Default for ReconcilerLimits {
     fn default() -> Self {
@@ -213,6 +252,9 @@ impl Default for ReconcilerLimits {
             deadline: default_deadline(),
             memory: default_memory(),
             concurrency: default_concurrency(),
+            children: default_children(),
+            actions: default_actions(),
+            events: default_events(),
         }
     }
 }

@@ -9,9 +9,19 @@
 //!   (web)`, `actions[0] (merge-patch v1/ConfigMap default/x)`, `status.conditions[Ready]`...).
 //! - Only kinds the module declared (and the administrator granted) are written: children of
 //!   owned kinds; patches, deletes and Event subjects of owned or related kinds or the primary.
+//! - Only what the module owns is touched ([`Grant`], RBAC cannot say "only my children"): a
+//!   patch, delete or Event of an owned kind targets an observed child of this primary; of the
+//!   primary kind, the primary itself; of a related kind, only when the WasmReconciler grants
+//!   writes (`spec.related[].write`). No patch touches `metadata.finalizers`,
+//!   `metadata.ownerReferences` or the whole metadata (merge and JSON patches alike).
 //! - Namespaces follow the scope rules: a namespaced primary's intents stay in its namespace
-//!   and it cannot own cluster-scoped objects; a cluster-scoped primary names the namespace of
-//!   every namespaced target.
+//!   and never target (or own) cluster-scoped objects; a cluster-scoped primary names the
+//!   namespace of every namespaced target.
+//! - Counts are capped before anything is examined or costs a request ([`Counts`], from
+//!   `spec.limits`): an over-limit response is refused whole.
+//! - Text from the module is inert: control and bidirectional-override characters in Event
+//!   notes and condition messages are escaped (`\n`, `\u{1b}`); in Event actions and condition
+//!   types they are refused; reasons are CamelCase. Violations quote module text escaped.
 //!
 //! # Errors
 //! [`Rejected`] with one [`Violation`] per problem.
@@ -81,23 +91,99 @@ impl Scopes for WellKnownScopes {
     }
 }
 
+/// Default of `spec.limits.children`: children per response, over all child sets.
+pub const DEFAULT_MAX_CHILDREN: u32 = 500;
+/// Default of `spec.limits.actions`: actions per response.
+pub const DEFAULT_MAX_ACTIONS: u32 = 100;
+/// Default of `spec.limits.events`: Events per response.
+pub const DEFAULT_MAX_EVENTS: u32 = 20;
+/// Status conditions per response (fixed: a status is one object, at most [`MAX_OBJECT_BYTES`]).
+pub const MAX_CONDITIONS: usize = 64;
+/// Longest condition message kept (the API's limit).
+pub const MAX_CONDITION_MESSAGE: usize = 32768;
+
+/// How many intents of each sort one response may carry (`spec.limits`). Each child costs a
+/// GET and an apply, each action and Event a request: the caps bound what one reconcile costs
+/// the API server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Counts {
+    /// Children over all child sets.
+    pub children: u32,
+    /// Actions.
+    pub actions: u32,
+    /// Events.
+    pub events: u32,
+}
+
+impl Default for Counts {
+    fn default() -> Self {
+        Counts {
+            children: DEFAULT_MAX_CHILDREN,
+            actions: DEFAULT_MAX_ACTIONS,
+            events: DEFAULT_MAX_EVENTS,
+        }
+    }
+}
+
 /// What the administrator allows a reconciler (the WasmReconciler's grant, intersected with the
 /// module's metadata by the caller; offline, the metadata itself).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Grant {
     /// Kinds whose objects may be children.
     pub owned: BTreeSet<Gvk>,
-    /// Kinds that may be patched, deleted or be Event subjects besides the owned ones.
+    /// Kinds the module reads besides the owned ones; Events may not regard them and they are
+    /// not written unless also in `writable`.
     pub related: BTreeSet<Gvk>,
+    /// Related kinds the WasmReconciler grants writes to (`spec.related[].write`): their objects
+    /// may be patched, deleted and be Event subjects.
+    pub writable: BTreeSet<Gvk>,
+    /// Count limits of one response.
+    pub counts: Counts,
 }
 
 impl Grant {
-    /// Everything the metadata asks for.
+    /// Everything the metadata asks for (offline: related kinds are writable, limits default).
     pub fn from_metadata(m: &ModuleMetadata) -> Self {
+        let related: BTreeSet<Gvk> = m.related.iter().map(|r| r.kind.clone()).collect();
         Grant {
             owned: m.owns.iter().cloned().collect(),
-            related: m.related.iter().map(|r| r.kind.clone()).collect(),
+            writable: related.clone(),
+            related,
+            counts: Counts::default(),
         }
+    }
+
+    /// Narrows this grant by the WasmReconciler's spec: only granted related kinds in
+    /// `writable` become writable, and `counts` limits each response.
+    pub fn with_spec(mut self, writable: impl IntoIterator<Item = Gvk>, counts: Counts) -> Self {
+        self.writable = writable
+            .into_iter()
+            .filter(|k| self.related.contains(k))
+            .collect();
+        self.counts = counts;
+        self
+    }
+}
+
+/// The observed children of one primary (objects of owned kinds whose controller
+/// ownerReference is the primary): what patches and deletes of owned kinds may target.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ObservedChildren(BTreeSet<(Gvk, Option<String>, String)>);
+
+impl ObservedChildren {
+    /// Whether `kind` `namespace/name` is an observed child.
+    pub fn contains(&self, kind: &Gvk, namespace: Option<&str>, name: &str) -> bool {
+        self.0.contains(&(
+            kind.clone(),
+            namespace.map(str::to_string),
+            name.to_string(),
+        ))
+    }
+}
+
+impl FromIterator<(Gvk, Option<String>, String)> for ObservedChildren {
+    fn from_iter<I: IntoIterator<Item = (Gvk, Option<String>, String)>>(iter: I) -> Self {
+        ObservedChildren(iter.into_iter().collect())
     }
 }
 
@@ -231,14 +317,16 @@ struct Checker<'a> {
     primary: &'a Primary,
     grant: &'a Grant,
     scopes: &'a dyn Scopes,
+    observed: &'a ObservedChildren,
     violations: Vec<Violation>,
 }
 
 impl Checker<'_> {
-    fn bad(&mut self, intent: impl Into<String>, problem: impl Into<String>) {
+    /// Records a violation; module text quoted in it is made inert.
+    fn bad(&mut self, intent: impl AsRef<str>, problem: impl AsRef<str>) {
         self.violations.push(Violation {
-            intent: intent.into(),
-            problem: problem.into(),
+            intent: inert(intent.as_ref()).into_owned(),
+            problem: inert(problem.as_ref()).into_owned(),
         });
     }
 
@@ -258,6 +346,13 @@ impl Checker<'_> {
     ) -> Option<Option<String>> {
         let namespace = namespace.filter(|n| !n.is_empty());
         if !self.namespaced(kind) {
+            if let Some(primary) = &self.primary.namespace {
+                self.bad(
+                    intent,
+                    format!("{kind} is cluster-scoped: the intents of a primary in namespace {primary} never target cluster-scoped objects"),
+                );
+                return None;
+            }
             if let Some(ns) = namespace {
                 self.bad(
                     intent,
@@ -463,6 +558,8 @@ impl Checker<'_> {
         })
     }
 
+    /// Checks the target of an action or Event: a granted kind, a valid name, the scope rules,
+    /// and that the object is the module's to touch (see [`Checker::owns_target`]).
     fn target(&mut self, intent: &str, target: &ObjectRef) -> Option<ObjectRef> {
         let kind = target.gvk();
         if !self.may_target(&kind) {
@@ -471,10 +568,94 @@ impl Checker<'_> {
         }
         self.check_name(intent, &target.name);
         let namespace = self.resolve_namespace(intent, &kind, target.namespace.as_deref())?;
-        Some(ObjectRef {
+        let resolved = ObjectRef {
             namespace,
             ..target.clone()
+        };
+        match self.owns_target(&kind, &resolved) {
+            Ok(()) => Some(resolved),
+            Err(rule) => {
+                self.bad(intent, rule);
+                None
+            }
+        }
+    }
+
+    /// The ownership rule: the primary itself, an observed child of this primary, or an object
+    /// of a related kind the WasmReconciler grants writes to.
+    ///
+    /// # Errors
+    /// The rule the target breaks.
+    fn owns_target(&self, kind: &Gvk, target: &ObjectRef) -> Result<(), String> {
+        let primary = &self.primary;
+        if *kind == primary.kind
+            && target.namespace == primary.namespace
+            && target.name == primary.name
+        {
+            return Ok(());
+        }
+        if self.grant.owned.contains(kind)
+            && self
+                .observed
+                .contains(kind, target.namespace.as_deref(), &target.name)
+        {
+            return Ok(());
+        }
+        if self.grant.writable.contains(kind) {
+            return Ok(());
+        }
+        Err(if self.grant.owned.contains(kind) {
+            "not an observed child of this primary: of an owned kind, intents may target only the primary's own children".to_string()
+        } else if *kind == primary.kind {
+            format!(
+                "not this primary: of the primary kind, intents may target only the primary itself ({})",
+                primary.object_ref()
+            )
+        } else {
+            format!(
+                "{kind} is a related kind, read-only here: set `write: true` on it in the WasmReconciler's spec.related to let the module patch, delete or report Events on it"
+            )
         })
+    }
+
+    /// Refuses patches of what the host and other controllers own in every object:
+    /// `metadata.finalizers`, `metadata.ownerReferences`, the whole metadata or the whole object.
+    fn protected_fields(&mut self, intent: &str, action: &Action) -> bool {
+        let touched: Vec<String> = match action {
+            Action::MergePatch { patch, .. } => match patch.get("metadata") {
+                None => Vec::new(),
+                Some(Value::Object(meta)) => PROTECTED
+                    .iter()
+                    .filter(|f| meta.contains_key(**f))
+                    .map(|f| format!("metadata.{f}"))
+                    .collect(),
+                Some(_) => vec!["metadata".into()],
+            },
+            Action::JsonPatch { patch, .. } => patch
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|op| op.get("op").and_then(Value::as_str) != Some("test"))
+                .flat_map(|op| {
+                    // A move removes its source; a copy or a test only reads it.
+                    let from = match op.get("op").and_then(Value::as_str) {
+                        Some("move") => op.get("from"),
+                        _ => None,
+                    };
+                    [op.get("path"), from]
+                })
+                .flatten()
+                .filter_map(Value::as_str)
+                .filter(|p| is_protected_pointer(p))
+                .map(|p| format!("{p:?}"))
+                .collect(),
+            Action::Delete { .. } => Vec::new(),
+        };
+        if touched.is_empty() {
+            return true;
+        }
+        self.bad(intent, format!("the patch touches {}: metadata.finalizers and metadata.ownerReferences belong to the host and other controllers", touched.join(", ")));
+        false
     }
 
     fn actions(&mut self, actions: Vec<Action>) -> Vec<Action> {
@@ -484,6 +665,9 @@ impl Checker<'_> {
             let Some(target) = self.target(&intent, action.target()) else {
                 continue;
             };
+            if !self.protected_fields(&intent, &action) {
+                continue;
+            }
             let checked = match action {
                 Action::MergePatch { patch, .. } => {
                     if !patch.is_object() {
@@ -522,7 +706,7 @@ impl Checker<'_> {
     }
 
     fn status(&mut self, status: Option<Status>) -> Option<Status> {
-        let status = status?;
+        let mut status = status?;
         let mut ok = true;
         match status.fields.as_object() {
             None => {
@@ -550,10 +734,14 @@ impl Checker<'_> {
             ok = false;
         }
         let mut types = BTreeSet::new();
-        for c in &status.conditions {
+        for c in &mut status.conditions {
             let intent = format!("status.conditions[{}]", c.type_);
             if c.type_.is_empty() || c.type_.len() > 316 {
                 self.bad(&intent, "type must be 1 to 316 characters");
+                ok = false;
+            }
+            if c.type_.chars().any(is_unsafe_char) {
+                self.bad(&intent, "type must not contain control characters");
                 ok = false;
             }
             if !types.insert(c.type_.clone()) {
@@ -564,9 +752,15 @@ impl Checker<'_> {
                 self.bad(&intent, format!("reason {:?} must be CamelCase (letters, digits, `_`, `,`, `:`), 1 to 1024 characters", c.reason));
                 ok = false;
             }
-            if c.message.len() > 32768 {
-                self.bad(&intent, "message is over 32768 characters");
+            if c.message.len() > MAX_CONDITION_MESSAGE {
+                self.bad(
+                    &intent,
+                    format!("message is over {MAX_CONDITION_MESSAGE} characters"),
+                );
                 ok = false;
+            }
+            if let std::borrow::Cow::Owned(escaped) = inert(&c.message) {
+                c.message = cut(escaped, MAX_CONDITION_MESSAGE);
             }
         }
         ok.then_some(status)
@@ -585,15 +779,14 @@ impl Checker<'_> {
             } else if e.action.len() > 128 {
                 self.bad(&intent, "action is over 128 characters");
                 continue;
+            } else if e.action.chars().any(is_unsafe_char) {
+                self.bad(
+                    &intent,
+                    format!("action {:?} must not contain control characters", e.action),
+                );
+                continue;
             }
-            if e.message.len() > MAX_EVENT_NOTE {
-                let mut cut = MAX_EVENT_NOTE - 3;
-                while !e.message.is_char_boundary(cut) {
-                    cut -= 1;
-                }
-                e.message.truncate(cut);
-                e.message.push_str("...");
-            }
+            e.message = cut(inert(&e.message).into_owned(), MAX_EVENT_NOTE);
             e.regarding = match e.regarding.take() {
                 None => Some(self.primary.object_ref()),
                 Some(r) => match self.target(&intent, &r) {
@@ -605,6 +798,66 @@ impl Checker<'_> {
         }
         out
     }
+}
+
+/// Metadata fields no module patches.
+const PROTECTED: [&str; 2] = ["finalizers", "ownerReferences"];
+
+/// Whether a JSON pointer (RFC 6901) reaches the whole object, the whole metadata or a
+/// [`PROTECTED`] field.
+fn is_protected_pointer(pointer: &str) -> bool {
+    let tokens: Vec<String> = pointer
+        .split('/')
+        .skip(1)
+        .map(|t| t.replace("~1", "/").replace("~0", "~"))
+        .collect();
+    match tokens.as_slice() {
+        [] => true,
+        [meta] => meta == "metadata",
+        [meta, field, ..] => meta == "metadata" && PROTECTED.contains(&field.as_str()),
+    }
+}
+
+/// Whether `c` must not reach a log line, a terminal or an Event unescaped: control characters
+/// (C0, DEL, C1: newline, ESC, NUL...) and the bidirectional overrides and isolates that make
+/// text read differently than it is.
+fn is_unsafe_char(c: char) -> bool {
+    c.is_control() || matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+}
+
+/// `text` with every unsafe character escaped as Rust does (`\n`, `\0`, `\u{1b}`); borrowed when
+/// nothing needed escaping.
+///
+/// # Guarantees
+/// The result holds no control character, so it cannot break a log line or forge terminal
+/// output.
+pub fn inert(text: &str) -> std::borrow::Cow<'_, str> {
+    if !text.chars().any(is_unsafe_char) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        if is_unsafe_char(c) {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
+/// `text` cut to at most `max` bytes at a character boundary, with `...` when cut.
+fn cut(mut text: String, max: usize) -> String {
+    if text.len() <= max {
+        return text;
+    }
+    let mut at = max.saturating_sub(3);
+    while !text.is_char_boundary(at) {
+        at -= 1;
+    }
+    text.truncate(at);
+    text.push_str("...");
+    text
 }
 
 fn is_reason(s: &str) -> bool {
@@ -637,7 +890,83 @@ pub fn check_dns_subdomain(name: &str) -> Result<(), &'static str> {
     Ok(())
 }
 
-/// Validates `response` for `primary` under `grant`, preparing the children.
+/// Refuses a response that carries more than the grant's [`Counts`] (or more child sets than
+/// owned kinds, or more than [`MAX_CONDITIONS`] conditions), before any intent is examined.
+///
+/// # Errors
+/// [`Rejected`] with one violation per count over its limit.
+pub fn check_counts(grant: &Grant, response: &ReconcileResponse) -> Result<(), Rejected> {
+    let limits = grant.counts;
+    let children: usize = response.children.iter().map(|s| s.objects.len()).sum();
+    let conditions = response.status.as_ref().map_or(0, |s| s.conditions.len());
+    let over = |n: usize, max: u32| n > max as usize;
+    let mut violations = Vec::new();
+    let mut bad = |intent: &str, problem: String| {
+        violations.push(Violation {
+            intent: intent.into(),
+            problem,
+        })
+    };
+    if response.children.len() > grant.owned.len() {
+        bad(
+            "children",
+            format!(
+                "{} child sets, but this reconciler owns {} kinds (send one complete set per owned kind)",
+                response.children.len(),
+                grant.owned.len()
+            ),
+        );
+    }
+    if over(children, limits.children) {
+        let per_set: Vec<String> = response
+            .children
+            .iter()
+            .map(|s| format!("{} {}", s.objects.len(), inert(&s.kind.to_string())))
+            .collect();
+        bad(
+            "children",
+            format!(
+                "{children} objects ({}), over the limit of {} per response (spec.limits.children)",
+                per_set.join(", "),
+                limits.children
+            ),
+        );
+    }
+    if over(response.actions.len(), limits.actions) {
+        bad(
+            "actions",
+            format!(
+                "{} actions, over the limit of {} per response (spec.limits.actions)",
+                response.actions.len(),
+                limits.actions
+            ),
+        );
+    }
+    if over(response.events.len(), limits.events) {
+        bad(
+            "events",
+            format!(
+                "{} Events, over the limit of {} per response (spec.limits.events)",
+                response.events.len(),
+                limits.events
+            ),
+        );
+    }
+    if conditions > MAX_CONDITIONS {
+        bad(
+            "status.conditions",
+            format!("{conditions} conditions, over the limit of {MAX_CONDITIONS}"),
+        );
+    }
+    if violations.is_empty() {
+        Ok(())
+    } else {
+        Err(Rejected { violations })
+    }
+}
+
+/// Validates `response` for `primary` under `grant`, preparing the children. Patches, deletes
+/// and Events of owned kinds may target only `observed` children of `primary`.
 ///
 /// # Errors
 /// [`Rejected`] listing every violation.
@@ -646,13 +975,16 @@ pub fn validate(
     primary: &Primary,
     grant: &Grant,
     scopes: &dyn Scopes,
+    observed: &ObservedChildren,
     response: ReconcileResponse,
 ) -> Result<Validated, Rejected> {
+    check_counts(grant, &response)?;
     let mut checker = Checker {
         reconciler,
         primary,
         grant,
         scopes,
+        observed,
         violations: Vec::new(),
     };
     let children = checker.children(response.children);
@@ -750,8 +1082,29 @@ mod tests {
         json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name}, "spec": {}})
     }
 
+    /// The observed children of `primary()`: Service `demo/s` and Deployment `demo/web`.
+    fn observed() -> ObservedChildren {
+        [
+            (Gvk::new("v1", "Service"), Some("demo".into()), "s".into()),
+            (
+                Gvk::new("apps/v1", "Deployment"),
+                Some("demo".into()),
+                "web".into(),
+            ),
+        ]
+        .into_iter()
+        .collect()
+    }
+
     fn check(response: ReconcileResponse) -> Result<Validated, Rejected> {
-        validate("r1", &primary(), &grant(), &WellKnownScopes, response)
+        validate(
+            "r1",
+            &primary(),
+            &grant(),
+            &WellKnownScopes,
+            &observed(),
+            response,
+        )
     }
 
     fn problems(r: Result<Validated, Rejected>) -> Vec<String> {
@@ -882,6 +1235,7 @@ mod tests {
             &cluster_primary,
             &grant(),
             &WellKnownScopes,
+            &ObservedChildren::default(),
             ReconcileResponse {
                 children: vec![ChildSet {
                     kind: Gvk::new("v1", "Service"),
@@ -898,6 +1252,7 @@ mod tests {
             &cluster_primary,
             &grant(),
             &WellKnownScopes,
+            &ObservedChildren::default(),
             ReconcileResponse {
                 children: vec![ChildSet {
                     kind: Gvk::new("v1", "Service"),
@@ -955,5 +1310,379 @@ mod tests {
         })
         .expect("valid");
         assert_eq!(v.requeue_after, Some(REQUEUE_MIN));
+    }
+
+    fn target(api_version: &str, kind: &str, name: &str) -> ObjectRef {
+        ObjectRef {
+            api_version: api_version.into(),
+            kind: kind.into(),
+            namespace: None,
+            name: name.into(),
+        }
+    }
+
+    fn merge(target: ObjectRef, patch: Value) -> Action {
+        Action::MergePatch { target, patch }
+    }
+
+    fn delete(target: ObjectRef) -> Action {
+        Action::Delete {
+            target,
+            propagation: Propagation::Background,
+        }
+    }
+
+    fn event_on(regarding: Option<ObjectRef>) -> Event {
+        Event {
+            type_: EventType::Normal,
+            reason: "Noted".into(),
+            message: "m".into(),
+            action: String::new(),
+            regarding,
+        }
+    }
+
+    fn actions(actions: Vec<Action>) -> Vec<String> {
+        problems(check(ReconcileResponse {
+            actions,
+            ..Default::default()
+        }))
+    }
+
+    #[test]
+    fn owned_kinds_are_touched_only_in_observed_children() {
+        let p = actions(vec![
+            merge(target("v1", "Service", "s"), json!({"spec": {}})),
+            delete(target("apps/v1", "Deployment", "web")),
+            merge(target("v1", "Service", "kube-dns"), json!({"spec": {}})),
+            delete(target("apps/v1", "Deployment", "someone-elses")),
+        ]);
+        assert_eq!(p.len(), 2, "{p:?}");
+        assert!(
+            p[0].starts_with("actions[2] (merge-patch v1/Service kube-dns): not an observed child of this primary"),
+            "{p:?}"
+        );
+        assert!(
+            p[1].starts_with(
+                "actions[3] (delete apps/v1/Deployment someone-elses): not an observed child"
+            ),
+            "{p:?}"
+        );
+        let p = problems(check(ReconcileResponse {
+            events: vec![
+                event_on(Some(target("v1", "Service", "s"))),
+                event_on(Some(target("v1", "Service", "other"))),
+            ],
+            ..Default::default()
+        }));
+        assert_eq!(p.len(), 1, "{p:?}");
+        assert!(
+            p[0].starts_with("events[1] (Noted): not an observed child"),
+            "{p:?}"
+        );
+    }
+
+    #[test]
+    fn of_the_primary_kind_only_the_primary_itself_is_touched() {
+        let app = |name: &str| target("example.wasmop.dev/v1", "App", name);
+        let p = actions(vec![
+            merge(app("web"), json!({"metadata": {"labels": {"seen": "yes"}}})),
+            delete(app("web")),
+            delete(app("another-tenant")),
+            merge(app("another-tenant"), json!({"spec": {}})),
+        ]);
+        assert_eq!(p.len(), 2, "{p:?}");
+        assert!(p[0].starts_with("actions[2] (delete example.wasmop.dev/v1/App another-tenant): not this primary: of the primary kind, intents may target only the primary itself (example.wasmop.dev/v1/App demo/web)"), "{p:?}");
+        assert!(p[1].starts_with("actions[3] (merge-patch"), "{p:?}");
+        let p = problems(check(ReconcileResponse {
+            events: vec![event_on(Some(app("another-tenant")))],
+            ..Default::default()
+        }));
+        assert!(p[0].contains("is not this primary"), "{p:?}");
+    }
+
+    #[test]
+    fn finalizers_owner_references_and_whole_metadata_are_never_patched() {
+        let app = target("example.wasmop.dev/v1", "App", "web");
+        let child = target("v1", "Service", "s");
+        let json_patch = |ops: Value| Action::JsonPatch {
+            target: app.clone(),
+            patch: ops,
+        };
+        let refused = [
+            merge(app.clone(), json!({"metadata": {"finalizers": null}})),
+            merge(app.clone(), json!({"metadata": {"finalizers": []}})),
+            merge(child.clone(), json!({"metadata": {"ownerReferences": []}})),
+            merge(app.clone(), json!({"metadata": null})),
+            json_patch(json!([{"op": "remove", "path": "/metadata/finalizers"}])),
+            json_patch(json!([{"op": "remove", "path": "/metadata/finalizers/0"}])),
+            json_patch(
+                json!([{"op": "replace", "path": "/metadata/ownerReferences", "value": []}]),
+            ),
+            json_patch(json!([{"op": "replace", "path": "/metadata", "value": {}}])),
+            json_patch(json!([{"op": "replace", "path": "", "value": {}}])),
+            json_patch(
+                json!([{"op": "move", "from": "/metadata/finalizers", "path": "/spec/kept"}]),
+            ),
+            json_patch(json!([
+                {"op": "test", "path": "/spec", "value": {}},
+                {"op": "add", "path": "/metadata/ownerReferences/-", "value": {}}
+            ])),
+        ];
+        let n = refused.len();
+        let p = actions(refused.to_vec());
+        assert_eq!(p.len(), n, "{p:#?}");
+        for (i, problem) in p.iter().enumerate() {
+            assert!(
+                problem.starts_with(&format!("actions[{i}] ("))
+                    && problem.contains("the patch touches"),
+                "{problem}"
+            );
+        }
+        assert!(p[0].contains("touches metadata.finalizers:"), "{}", p[0]);
+        assert!(
+            p[4].contains("touches \"/metadata/finalizers\":"),
+            "{}",
+            p[4]
+        );
+        let allowed = actions(vec![
+            merge(app.clone(), json!({"metadata": {"labels": {"a": "b"}}})),
+            merge(child, json!({"metadata": {"annotations": {"a": "b"}}})),
+            json_patch(json!([
+                {"op": "test", "path": "/metadata/finalizers", "value": ["x"]},
+                {"op": "add", "path": "/metadata/labels/a", "value": "b"},
+                {"op": "copy", "from": "/metadata/finalizers", "path": "/metadata/annotations/f"},
+                {"op": "add", "path": "/metadata/annotations/finalizers~1x", "value": "y"}
+            ])),
+        ]);
+        assert!(allowed.is_empty(), "{allowed:#?}");
+    }
+
+    #[test]
+    fn related_kinds_are_read_only_unless_the_reconciler_grants_writes() {
+        let pod = target("v1", "Pod", "p");
+        let response = || ReconcileResponse {
+            actions: vec![
+                delete(pod.clone()),
+                merge(pod.clone(), json!({"metadata": {"labels": {"a": "b"}}})),
+            ],
+            events: vec![event_on(Some(pod.clone()))],
+            ..Default::default()
+        };
+        let p = problems(check(response()));
+        assert_eq!(p.len(), 3, "{p:#?}");
+        for problem in &p {
+            assert!(
+                problem.contains("v1/Pod is a related kind, read-only here: set `write: true`"),
+                "{problem}"
+            );
+        }
+        let writable = grant().with_spec([Gvk::new("v1", "Pod")], Counts::default());
+        let r = validate(
+            "r1",
+            &primary(),
+            &writable,
+            &WellKnownScopes,
+            &observed(),
+            response(),
+        );
+        assert!(r.is_ok(), "{:?}", problems(r));
+        // A write grant of a kind that is not related grants nothing.
+        let stray = grant().with_spec([Gvk::new("v1", "Secret")], Counts::default());
+        assert!(stray.writable.is_empty());
+    }
+
+    #[test]
+    fn a_namespaced_primary_never_targets_cluster_scoped_objects() {
+        let ns = Gvk::new("v1", "Namespace");
+        let mut g = grant();
+        g.related.insert(ns.clone());
+        let g = g.with_spec([ns], Counts::default());
+        let response = || ReconcileResponse {
+            actions: vec![merge(
+                target("v1", "Namespace", "kube-system"),
+                json!({"metadata": {"labels": {"a": "b"}}}),
+            )],
+            events: vec![event_on(Some(target("v1", "Namespace", "kube-system")))],
+            ..Default::default()
+        };
+        let p = problems(validate(
+            "r1",
+            &primary(),
+            &g,
+            &WellKnownScopes,
+            &observed(),
+            response(),
+        ));
+        assert_eq!(p.len(), 2, "{p:#?}");
+        assert!(p[0].contains("v1/Namespace is cluster-scoped: the intents of a primary in namespace demo never target"), "{p:#?}");
+        let cluster_primary = Primary {
+            namespace: None,
+            ..primary()
+        };
+        let r = validate(
+            "r1",
+            &cluster_primary,
+            &g,
+            &WellKnownScopes,
+            &observed(),
+            response(),
+        );
+        assert!(r.is_ok(), "{:?}", problems(r));
+    }
+
+    #[test]
+    fn counts_are_capped_before_any_intent_is_examined() {
+        let small = Counts {
+            children: 2,
+            actions: 1,
+            events: 1,
+        };
+        let g = grant().with_spec([], small);
+        let over = ReconcileResponse {
+            // Invalid objects: were they examined, each would be a violation of its own.
+            children: vec![ChildSet {
+                kind: Gvk::new("apps/v1", "Deployment"),
+                objects: vec![json!("x"), json!("y"), json!("z")],
+            }],
+            actions: vec![
+                delete(target("v1", "Secret", "a")),
+                delete(target("v1", "Secret", "b")),
+            ],
+            events: vec![event_on(None), event_on(None)],
+            status: Some(Status {
+                fields: json!({}),
+                conditions: (0..=MAX_CONDITIONS)
+                    .map(|i| Condition {
+                        type_: format!("C{i}"),
+                        status: ConditionStatus::True,
+                        reason: "Ok".into(),
+                        message: String::new(),
+                    })
+                    .collect(),
+            }),
+            requeue_after: None,
+        };
+        let p = problems(validate(
+            "r1",
+            &primary(),
+            &g,
+            &WellKnownScopes,
+            &observed(),
+            over,
+        ));
+        assert_eq!(
+            p,
+            vec![
+                "children: 3 objects (3 apps/v1/Deployment), over the limit of 2 per response (spec.limits.children)",
+                "actions: 2 actions, over the limit of 1 per response (spec.limits.actions)",
+                "events: 2 Events, over the limit of 1 per response (spec.limits.events)",
+                "status.conditions: 65 conditions, over the limit of 64",
+            ]
+        );
+        let sets = ReconcileResponse {
+            children: (0..3)
+                .map(|i| ChildSet {
+                    kind: Gvk::new("v1", format!("K{i}")),
+                    objects: vec![],
+                })
+                .collect(),
+            ..Default::default()
+        };
+        let p = problems(check(sets));
+        assert_eq!(p.len(), 1, "{p:#?}");
+        assert!(p[0].starts_with("children: 3 child sets, but this reconciler owns 2 kinds"));
+        // At the limit is fine, and the defaults are the documented ones.
+        let at = ReconcileResponse {
+            children: vec![ChildSet {
+                kind: Gvk::new("apps/v1", "Deployment"),
+                objects: vec![deployment("a"), deployment("b")],
+            }],
+            ..Default::default()
+        };
+        assert!(validate("r1", &primary(), &g, &WellKnownScopes, &observed(), at).is_ok());
+        assert_eq!(
+            Counts::default(),
+            Counts {
+                children: 500,
+                actions: 100,
+                events: 20
+            }
+        );
+    }
+
+    #[test]
+    fn text_from_the_module_is_inert() {
+        let v = check(ReconcileResponse {
+            status: Some(Status {
+                fields: json!({}),
+                conditions: vec![Condition {
+                    type_: "Ready".into(),
+                    status: ConditionStatus::True,
+                    reason: "Ok".into(),
+                    message: "line\nforged\u{1b}[31mred\u{0}\u{202e}".into(),
+                }],
+            }),
+            events: vec![Event {
+                message: "note\r\nlevel=error msg=forged\u{7f}".into(),
+                ..event_on(None)
+            }],
+            ..Default::default()
+        })
+        .expect("valid");
+        let message = &v.status.as_ref().expect("status").conditions[0].message;
+        assert_eq!(message, "line\\nforged\\u{1b}[31mred\\u{0}\\u{202e}");
+        assert_eq!(
+            v.events[0].message,
+            "note\\r\\nlevel=error msg=forged\\u{7f}"
+        );
+        let p = problems(check(ReconcileResponse {
+            children: vec![ChildSet {
+                kind: Gvk::new("apps/v1", "Deployment"),
+                objects: vec![deployment("a\nINFO forged")],
+            }],
+            status: Some(Status {
+                fields: json!({}),
+                conditions: vec![Condition {
+                    type_: "Ready\n".into(),
+                    status: ConditionStatus::True,
+                    reason: "Ok\u{1b}".into(),
+                    message: String::new(),
+                }],
+            }),
+            events: vec![Event {
+                action: "Scale\u{0}".into(),
+                ..event_on(None)
+            }],
+            ..Default::default()
+        }));
+        let all = p.join("\n");
+        assert_eq!(p.len(), 4, "{all}");
+        assert!(
+            all.contains("type must not contain control characters"),
+            "{all}"
+        );
+        assert!(
+            all.contains("reason \"Ok\\u{1b}\" must be CamelCase"),
+            "{all}"
+        );
+        assert!(
+            all.contains("action \"Scale\\0\" must not contain control characters"),
+            "{all}"
+        );
+        assert!(all.contains("(a\\nINFO forged)"), "{all}");
+        assert!(!all.chars().any(char::is_control), "{all:?}");
+        // Long notes are escaped, then cut at the API's limit.
+        let v = check(ReconcileResponse {
+            events: vec![Event {
+                message: "\n".repeat(MAX_EVENT_NOTE),
+                ..event_on(None)
+            }],
+            ..Default::default()
+        })
+        .expect("valid");
+        assert_eq!(v.events[0].message.len(), MAX_EVENT_NOTE);
+        assert!(v.events[0].message.ends_with("..."));
+        assert_eq!(inert("plain"), std::borrow::Cow::Borrowed("plain"));
     }
 }

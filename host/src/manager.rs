@@ -432,12 +432,14 @@ impl Supervisor {
             })?;
         let owned: Vec<Gvk> = spec.owns.iter().map(|k| k.gvk()).collect();
         let related: Vec<Gvk> = spec.related.iter().map(|k| k.gvk()).collect();
-        let fit = Fit::compute(module.metadata(), &spec.primary.gvk(), &owned, &related).map_err(
-            |message| SetupError {
+        let mut fit = Fit::compute(module.metadata(), &spec.primary.gvk(), &owned, &related)
+            .map_err(|message| SetupError {
                 reason: "ModuleMismatch",
                 message,
-            },
-        )?;
+            })?;
+        // Related kinds are read-only unless granted writes; each response is capped.
+        let writable = spec.related.iter().filter(|r| r.write).map(|r| r.gvk());
+        fit.grant = fit.grant.with_spec(writable, spec.limits.counts());
         Ok(Candidate { module, fit, bytes })
     }
 
@@ -697,11 +699,14 @@ impl Supervisor {
                 message: format!("dry run on {}: {m}", p.name_any()),
             };
             let response = outcome.map_err(|e| fail(e.to_string()))?;
+            // The dry run observes no children (its request lists none), so it may not patch
+            // or delete any.
             intents::validate(
                 &settings.name,
                 &info,
                 &candidate.fit.grant,
                 &self.ctx.discovery,
+                &intents::ObservedChildren::default(),
                 response,
             )
             .map_err(|e| fail(e.to_string()))?;

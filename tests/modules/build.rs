@@ -20,6 +20,7 @@ const GUESTS: &[(&str, &[&str], &str)] = &[
     ("misbehave", &[], "misbehave"),
     ("misbehave", &["fragile"], "misbehave_fragile"),
     ("wrong-version", &[], "wrong_version"),
+    ("hostile", &[], "hostile"),
 ];
 
 fn main() {

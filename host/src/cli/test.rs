@@ -13,7 +13,7 @@ use crate::contract::{
     Context, Gvk, KindObjects, Operation, ReconcileRequest, Trigger, ValidateRequest,
 };
 use crate::engine::Limits;
-use crate::intents::{self, Grant, Primary, WellKnownScopes};
+use crate::intents::{self, Grant, ObservedChildren, Primary, Scopes, WellKnownScopes};
 
 /// Arguments of `test`.
 #[derive(Debug, clap::Args)]
@@ -167,6 +167,23 @@ pub(crate) fn run(args: Args) -> Result<ExitCode, CliError> {
                 group.objects.push(doc.to_string());
             }
         }
+        // The observed owned objects are this primary's children, as the host would see them.
+        let children: ObservedChildren = owned
+            .iter()
+            .flat_map(|g| g.objects.iter().map(move |o| (&g.kind, o)))
+            .filter_map(|(kind, o)| {
+                let o: serde_json::Value = serde_json::from_str(o).ok()?;
+                let name = o.pointer("/metadata/name")?.as_str()?.to_string();
+                let namespace = match o.pointer("/metadata/namespace").and_then(|n| n.as_str()) {
+                    Some(ns) => Some(ns.to_string()),
+                    None if WellKnownScopes.namespaced(kind) == Some(true) => {
+                        primary.namespace.clone()
+                    }
+                    None => None,
+                };
+                Some((kind.clone(), namespace, name))
+            })
+            .collect();
         let now = args.now_unix_ms.unwrap_or_else(|| {
             SystemTime::now()
                 .duration_since(UNIX_EPOCH)
@@ -197,6 +214,7 @@ pub(crate) fn run(args: Args) -> Result<ExitCode, CliError> {
             &primary,
             &grant,
             &WellKnownScopes,
+            &children,
             response,
         )?;
         let mut v = serde_json::to_value(&validated).map_err(|e| CliError::Other(e.to_string()))?;

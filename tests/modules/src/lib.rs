@@ -9,6 +9,7 @@
 //! - [`MISBEHAVE`]: a guest whose config picks a misbehaviour; [`MISBEHAVE_FRAGILE`] a build of
 //!   it that fails for Widgets labelled `test.wasmop.dev/fragile`.
 //! - [`WRONG_VERSION`]: a module for `wasmop:reconciler@0.2.0`.
+//! - [`HOSTILE`]: a guest that tries to touch what it does not own (see tests/guests/hostile).
 
 include!(concat!(env!("OUT_DIR"), "/modules.rs"));
 
