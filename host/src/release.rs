@@ -171,13 +171,13 @@ impl Releaser {
     }
 
     async fn release_one(&self, mut o: DynamicObject, legacy: bool) -> Result<(), kube::Error> {
-        let api = match o.namespace() {
+        let api: Api<DynamicObject> = match o.namespace() {
             Some(ns) if self.primary.1.namespaced => {
                 Api::namespaced_with(self.module.clone(), &ns, &self.primary.1.resource)
             }
             _ => Api::all_with(self.module.clone(), &self.primary.1.resource),
         };
-        let reads = match o.namespace() {
+        let reads: Api<DynamicObject> = match o.namespace() {
             Some(ns) if self.primary.1.namespaced => {
                 Api::namespaced_with(self.host.clone(), &ns, &self.primary.1.resource)
             }
