@@ -6,7 +6,9 @@
 //! Which module answers: the module serving the reconciler in this process (published by the
 //! manager through [`slots`], so a hot swap applies to admission at once); on a replica that does
 //! not run reconcilers (a follower), the module named by the WasmReconciler's
-//! `status.activeModule.sha256`, read from its ConfigMap, checked against that digest, compiled
+//! `status.activeModule.sha256`, read from its ConfigMap, or, when that holds another module (a
+//! refused push, a rolled-back one), from the leader's copy of the active module
+//! (`status.moduleCopy`, see [`crate::module_copy`]); checked against that digest, compiled
 //! ahead (on every WasmReconciler change) and cached.
 //!
 //! Only modules whose metadata declares `validates` get a webhook: the contract says a module
@@ -130,6 +132,8 @@ enum ModuleUnavailable {
     },
     #[error("{0}")]
     Load(String),
+    #[error("{0}")]
+    Copy(#[from] crate::module_copy::CopyError),
 }
 
 /// What the webhook needs.
@@ -178,14 +182,20 @@ impl Webhook {
             return Ok(m.clone());
         }
         let source = &wr.spec.module.config_map;
-        let bytes = source::fetch(&self.client, source).await?;
-        let found = sha256_hex(&bytes.bytes);
+        let mut bytes = source::fetch(&self.client, source).await?;
+        let mut found = sha256_hex(&bytes.bytes);
         if !found.eq_ignore_ascii_case(&active) {
-            return Err(ModuleUnavailable::Digest {
-                cm: format!("{}/{}", source.namespace, source.name),
-                found,
-                active,
-            });
+            // The ConfigMap holds a module that is not serving: the leader's copy holds the one
+            // that is.
+            let Some(copy) = wr.status.as_ref().and_then(|s| s.module_copy.as_ref()) else {
+                return Err(ModuleUnavailable::Digest {
+                    cm: format!("{}/{}", source.namespace, source.name),
+                    found,
+                    active,
+                });
+            };
+            bytes = crate::module_copy::load(&self.client, copy, &active).await?;
+            found = sha256_hex(&bytes.bytes);
         }
         let (engine, limits) = (self.engine.clone(), Self::limits(wr));
         let module = tokio::task::spawn_blocking(move || engine.load(&bytes.bytes, &limits))

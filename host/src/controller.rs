@@ -44,7 +44,7 @@ use crate::apply::{Applier, FailureKind, Observed, controlled_by, object_referen
 use crate::contract::{
     Context, Gvk, KindObjects, Mapping, ObjectRef, ReconcileRequest, RelatedKind, Trigger,
 };
-use crate::crd::FINALIZER;
+use crate::crd::{finalizer_for, is_finalizer_of};
 use crate::discovery::{Discovery, Resolved};
 use crate::engine::{CallError, Limits};
 use crate::intents::{self, Grant, Primary, RECONCILER_LABEL, Rejected};
@@ -784,10 +784,11 @@ impl Shared {
         primary: &DynamicObject,
         present: bool,
     ) -> Result<DynamicObject, ReconcileError> {
+        // The legacy shared finalizer is replaced by this reconciler's own.
         let mut finalizers: Vec<String> = primary.finalizers().to_vec();
-        finalizers.retain(|f| f != FINALIZER);
+        finalizers.retain(|f| !is_finalizer_of(f, &self.settings.name));
         if present {
-            finalizers.push(FINALIZER.to_string());
+            finalizers.push(finalizer_for(&self.settings.name));
         }
         let patch = json!({"metadata": {"finalizers": finalizers, "resourceVersion": primary.resource_version()}});
         let api = api_for_object(&self.impersonated, &self.settings.primary.1, primary);
@@ -904,14 +905,20 @@ async fn run_once(
     let key = key_of(primary);
     let module = &active.module;
     let finalizes = module.metadata().finalizes;
-    let has_finalizer = primary.finalizers().iter().any(|f| f == FINALIZER);
+    let own = finalizer_for(&shared.settings.name);
+    let has_own = primary.finalizers().iter().any(|f| *f == own);
+    let has_finalizer = primary
+        .finalizers()
+        .iter()
+        .any(|f| is_finalizer_of(f, &shared.settings.name));
     let deleting = primary.metadata.deletion_timestamp.is_some();
     if deleting && !has_finalizer {
         shared.forget(&key);
         return Ok(Action::await_change());
     }
     let mut current = (**primary).clone();
-    if !deleting && finalizes != has_finalizer {
+    // `has_own != has_finalizer`: only the legacy finalizer is there; migrate it.
+    if !deleting && (finalizes != has_own || has_own != has_finalizer) {
         current = shared.set_finalizer(primary, finalizes).await?;
     }
     if deleting && !finalizes {
@@ -1065,13 +1072,14 @@ async fn run_once(
     if done == Some(true) && !report.failures.is_empty() {
         // The module's cleanup did not all happen: the finalizer keeps protecting what is left.
         let message = format!(
-            "finalize reported done, but some of its writes failed: {}; the finalizer {FINALIZER} stays and finalize runs again",
+            "finalize reported done, but some of its writes failed: {}; the finalizer {} stays and finalize runs again",
             report
                 .failures
                 .iter()
                 .map(ToString::to_string)
                 .collect::<Vec<_>>()
-                .join("; ")
+                .join("; "),
+            finalizer_for(&shared.settings.name)
         );
         shared
             .warn(primary, "FinalizeIncomplete", message.clone())

@@ -15,8 +15,43 @@ use serde::{Deserialize, Serialize};
 
 use crate::contract::Gvk;
 
-/// The finalizer the host keeps on primaries whose module implements finalize.
+/// The finalizer every reconciler shared before finalizers were named per reconciler.
+///
+/// Still recognised for migration: a reconciler treats it as its own (the host refuses two
+/// reconcilers of one kind in overlapping namespaces, so it belongs to the one serving the
+/// primary), replaces it with [`finalizer_for`] on the next reconcile, and removes it when it
+/// releases the primary. New code names finalizers with [`finalizer_for`].
 pub const FINALIZER: &str = "wasmop.dev/finalizer";
+
+/// The finalizer the host keeps on every WasmReconciler, so that deleting one first releases
+/// the finalizers it holds on primaries ([`crate::release`]).
+pub const RECONCILER_FINALIZER: &str = "host.wasmop.dev/release-primaries";
+
+/// The longest name part of a qualified name (`prefix/name`), which finalizers must be.
+const MAX_NAME_PART: usize = 63;
+
+/// The finalizer reconciler `reconciler` keeps on primaries whose module implements finalize:
+/// `wasmop.dev/<reconciler>`.
+///
+/// # Guarantees
+/// - A valid qualified name for every valid WasmReconciler name: a name longer than 63
+///   characters is cut to 46 and suffixed with 16 hex digits of its sha256, so distinct
+///   reconcilers get distinct finalizers.
+/// - Deterministic: every replica and every restart computes the same name.
+pub fn finalizer_for(reconciler: &str) -> String {
+    if reconciler.len() <= MAX_NAME_PART {
+        return format!("wasmop.dev/{reconciler}");
+    }
+    let digest = crate::engine::sha256_hex(reconciler.as_bytes());
+    let mut head = &reconciler[..46];
+    head = head.trim_end_matches(|c: char| !c.is_ascii_alphanumeric());
+    format!("wasmop.dev/{head}-{}", &digest[..16])
+}
+
+/// Whether `finalizer` is reconciler `reconciler`'s: its own name or the legacy shared one.
+pub fn is_finalizer_of(finalizer: &str, reconciler: &str) -> bool {
+    finalizer == FINALIZER || finalizer == finalizer_for(reconciler)
+}
 
 /// A module registered for a kind.
 // Several printcolumn(...) entries repeat `type_ = "string"`, which is not a duplicate.
@@ -349,12 +384,19 @@ pub struct WasmReconcilerStatus {
     /// The module serving now.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub active_module: Option<ActiveModule>,
+    // Honoured across restarts, failovers and edits: not served again until the ConfigMap
+    // holds another module.
     /// A module digest that was rolled back and is not retried until the ConfigMap changes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rejected_sha256: Option<String>,
     /// What the module asked for that the spec does not grant (not watched, not writable).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub ungranted: Vec<String>,
+    // A restart, a failover or a follower loads it from there when the module ConfigMap holds
+    // another (refused or rolled-back) module; see `crate::module_copy`.
+    /// Where the host keeps a copy of the active module.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub module_copy: Option<ConfigMapKey>,
 }
 
 /// The module serving a reconciler.
@@ -575,5 +617,44 @@ mod tests {
         ] {
             assert!(parse_quantity(hostile).is_err(), "{hostile:?}");
         }
+    }
+
+    /// A qualified name's name part: at most 63 characters, alphanumeric at both ends, `-`,
+    /// `_` and `.` inside.
+    fn valid_name_part(s: &str) -> bool {
+        let alnum = |c: Option<char>| c.is_some_and(|c| c.is_ascii_alphanumeric());
+        s.len() <= 63
+            && alnum(s.chars().next())
+            && alnum(s.chars().last())
+            && s.chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+    }
+
+    #[test]
+    fn finalizers_are_named_per_reconciler_and_always_valid() {
+        assert_eq!(finalizer_for("image-updater"), "wasmop.dev/image-updater");
+        assert_ne!(finalizer_for("a"), finalizer_for("b"));
+        let long_a = format!("{}.a", "x".repeat(250));
+        let long_b = format!("{}.b", "x".repeat(250));
+        let (fa, fb) = (finalizer_for(&long_a), finalizer_for(&long_b));
+        assert_ne!(fa, fb, "long names that share a prefix stay distinct");
+        for f in [
+            &fa,
+            &fb,
+            &finalizer_for(&"y".repeat(63)),
+            &finalizer_for("a.b-c"),
+        ] {
+            let (prefix, name) = f.split_once('/').unwrap_or_default();
+            assert_eq!(prefix, "wasmop.dev");
+            assert!(valid_name_part(name), "{f}");
+        }
+        // Cut right after a dot: the name part still ends alphanumeric.
+        let dotted = format!("{}.{}", "z".repeat(45), "q".repeat(40));
+        let f = finalizer_for(&dotted);
+        let (_, name) = f.split_once('/').unwrap_or_default();
+        assert!(valid_name_part(name), "{f}");
+        assert!(is_finalizer_of(FINALIZER, "anything"));
+        assert!(is_finalizer_of("wasmop.dev/web", "web"));
+        assert!(!is_finalizer_of("wasmop.dev/web", "other"));
     }
 }

@@ -10,7 +10,8 @@
 //! - [`manager`]: one supervised controller per WasmReconciler, module loading and hot swap.
 //! - [`controller`]: the reconcile loop of one WasmReconciler.
 //! - [`apply`]: writes a validated response under the module's identity.
-//! - [`slot`]: the swappable active module.
+//! - [`slot`]: the swappable active module; [`module_copy`]: the host's copy of it.
+//! - [`conflict`], [`release`]: one reconciler per primary; releasing finalizers no one serves.
 //! - [`host`]: the running host (used by `wasmop run` and the end-to-end tests).
 //! - [`metrics`], [`readiness`], [`probes`]: Prometheus metrics, `/healthz` and `/readyz`.
 //! - [`leader`]: leader election on a Lease.
@@ -22,6 +23,7 @@ pub mod admission;
 pub mod apply;
 pub mod cli;
 pub mod conditions;
+pub mod conflict;
 pub mod contract;
 pub mod controller;
 pub mod crd;
@@ -32,8 +34,10 @@ pub mod intents;
 pub mod leader;
 pub mod manager;
 pub mod metrics;
+pub mod module_copy;
 pub mod probes;
 pub mod readiness;
+pub mod release;
 pub mod slot;
 pub mod source;
 pub mod watches;

@@ -14,7 +14,24 @@
 //!    activeModule, ungranted, observedGeneration).
 //!
 //! Adding, changing (a new generation) or deleting a WasmReconciler starts, restarts or stops
-//! its supervisor; other reconcilers are untouched.
+//! its supervisor; other reconcilers are untouched, except those that overlap it
+//! ([`crate::conflict`]): they are restarted so that the winner is decided again.
+//!
+//! # Lifecycle guarantees
+//! - Every served WasmReconciler carries [`RECONCILER_FINALIZER`]. When it is deleted, its
+//!   controller keeps running for up to [`RELEASE_GRACE`] while primaries that are being deleted
+//!   still hold its finalizer (so the module's finalize runs while the module is loaded); then
+//!   the controller stops, the finalizer is removed from every remaining primary with a
+//!   `FinalizerReleased` Event ([`crate::release`]), the module copy is deleted, and the
+//!   WasmReconciler's own finalizer goes last. A release that cannot finish is retried with
+//!   backoff and reported as a Warning Event on the WasmReconciler.
+//! - Narrowing `spec.namespaces` releases the primaries left outside, the same way.
+//! - A rolled-back module stays rolled back across restarts, failovers and edits: setup honours
+//!   `status.rejectedSha256` and loads the last good module from the host's copy
+//!   ([`crate::module_copy`]).
+//! - Only a module's own failures in the pre-swap self-check (a failed call, invalid intents)
+//!   refuse it; a failure of the cluster (API errors, timeouts) or of the host (no sandbox
+//!   free) defers the swap, retried with backoff.
 //!
 //! # Errors
 //! [`ManagerError`] only when the WasmReconciler watch itself cannot run; everything about one
@@ -35,20 +52,25 @@ use serde_json::json;
 use tokio::sync::oneshot;
 
 use crate::access;
-use crate::conditions;
 use crate::contract::{Context, Gvk, KindObjects, ReconcileRequest, Trigger};
 use crate::controller::{self, Clients, Health, Running, Settings};
 use crate::crd::{
-    ActiveModule, MAX_DEADLINE, MAX_RESYNC, WasmReconciler, WasmReconcilerStatus,
-    parse_bounded_duration, parse_quantity,
+    ActiveModule, MAX_DEADLINE, MAX_RESYNC, RECONCILER_FINALIZER, WasmReconciler,
+    WasmReconcilerStatus, parse_bounded_duration, parse_duration, parse_quantity,
 };
 use crate::discovery::{Discovery, Resolved};
-use crate::engine::{Compiled, Engine, Limits, Module, sha256_hex};
-use crate::intents::{self, Primary};
+use crate::engine::{CallError, Compiled, Engine, Limits, Module, sha256_hex};
+use crate::intents::{self, Primary, Rejected};
+use crate::release::{Releaser, Which};
 use crate::slot::{Active, Fit, ModuleSlot};
 use crate::source::{self, ModuleBytes};
 use crate::watches::WATCH_FAILED;
+use crate::{conditions, conflict, module_copy};
 use crate::{metrics, readiness};
+
+/// How long a deleted WasmReconciler's controller keeps running so that the module's finalize
+/// can finish primaries already being deleted, before their finalizers are released anyway.
+pub const RELEASE_GRACE: Duration = Duration::from_secs(20);
 
 /// The field manager of the host's own writes (WasmReconciler status).
 pub const HOST_MANAGER: &str = "wasmop";
@@ -103,6 +125,7 @@ pub enum ManagerError {
 }
 
 struct Supervised {
+    wr: WasmReconciler,
     generation: Option<i64>,
     stop: Option<oneshot::Sender<()>>,
     task: tokio::task::JoinHandle<()>,
@@ -133,6 +156,7 @@ pub async fn run(
     };
     let mut events = watcher(api, wc).default_backoff().boxed();
     let mut running: HashMap<String, Supervised> = HashMap::new();
+    let mut releasing: HashMap<String, tokio::task::JoinHandle<()>> = HashMap::new();
     let mut seen_in_init: Option<Vec<String>> = None;
     readiness::global().pending("manager");
     tokio::pin!(shutdown);
@@ -149,6 +173,7 @@ pub async fn run(
                 continue;
             }
         };
+        releasing.retain(|_, task| !task.is_finished());
         match event {
             watcher::Event::Init => seen_in_init = Some(Vec::new()),
             watcher::Event::InitApply(wr) | watcher::Event::Apply(wr) => {
@@ -156,6 +181,19 @@ pub async fn run(
                 if let Some(seen) = &mut seen_in_init {
                     seen.push(name.clone());
                 }
+                if wr.metadata.deletion_timestamp.is_some() {
+                    if !releasing.contains_key(&name) {
+                        tracing::info!(reconciler = %name, "WasmReconciler deleted; releasing its primaries");
+                        let supervised = running.remove(&name);
+                        releasing.insert(
+                            name,
+                            tokio::spawn(release_deleted(ctx.clone(), wr.clone(), supervised)),
+                        );
+                    }
+                    restart_losers_to(&ctx, &mut running, &wr).await;
+                    continue;
+                }
+                ensure_finalizer(&ctx, &wr).await;
                 let generation = wr.metadata.generation;
                 if running
                     .get(&name)
@@ -167,7 +205,8 @@ pub async fn run(
                     tracing::info!(reconciler = %name, "WasmReconciler changed; restarting its controller");
                     old.stop().await;
                 }
-                running.insert(name, spawn_supervisor(ctx.clone(), wr));
+                running.insert(name, spawn_supervisor(ctx.clone(), wr.clone()));
+                restart_losers_to(&ctx, &mut running, &wr).await;
             }
             watcher::Event::InitDone => {
                 readiness::global().ready("manager");
@@ -189,14 +228,199 @@ pub async fn run(
                     tracing::info!(reconciler = %wr.name_any(), "WasmReconciler deleted; stopping its controller");
                     s.stop().await;
                 }
+                restart_losers_to(&ctx, &mut running, &wr).await;
             }
         }
     }
     for (_, s) in running.drain() {
         s.stop().await;
     }
+    // An unfinished release is redone by whichever host serves the WasmReconciler next.
+    for (_, task) in releasing.drain() {
+        task.abort();
+    }
     readiness::global().forget("manager");
     Ok(())
+}
+
+/// Restarts the running reconcilers that overlap `changed` and come after it: whether they
+/// lose to it (or no longer do) is decided again by their setup.
+async fn restart_losers_to(
+    ctx: &Arc<HostContext>,
+    running: &mut HashMap<String, Supervised>,
+    changed: &WasmReconciler,
+) {
+    let losers: Vec<String> = running
+        .iter()
+        .filter(|(name, s)| {
+            **name != changed.name_any()
+                && (conflict::overlaps(changed, &s.wr) || conflict::overlaps(&s.wr, changed))
+                && conflict::precedes(changed, &s.wr)
+        })
+        .map(|(name, _)| name.clone())
+        .collect();
+    for name in losers {
+        if let Some(s) = running.remove(&name) {
+            tracing::info!(reconciler = %name, other = %changed.name_any(), "an overlapping WasmReconciler changed; restarting");
+            let wr = s.wr.clone();
+            s.stop().await;
+            running.insert(name, spawn_supervisor(ctx.clone(), wr));
+        }
+    }
+}
+
+/// Adds [`RECONCILER_FINALIZER`] to `wr` if it lacks it. A failure is logged; the next event
+/// of the WasmReconciler tries again.
+async fn ensure_finalizer(ctx: &HostContext, wr: &WasmReconciler) {
+    if wr.finalizers().iter().any(|f| f == RECONCILER_FINALIZER) {
+        return;
+    }
+    let mut finalizers = wr.finalizers().to_vec();
+    finalizers.push(RECONCILER_FINALIZER.to_string());
+    let patch =
+        json!({"metadata": {"finalizers": finalizers, "resourceVersion": wr.resource_version()}});
+    let api: Api<WasmReconciler> = Api::all(ctx.client.clone());
+    if let Err(e) = api
+        .patch(
+            &wr.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await
+    {
+        tracing::warn!(reconciler = %wr.name_any(), error = %e, "cannot add the WasmReconciler's finalizer (the host needs patch on wasmreconcilers)");
+    }
+}
+
+/// The client impersonating `wr`'s ServiceAccount.
+fn module_client(ctx: &HostContext, wr: &WasmReconciler) -> Result<Client, kube::Error> {
+    let mut config = ctx.config.clone();
+    config.auth_info.impersonate = Some(wr.spec.service_account.username());
+    Client::try_from(config)
+}
+
+/// The releaser of `wr`'s finalizers, or None when its primary kind is not served (there is
+/// then nothing to release).
+async fn releaser(ctx: &HostContext, wr: &WasmReconciler) -> Result<Option<Releaser>, String> {
+    let kind = wr.spec.primary.gvk();
+    let Ok(resolved) = ctx.discovery.resolve(&kind).await else {
+        return Ok(None);
+    };
+    let module = module_client(ctx, wr).map_err(|e| e.to_string())?;
+    Ok(Some(Releaser {
+        reconciler: wr.name_any(),
+        primary: (kind, resolved),
+        host: ctx.client.clone(),
+        module,
+        events: ctx.host_events(),
+    }))
+}
+
+/// Releases everything deleted WasmReconciler `wr` holds, then lets it go; retried until done.
+async fn release_deleted(
+    ctx: Arc<HostContext>,
+    wr: WasmReconciler,
+    mut supervised: Option<Supervised>,
+) {
+    let mut delay = Duration::from_secs(1);
+    loop {
+        match release_deleted_once(&ctx, &wr, &mut supervised).await {
+            Ok(()) => return,
+            Err(message) => {
+                tracing::warn!(reconciler = %wr.name_any(), error = %message, "cannot release the deleted WasmReconciler yet; retrying");
+                let event = KubeEvent {
+                    type_: KubeEventType::Warning,
+                    reason: "ReleaseFailed".into(),
+                    note: Some(truncate(&format!(
+                        "{message} (retrying; grant the ServiceAccount update on the primaries' finalizers, or remove the finalizers by hand)"
+                    ))),
+                    action: "Release".into(),
+                    secondary: None,
+                };
+                let _ = ctx.host_events().publish(&event, &wr.object_ref(&())).await;
+            }
+        }
+        tokio::time::sleep(delay).await;
+        delay = (delay * 2).min(Duration::from_secs(60));
+    }
+}
+
+async fn release_deleted_once(
+    ctx: &HostContext,
+    wr: &WasmReconciler,
+    supervised: &mut Option<Supervised>,
+) -> Result<(), String> {
+    let api: Api<WasmReconciler> = Api::all(ctx.client.clone());
+    let all = api
+        .list(&Default::default())
+        .await
+        .map_err(|e| format!("cannot list WasmReconcilers: {e}"))?;
+    // The legacy shared finalizer is this reconciler's only if it did not lose a conflict.
+    let legacy = conflict::winner_over(wr, &all.items).is_none();
+    let releaser = releaser(ctx, wr).await?;
+    if let Some(s) = supervised.take() {
+        // Let the running controller finalize primaries already being deleted, bounded.
+        let until = tokio::time::Instant::now() + RELEASE_GRACE;
+        if let Some(r) = &releaser {
+            while tokio::time::Instant::now() < until
+                && r.deletions_pending(legacy).await.unwrap_or(false)
+            {
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+        }
+        s.stop().await;
+    }
+    if let Some(r) = &releaser {
+        let out = r
+            .release(&Which::All, legacy, "was deleted")
+            .await
+            .map_err(|e| e.to_string())?;
+        if !out.failed.is_empty() {
+            return Err(format!(
+                "cannot remove the finalizer from {} primaries: {}",
+                out.failed.len(),
+                out.failed.join("; ")
+            ));
+        }
+        if out.released > 0 {
+            tracing::info!(reconciler = %wr.name_any(), released = out.released, "released primaries");
+        }
+    }
+    if let Some(copy) = wr.status.as_ref().and_then(|s| s.module_copy.as_ref())
+        && let Err(e) = module_copy::delete(&ctx.client, copy).await
+    {
+        tracing::warn!(reconciler = %wr.name_any(), error = %e, "cannot delete the module copy");
+    }
+    // Drop our finalizer from the current object (others may have changed it meanwhile).
+    for _ in 0..5 {
+        let Some(current) = api
+            .get_opt(&wr.name_any())
+            .await
+            .map_err(|e| e.to_string())?
+        else {
+            return Ok(());
+        };
+        let keep: Vec<String> = current
+            .finalizers()
+            .iter()
+            .filter(|f| *f != RECONCILER_FINALIZER)
+            .cloned()
+            .collect();
+        let patch = json!({"metadata": {"finalizers": keep, "resourceVersion": current.resource_version()}});
+        match api
+            .patch(
+                &wr.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
+            .await
+        {
+            Ok(_) => return Ok(()),
+            Err(kube::Error::Api(s)) if s.code == 409 || s.code == 404 => continue,
+            Err(e) => return Err(format!("cannot remove the WasmReconciler's finalizer: {e}")),
+        }
+    }
+    Err("the WasmReconciler kept changing while its finalizer was removed".into())
 }
 
 fn spawn_supervisor(ctx: Arc<HostContext>, wr: WasmReconciler) -> Supervised {
@@ -205,6 +429,7 @@ fn spawn_supervisor(ctx: Arc<HostContext>, wr: WasmReconciler) -> Supervised {
     let name = wr.name_any();
     let component = controller::readiness_component(&name);
     readiness::global().pending(&component);
+    let spawned = wr.clone();
     let task = tokio::spawn(async move {
         let mut sup = Supervisor::new(ctx, wr);
         // A bug must not stop a reconciler silently: report the panic on the WasmReconciler.
@@ -221,6 +446,7 @@ fn spawn_supervisor(ctx: Arc<HostContext>, wr: WasmReconciler) -> Supervised {
     });
     tracing::info!(reconciler = %name, "supervising");
     Supervised {
+        wr: spawned,
         generation,
         stop: Some(tx),
         task,
@@ -239,6 +465,11 @@ struct Supervisor {
     wr: WasmReconciler,
     status: WasmReconcilerStatus,
     host_events: Recorder,
+    /// The bytes of the modules activated last (the active and the previous one), by sha256,
+    /// for the host's copy of the active module.
+    kept: Vec<(String, Arc<Vec<u8>>)>,
+    /// Whether the primaries outside `spec.namespaces` were released.
+    narrowed: bool,
 }
 
 /// A module read and checked, not yet in service.
@@ -246,6 +477,104 @@ struct Candidate {
     module: Module,
     fit: Fit,
     bytes: ModuleBytes,
+    /// Read from the host's copy because the ConfigMap holds a rolled-back module.
+    from_copy: bool,
+}
+
+/// Why a new module was not swapped in.
+#[derive(Debug)]
+enum SwapError {
+    /// The module itself is at fault: refused until the ConfigMap changes.
+    Refused(SetupError),
+    /// The cluster or the host is at fault: retried with backoff.
+    Deferred(String),
+}
+
+impl From<SetupError> for SwapError {
+    fn from(e: SetupError) -> Self {
+        SwapError::Refused(e)
+    }
+}
+
+/// What went wrong in the pre-swap self-check.
+#[derive(Debug)]
+enum CheckFailure {
+    /// Listing the primaries failed.
+    Cluster(kube::Error),
+    /// The module call task did not complete.
+    Interrupted(String),
+    /// The module call on primary `on` failed.
+    Call {
+        /// The primary.
+        on: String,
+        /// The failure.
+        error: CallError,
+    },
+    /// The module's intents for primary `on` are invalid.
+    Intents {
+        /// The primary.
+        on: String,
+        /// What is wrong.
+        rejected: Rejected,
+    },
+}
+
+impl CheckFailure {
+    /// Whether the module is at fault (its version may be refused for good). A cluster error
+    /// (timeout, 5xx, 429, connection, even 403) or a host one (no sandbox free, an interrupted
+    /// task) says nothing about the module.
+    fn is_module_failure(&self) -> bool {
+        match self {
+            CheckFailure::Cluster(_) | CheckFailure::Interrupted(_) => false,
+            CheckFailure::Call {
+                error: CallError::Sandbox { .. },
+                ..
+            } => false,
+            CheckFailure::Call { .. } | CheckFailure::Intents { .. } => true,
+        }
+    }
+}
+
+impl std::fmt::Display for CheckFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CheckFailure::Cluster(e) => write!(f, "cannot list primaries for the self-check: {e}"),
+            CheckFailure::Interrupted(e) => write!(f, "the self-check was interrupted: {e}"),
+            CheckFailure::Call { on, error } => write!(f, "dry run on {on}: {error}"),
+            CheckFailure::Intents { on, rejected } => write!(f, "dry run on {on}: {rejected}"),
+        }
+    }
+}
+
+/// The self-check's retry delay after `attempts` deferrals: 1 s doubling to 60 s.
+fn deferral_backoff(attempts: u32) -> Duration {
+    Duration::from_secs(1u64 << attempts.min(6)).min(Duration::from_secs(60))
+}
+
+/// A swap waiting for its retry.
+struct Deferred {
+    cm: ConfigMap,
+    at: tokio::time::Instant,
+    attempts: u32,
+}
+
+/// What the serve loop keeps between ConfigMap events.
+#[derive(Default)]
+struct SwapState {
+    refused_version: Option<String>,
+    /// (sha, ConfigMap version) of the module rolled back.
+    rejected: Option<(String, String)>,
+    /// The sha of a newly swapped module under watch.
+    watching: Option<String>,
+    deferred: Option<Deferred>,
+}
+
+/// What swaps work with while a reconciler serves.
+struct Serving<'a> {
+    slot: &'a ModuleSlot,
+    settings: &'a Settings,
+    primaries: &'a Api<DynamicObject>,
+    changed: &'a futures::channel::mpsc::UnboundedSender<()>,
 }
 
 impl Supervisor {
@@ -257,6 +586,8 @@ impl Supervisor {
             wr,
             status,
             host_events,
+            kept: Vec::new(),
+            narrowed: false,
         }
     }
 
@@ -282,7 +613,14 @@ impl Supervisor {
     async fn run(&mut self, mut stop: oneshot::Receiver<()>) {
         let mut delay = Duration::from_secs(1);
         loop {
-            match self.setup().await {
+            let ready = match self.refuse_if_conflicting().await {
+                Ok(()) => {
+                    self.release_outside_namespaces().await;
+                    self.setup().await
+                }
+                Err(e) => Err(e),
+            };
+            match ready {
                 Ok((settings, candidate, resolved)) => {
                     self.serve(settings, candidate, resolved, &mut stop).await;
                     return;
@@ -309,6 +647,62 @@ impl Supervisor {
                 _ = tokio::time::sleep(delay) => {}
             }
             delay = (delay * 2).min(Duration::from_secs(60));
+        }
+    }
+
+    /// Refuses this reconciler (reason `Conflict`) when an earlier one claims the same primaries.
+    async fn refuse_if_conflicting(&self) -> Result<(), SetupError> {
+        let api: Api<WasmReconciler> = Api::all(self.ctx.client.clone());
+        let all = api
+            .list(&Default::default())
+            .await
+            .map_err(|e| SetupError {
+                reason: "ConflictCheckFailed",
+                message: format!(
+                    "cannot list WasmReconcilers to rule out a conflict: {e} (the host needs list on wasmreconcilers)"
+                ),
+            })?;
+        match conflict::winner_over(&self.wr, &all.items) {
+            Some(winner) => Err(SetupError {
+                reason: "Conflict",
+                message: conflict::message(&self.wr, winner),
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// Releases the primaries outside `spec.namespaces` (once per supervisor); failures are
+    /// logged and Events record each release.
+    async fn release_outside_namespaces(&mut self) {
+        if self.narrowed || self.wr.spec.namespaces.is_empty() {
+            return;
+        }
+        let releaser = match releaser(&self.ctx, &self.wr).await {
+            Ok(Some(r)) => r,
+            Ok(None) => return,
+            Err(e) => {
+                tracing::warn!(reconciler = %self.name(), error = %e, "cannot release primaries outside spec.namespaces");
+                return;
+            }
+        };
+        let which = Which::OutsideOf(self.wr.spec.namespaces.clone());
+        let why = format!(
+            "no longer serves this namespace (spec.namespaces: {})",
+            self.wr.spec.namespaces.join(", ")
+        );
+        match releaser.release(&which, true, &why).await {
+            Ok(out) if out.failed.is_empty() => self.narrowed = true,
+            Ok(out) => {
+                let message = format!(
+                    "cannot remove the finalizer from primaries outside spec.namespaces: {}",
+                    out.failed.join("; ")
+                );
+                self.event_on_wr(KubeEventType::Warning, "ReleaseFailed", &message)
+                    .await;
+            }
+            Err(e) => {
+                tracing::warn!(reconciler = %self.name(), error = %e, "cannot release primaries outside spec.namespaces")
+            }
         }
     }
 
@@ -394,7 +788,7 @@ impl Supervisor {
     async fn candidate(&self, cm: Option<&ConfigMap>) -> Result<Candidate, SetupError> {
         let spec = &self.wr.spec;
         let source = &spec.module.config_map;
-        let bytes = match cm {
+        let mut bytes = match cm {
             Some(cm) => source::from_config_map(cm, source),
             None => source::fetch(&self.ctx.client, source).await,
         }
@@ -402,7 +796,13 @@ impl Supervisor {
             reason: "ModuleUnavailable",
             message: e.to_string(),
         })?;
-        let sha = sha256_hex(&bytes.bytes);
+        let mut sha = sha256_hex(&bytes.bytes);
+        let mut from_copy = false;
+        if cm.is_none() && self.status.rejected_sha256.as_deref() == Some(sha.as_str()) {
+            bytes = self.last_good(&sha).await?;
+            sha = sha256_hex(&bytes.bytes);
+            from_copy = true;
+        }
         if let Some(pin) = &spec.module.sha256
             && !pin.eq_ignore_ascii_case(&sha)
         {
@@ -436,11 +836,41 @@ impl Supervisor {
             .map_err(|message| SetupError {
                 reason: "ModuleMismatch",
                 message,
-            })?;
+            },
+        )?;
         // Related kinds are read-only unless granted writes; each response is capped.
         let writable = spec.related.iter().filter(|r| r.write).map(|r| r.gvk());
         fit.grant = fit.grant.with_spec(writable, spec.limits.counts());
-        Ok(Candidate { module, fit, bytes })
+        Ok(Candidate {
+            module,
+            fit,
+            bytes,
+            from_copy,
+        })
+    }
+
+    /// The module that served before `rejected` was rolled back, from the host's copy.
+    async fn last_good(&self, rejected: &str) -> Result<ModuleBytes, SetupError> {
+        let refuse = |why: String| SetupError {
+            reason: "ModuleRejected",
+            message: format!(
+                "the module ConfigMap holds sha256 {rejected}, which was rolled back (status.rejectedSha256), and {why}: push a fixed module"
+            ),
+        };
+        let status = &self.status;
+        let good = status
+            .active_module
+            .as_ref()
+            .map(|a| a.sha256.clone())
+            .filter(|g| !g.eq_ignore_ascii_case(rejected))
+            .ok_or_else(|| refuse("no other module is recorded as active".into()))?;
+        let copy = status
+            .module_copy
+            .as_ref()
+            .ok_or_else(|| refuse("no copy of the last good module is recorded".into()))?;
+        module_copy::load(&self.ctx.client, copy, &good)
+            .await
+            .map_err(|e| refuse(format!("the last good module cannot be read: {e}")))
     }
 
     fn clients(&self) -> Result<Clients, SetupError> {
@@ -485,6 +915,11 @@ impl Supervisor {
             first.fit.clone(),
             first.bytes.resource_version.clone(),
         ));
+        self.keep(first.module.sha256(), &first.bytes.bytes);
+        if !first.from_copy {
+            // The ConfigMap holds another module than the one rolled back.
+            self.status.rejected_sha256 = None;
+        }
         crate::admission::slots().publish(&self.name(), slot.clone());
         let (changed_tx, changed_rx) = futures::channel::mpsc::unbounded::<()>();
         let health = Arc::new(Health::default());
@@ -515,9 +950,7 @@ impl Supervisor {
         )
         .default_backoff()
         .boxed();
-        let mut refused_version: Option<String> = None;
-        let mut rejected: Option<(String, String)> = None; // (sha, configmap version)
-        let mut watching: Option<String> = None; // sha of a newly swapped module under watch
+        let mut state = SwapState::default();
         let mut tick = tokio::time::interval(Duration::from_millis(100));
         // The self-check samples primaries in the reconciler's own scope: its first namespace
         // when it is namespaced to some, the whole cluster otherwise.
@@ -526,6 +959,12 @@ impl Supervisor {
                 Api::namespaced_with(self.ctx.client.clone(), ns, &primary.1.resource)
             }
             _ => Api::all_with(self.ctx.client.clone(), &primary.1.resource),
+        };
+        let serving = Serving {
+            slot: &slot,
+            settings: &settings,
+            primaries: &primaries,
+            changed: &changed_tx,
         };
         loop {
             tokio::select! {
@@ -536,81 +975,131 @@ impl Supervisor {
                         Some(Ok(watcher::Event::Apply(cm) | watcher::Event::InitApply(cm))) => cm,
                         _ => continue,
                     };
-                    let version = cm.resource_version().unwrap_or_default();
-                    let active = slot.active();
-                    if version == active.source_version || refused_version.as_deref() == Some(&version)
-                        || rejected.as_ref().is_some_and(|(_, v)| *v == version) {
-                        continue;
-                    }
-                    match self.swap(&cm, &slot, &settings, &primaries, &clients).await {
-                        Ok(Some(sha)) => {
-                            let _ = changed_tx.unbounded_send(());
-                            refused_version = None;
-                            rejected = None;
-                            self.status.rejected_sha256 = None;
-                            watching = (self.wr.spec.rollout.watch_reconciles > 0).then_some(sha);
-                        }
-                        Ok(None) => {}
-                        Err(e) => {
-                            refused_version = Some(version);
-                            self.refused(&cm, &e).await;
-                        }
-                    }
+                    // A newer ConfigMap replaces a deferred one.
+                    state.deferred = None;
+                    self.offer(cm, 0, &serving, &mut state).await;
                 }
                 _ = tick.tick() => {
-                    let Some(sha) = watching.clone() else { continue };
-                    let active = slot.active();
-                    if active.module.sha256() != sha {
-                        watching = None;
-                        continue;
+                    if let Some(d) = state.deferred.take_if(|d| d.at <= tokio::time::Instant::now()) {
+                        self.offer(d.cm, d.attempts, &serving, &mut state).await;
                     }
-                    let (calls, failures) = active.counts();
-                    let policy = &self.wr.spec.rollout;
-                    let n = policy.watch_reconciles.max(1);
-                    let threshold = policy.failure_threshold_percent.clamp(1, 100);
-                    // Past the threshold for good, even if every remaining reconcile succeeded?
-                    let doomed = failures * 100 >= threshold * n;
-                    if doomed || (calls >= n && failures * 100 >= threshold * calls) {
-                        let previous = slot.previous();
-                        if slot.roll_back() {
-                            let _ = changed_tx.unbounded_send(());
-                            let back = previous.map(|p| p.module.sha256().to_string()).unwrap_or_default();
-                            rejected = Some((sha.clone(), active.source_version.clone()));
-                            self.rolled_back(&slot, &sha, &back, calls, failures).await;
-                        }
-                        watching = None;
-                    } else if calls >= n {
-                        watching = None;
-                    }
+                    self.watch_rollout(&serving, &mut state).await;
                 }
             }
         }
         running.stop().await;
     }
 
+    /// Offers the module in `cm` (after `attempts` deferred tries) for a swap.
+    async fn offer(
+        &mut self,
+        cm: ConfigMap,
+        attempts: u32,
+        serving: &Serving<'_>,
+        state: &mut SwapState,
+    ) {
+        let version = cm.resource_version().unwrap_or_default();
+        let active = serving.slot.active();
+        if version == active.source_version
+            || state.refused_version.as_deref() == Some(&version)
+            || state.rejected.as_ref().is_some_and(|(_, v)| *v == version)
+        {
+            return;
+        }
+        match self.swap(&cm, serving).await {
+            Ok(Some(sha)) => {
+                let _ = serving.changed.unbounded_send(());
+                state.refused_version = None;
+                state.rejected = None;
+                self.status.rejected_sha256 = None;
+                state.watching = (self.wr.spec.rollout.watch_reconciles > 0).then_some(sha);
+            }
+            Ok(None) => {}
+            Err(SwapError::Refused(e)) => {
+                state.refused_version = Some(version);
+                self.refused(&cm, &e).await;
+            }
+            Err(SwapError::Deferred(why)) => {
+                let delay = deferral_backoff(attempts);
+                let message = format!(
+                    "the self-check of the new module could not run: {why}; retrying in {delay:?} (the previous module keeps serving)"
+                );
+                tracing::warn!(reconciler = %self.name(), "{message}");
+                metrics::global().hotswap(&self.name(), "deferred");
+                self.event_on_wr(KubeEventType::Warning, "SelfCheckDeferred", &message)
+                    .await;
+                state.deferred = Some(Deferred {
+                    cm,
+                    at: tokio::time::Instant::now() + delay,
+                    attempts: attempts.saturating_add(1),
+                });
+            }
+        }
+    }
+
+    /// Rolls a newly swapped module back once its failure rate passes the threshold.
+    async fn watch_rollout(&mut self, serving: &Serving<'_>, state: &mut SwapState) {
+        let Some(sha) = state.watching.clone() else {
+            return;
+        };
+        let slot = serving.slot;
+        let active = slot.active();
+        if active.module.sha256() != sha {
+            state.watching = None;
+            return;
+        }
+        let (calls, failures) = active.counts();
+        let policy = &self.wr.spec.rollout;
+        let n = policy.watch_reconciles.max(1);
+        let threshold = policy.failure_threshold_percent.clamp(1, 100);
+        // Past the threshold for good, even if every remaining reconcile succeeded?
+        let doomed = failures * 100 >= threshold * n;
+        if doomed || (calls >= n && failures * 100 >= threshold * calls) {
+            let previous = slot.previous();
+            if slot.roll_back() {
+                let _ = serving.changed.unbounded_send(());
+                let back = previous
+                    .map(|p| p.module.sha256().to_string())
+                    .unwrap_or_default();
+                state.rejected = Some((sha.clone(), active.source_version.clone()));
+                self.rolled_back(slot, &sha, &back, calls, failures).await;
+            }
+            state.watching = None;
+        } else if calls >= n {
+            state.watching = None;
+        }
+    }
+
     /// Checks, compiles and dry-runs the module in `cm`, then swaps it in. Ok(None) when the
-    /// ConfigMap changed but holds the module already serving.
+    /// ConfigMap changed but holds the module already serving, or one rolled back before.
     async fn swap(
         &mut self,
         cm: &ConfigMap,
-        slot: &ModuleSlot,
-        settings: &Settings,
-        primaries: &Api<DynamicObject>,
-        clients: &Clients,
-    ) -> Result<Option<String>, SetupError> {
+        serving: &Serving<'_>,
+    ) -> Result<Option<String>, SwapError> {
+        let slot = serving.slot;
         let candidate = self.candidate(Some(cm)).await?;
         let old = slot.active();
         if candidate.module.sha256() == old.module.sha256() {
             metrics::global().hotswap(&self.name(), "unchanged");
-            slot.activate(Active::new(
-                old.module.clone(),
-                old.fit.clone(),
-                candidate.bytes.resource_version.clone(),
-            ));
+            slot.refresh(candidate.bytes.resource_version.clone());
             return Ok(None);
         }
-        self.self_check(&candidate, settings, primaries, clients)
-            .await?;
+        if self.status.rejected_sha256.as_deref() == Some(candidate.module.sha256()) {
+            // Rolled back before: not served again until the ConfigMap holds another module.
+            metrics::global().hotswap(&self.name(), "unchanged");
+            return Ok(None);
+        }
+        if let Err(failure) = self.self_check(&candidate, serving).await {
+            return Err(if failure.is_module_failure() {
+                SwapError::Refused(SetupError {
+                    reason: "SelfCheckFailed",
+                    message: failure.to_string(),
+                })
+            } else {
+                SwapError::Deferred(failure.to_string())
+            });
+        }
         let sha = candidate.module.sha256().to_string();
         let message = format!(
             "module {} {} ({}) replaces {} {} ({})",
@@ -621,6 +1110,7 @@ impl Supervisor {
             old.module.metadata().version,
             short(old.module.sha256())
         );
+        self.keep(&sha, &candidate.bytes.bytes);
         slot.activate(Active::new(
             candidate.module,
             candidate.fit,
@@ -636,17 +1126,14 @@ impl Supervisor {
     async fn self_check(
         &self,
         candidate: &Candidate,
-        settings: &Settings,
-        primaries: &Api<DynamicObject>,
-        _clients: &Clients,
-    ) -> Result<(), SetupError> {
-        let list = primaries
+        serving: &Serving<'_>,
+    ) -> Result<(), CheckFailure> {
+        let settings = serving.settings;
+        let list = serving
+            .primaries
             .list(&kube::api::ListParams::default().limit(3))
             .await
-            .map_err(|e| SetupError {
-                reason: "SelfCheckFailed",
-                message: format!("cannot list primaries for the self-check: {e}"),
-            })?;
+            .map_err(CheckFailure::Cluster)?;
         for p in list
             .items
             .iter()
@@ -690,15 +1177,11 @@ impl Supervisor {
             let outcome =
                 tokio::task::spawn_blocking(move || module.reconcile(request, &limits).result)
                     .await
-                    .map_err(|e| SetupError {
-                        reason: "SelfCheckFailed",
-                        message: e.to_string(),
-                    })?;
-            let fail = |m: String| SetupError {
-                reason: "SelfCheckFailed",
-                message: format!("dry run on {}: {m}", p.name_any()),
-            };
-            let response = outcome.map_err(|e| fail(e.to_string()))?;
+                    .map_err(|e| CheckFailure::Interrupted(e.to_string()))?;
+            let response = outcome.map_err(|error| CheckFailure::Call {
+                on: p.name_any(),
+                error,
+            })?;
             // The dry run observes no children (its request lists none), so it may not patch
             // or delete any.
             intents::validate(
@@ -709,9 +1192,37 @@ impl Supervisor {
                 &intents::ObservedChildren::default(),
                 response,
             )
-            .map_err(|e| fail(e.to_string()))?;
+            .map_err(|rejected| CheckFailure::Intents {
+                on: p.name_any(),
+                rejected,
+            })?;
         }
         Ok(())
+    }
+
+    /// Keeps `bytes` (module `sha`) for the copy; only the last two activated are kept.
+    fn keep(&mut self, sha: &str, bytes: &[u8]) {
+        self.kept.retain(|(s, _)| s != sha);
+        self.kept.push((sha.to_string(), Arc::new(bytes.to_vec())));
+        while self.kept.len() > 2 {
+            self.kept.remove(0);
+        }
+    }
+
+    /// Makes the host's copy hold the active module and records where it is in the status.
+    async fn save_copy(&mut self, module: &Module) {
+        let sha = module.sha256();
+        let Some((_, bytes)) = self.kept.iter().find(|(s, _)| s == sha) else {
+            return;
+        };
+        let at = module_copy::location(&self.name(), &self.wr.spec.module.config_map);
+        let version = module.metadata().version.clone();
+        match module_copy::save(&self.ctx.client, &at, &self.name(), bytes, sha, &version).await {
+            Ok(()) => self.status.module_copy = Some(at),
+            Err(e) => {
+                tracing::warn!(reconciler = %self.name(), error = %e, "cannot keep a copy of the active module; a restart after a rollback will refuse to serve")
+            }
+        }
     }
 
     async fn activated(&mut self, slot: &ModuleSlot, reason: &str, message: String) {
@@ -729,6 +1240,7 @@ impl Supervisor {
             },
         });
         self.status.ungranted = active.fit.ungranted.clone();
+        self.save_copy(m).await;
         self.condition("ModuleLoaded", true, reason, &message);
         let watching = format!("watching {}", self.wr.spec.primary.kind);
         self.condition("Ready", true, "Reconciling", &watching);
@@ -948,5 +1460,69 @@ mod panic_tests {
         assert_eq!(panic_message(static_payload.as_ref()), "static");
         let other: Box<dyn std::any::Any + Send> = Box::new(7u8);
         assert_eq!(panic_message(other.as_ref()), "a panic without a message");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::core::Status;
+
+    fn api_error(code: u16, reason: &str) -> kube::Error {
+        kube::Error::Api(Box::new(Status::failure("test", reason).with_code(code)))
+    }
+
+    #[test]
+    fn only_the_modules_own_failures_refuse_it_in_the_self_check() {
+        for (code, reason) in [
+            (500, "InternalError"),
+            (503, "ServiceUnavailable"),
+            (504, "Timeout"),
+            (429, "TooManyRequests"),
+            (403, "Forbidden"),
+        ] {
+            let f = CheckFailure::Cluster(api_error(code, reason));
+            assert!(!f.is_module_failure(), "{code} is the cluster's: {f}");
+        }
+        assert!(!CheckFailure::Interrupted("cancelled".into()).is_module_failure());
+        let on = || "a-1".to_string();
+        let pool = CheckFailure::Call {
+            on: on(),
+            error: CallError::Sandbox {
+                detail: "maximum concurrent limit reached".into(),
+            },
+        };
+        assert!(!pool.is_module_failure(), "a full pool is the host's");
+        let panicked = CheckFailure::Call {
+            on: on(),
+            error: CallError::Panic {
+                message: "boom".into(),
+            },
+        };
+        assert!(panicked.is_module_failure());
+        assert!(panicked.to_string().contains("dry run on a-1"));
+        let deadline = CheckFailure::Call {
+            on: on(),
+            error: CallError::Deadline {
+                deadline: Duration::from_secs(1),
+            },
+        };
+        assert!(deadline.is_module_failure());
+        let invalid = CheckFailure::Intents {
+            on: on(),
+            rejected: Rejected {
+                violations: Vec::new(),
+            },
+        };
+        assert!(invalid.is_module_failure());
+    }
+
+    #[test]
+    fn deferred_self_checks_back_off_from_1s_to_60s() {
+        assert_eq!(deferral_backoff(0), Duration::from_secs(1));
+        assert_eq!(deferral_backoff(1), Duration::from_secs(2));
+        assert_eq!(deferral_backoff(5), Duration::from_secs(32));
+        assert_eq!(deferral_backoff(6), Duration::from_secs(60));
+        assert_eq!(deferral_backoff(u32::MAX), Duration::from_secs(60));
     }
 }

@@ -4,7 +4,8 @@
 //! - A reconcile takes the active module once, at its start ([`ModuleSlot::active`]), and keeps
 //!   it to the end: a swap never changes the module under a running call. New reconciles see
 //!   the new module as soon as [`ModuleSlot::activate`] returns.
-//! - The previous module is kept for rollback until the next swap.
+//! - The previous module is kept for rollback until the next swap; a ConfigMap update that
+//!   holds the module already serving ([`ModuleSlot::refresh`]) is not a swap and keeps it.
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, RwLock};
@@ -162,6 +163,25 @@ impl ModuleSlot {
         s.previous = Some(old);
     }
 
+    /// Records that the module serving now came from ConfigMap version `source_version` (the
+    /// ConfigMap changed but holds the same module). The previous module stays the rollback
+    /// target; the active module's counters go on.
+    pub fn refresh(&self, source_version: String) {
+        let mut s = match self.state.write() {
+            Ok(s) => s,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        let (calls, failures) = s.active.counts();
+        let next = Active::new(
+            s.active.module.clone(),
+            s.active.fit.clone(),
+            source_version,
+        );
+        next.calls.store(calls, Ordering::Relaxed);
+        next.failures.store(failures, Ordering::Relaxed);
+        s.active = Arc::new(next);
+    }
+
     /// Puts the previous module back in service (fresh counters); returns false if there is none.
     pub fn roll_back(&self) -> bool {
         let mut s = match self.state.write() {
@@ -177,5 +197,51 @@ impl ModuleSlot {
             previous.source_version.clone(),
         ));
         true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::{Engine, EngineConfig, Limits};
+
+    fn load(engine: &Engine, path: &str) -> Module {
+        let bytes = wasmop_test_modules::bytes(path);
+        match engine.load(&bytes, &Limits::default()) {
+            Ok(m) => m,
+            Err(e) => panic!("test module {path}: {e}"),
+        }
+    }
+
+    fn active(m: &Module, version: &str) -> Active {
+        let fit = Fit {
+            grant: Grant::default(),
+            related: Vec::new(),
+            ungranted: Vec::new(),
+        };
+        Active::new(m.clone(), fit, version.into())
+    }
+
+    #[test]
+    fn an_update_with_the_same_module_keeps_the_good_one_as_the_rollback_target() {
+        let engine = match Engine::new(&EngineConfig::default()) {
+            Ok(e) => e,
+            Err(e) => panic!("engine: {e}"),
+        };
+        let good = load(&engine, wasmop_test_modules::MISBEHAVE);
+        let bad = load(&engine, wasmop_test_modules::MISBEHAVE_FRAGILE);
+        let slot = ModuleSlot::new(active(&good, "1"));
+        slot.activate(active(&bad, "2"));
+        slot.active().record(false);
+        // The ConfigMap changes (a label, an annotation) but still holds the bad module.
+        slot.refresh("3".into());
+        assert_eq!(slot.active().source_version, "3");
+        assert_eq!(slot.active().counts(), (1, 1), "the rollback watch goes on");
+        assert_eq!(
+            slot.previous().map(|p| p.module.sha256().to_string()),
+            Some(good.sha256().to_string())
+        );
+        assert!(slot.roll_back());
+        assert_eq!(slot.active().module.sha256(), good.sha256());
     }
 }

@@ -187,7 +187,7 @@ async fn an_app_becomes_a_deployment_and_a_service_rolls_out_and_is_finalized() 
             .await?
             .finalizers()
             .iter()
-            .any(|f| f == "wasmop.dev/finalizer")
+            .any(|f| *f == wasmop::crd::finalizer_for(&wr_name))
     );
     apps.delete("web", &DeleteParams::default()).await?;
     eventually("the App gone", WAIT, || async {

@@ -1,0 +1,195 @@
+//! The host's own copy of each reconciler's active module, in a ConfigMap it owns.
+//!
+//! The module ConfigMap is the author's: after a rollback or a refused push it holds a module
+//! that is *not* serving. Whatever must load the serving module without having it in memory (a
+//! restarted host, a new leader after a failover, a supervisor restarted by an edit of the
+//! WasmReconciler, a follower answering admission reviews) reads this copy instead, found through
+//! `status.moduleCopy` and checked against `status.activeModule.sha256`.
+//!
+//! The copy is ConfigMap `wasmop-module.<reconciler>` (a digest of the name when that is too
+//! long) in the host's namespace (`POD_NAMESPACE`, else the pod's ServiceAccount namespace), or,
+//! outside a pod, in the module ConfigMap's namespace. It is written as `wasmop push` writes a
+//! module (gzip above 512 KiB), with server-side apply, and only when it does not already hold
+//! the module.
+//!
+//! # Guarantees
+//! - A copy is only ever used when its sha256 matches the digest asked for: a stale or tampered
+//!   copy is refused, never served.
+//!
+//! # Errors
+//! [`CopyError`] says which ConfigMap and what failed; callers report it and go on (the copy is
+//! a fallback, never a reason to stop serving).
+
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use kube::{Client, ResourceExt};
+
+use crate::crd::ConfigMapKey;
+use crate::engine::sha256_hex;
+use crate::source::{self, ModuleBytes, SourceError};
+
+/// The field manager of the copies.
+const MANAGER: &str = "wasmop";
+/// The annotation holding the copy's digest.
+const SHA_ANNOTATION: &str = "wasmop.dev/sha256";
+/// The annotation naming the reconciler a copy belongs to.
+const RECONCILER_ANNOTATION: &str = "wasmop.dev/reconciler";
+/// The longest object name.
+const MAX_NAME: usize = 253;
+
+/// A copy could not be written or read.
+#[derive(Debug, thiserror::Error)]
+pub enum CopyError {
+    /// The API server refused or could not be reached.
+    #[error(
+        "cannot write the module copy ConfigMap {namespace}/{name}: {source} (the host needs create and patch on configmaps in {namespace})"
+    )]
+    Write {
+        /// Namespace.
+        namespace: String,
+        /// Name.
+        name: String,
+        /// The error.
+        source: kube::Error,
+    },
+    /// The module could not be encoded.
+    #[error("cannot encode the module copy: {0}")]
+    Encode(#[from] std::io::Error),
+    /// The copy could not be read.
+    #[error("{0}")]
+    Read(#[from] SourceError),
+    /// The copy holds another module.
+    #[error("the module copy {namespace}/{name} holds sha256 {found}, not the expected {expected}")]
+    Digest {
+        /// Namespace.
+        namespace: String,
+        /// Name.
+        name: String,
+        /// What it holds.
+        found: String,
+        /// What was asked for.
+        expected: String,
+    },
+}
+
+/// The host's namespace when it runs in a pod.
+fn host_namespace() -> Option<String> {
+    std::env::var("POD_NAMESPACE")
+        .ok()
+        .or_else(|| std::fs::read_to_string(crate::leader::SA_NAMESPACE_FILE).ok())
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+}
+
+/// The copy's name for reconciler `reconciler`.
+pub fn name_for(reconciler: &str) -> String {
+    let name = format!("wasmop-module.{reconciler}");
+    if name.len() <= MAX_NAME {
+        return name;
+    }
+    format!("wasmop-module.{}", &sha256_hex(reconciler.as_bytes())[..32])
+}
+
+/// Where reconciler `reconciler`'s copy goes, given its module ConfigMap `source`.
+pub fn location(reconciler: &str, source: &ConfigMapKey) -> ConfigMapKey {
+    ConfigMapKey {
+        namespace: host_namespace().unwrap_or_else(|| source.namespace.clone()),
+        name: name_for(reconciler),
+        key: None,
+    }
+}
+
+/// Makes `at` hold `bytes` (whose sha256 is `sha`), unless it does already.
+///
+/// # Errors
+/// [`CopyError::Write`] or [`CopyError::Encode`].
+pub async fn save(
+    client: &Client,
+    at: &ConfigMapKey,
+    reconciler: &str,
+    bytes: &[u8],
+    sha: &str,
+    version: &str,
+) -> Result<(), CopyError> {
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), &at.namespace);
+    let write = |source: kube::Error| CopyError::Write {
+        namespace: at.namespace.clone(),
+        name: at.name.clone(),
+        source,
+    };
+    let existing = api.get_opt(&at.name).await.map_err(write)?;
+    if existing
+        .as_ref()
+        .and_then(|cm| cm.annotations().get(SHA_ANNOTATION))
+        .is_some_and(|s| s == sha)
+    {
+        return Ok(());
+    }
+    let mut cm =
+        crate::cli::push::config_map(&at.name, &at.namespace, bytes, "copy", version, sha)?;
+    cm.annotations_mut()
+        .insert(RECONCILER_ANNOTATION.into(), reconciler.into());
+    cm.labels_mut()
+        .insert("app.kubernetes.io/managed-by".into(), "wasmop".into());
+    api.patch(
+        &at.name,
+        &PatchParams::apply(MANAGER).force(),
+        &Patch::Apply(&cm),
+    )
+    .await
+    .map_err(write)?;
+    Ok(())
+}
+
+/// Reads the copy at `at`, which must hold the module with sha256 `expected`.
+///
+/// # Errors
+/// [`CopyError::Read`] or [`CopyError::Digest`].
+pub async fn load(
+    client: &Client,
+    at: &ConfigMapKey,
+    expected: &str,
+) -> Result<ModuleBytes, CopyError> {
+    let bytes = source::fetch(client, at).await?;
+    let found = sha256_hex(&bytes.bytes);
+    if !found.eq_ignore_ascii_case(expected) {
+        return Err(CopyError::Digest {
+            namespace: at.namespace.clone(),
+            name: at.name.clone(),
+            found,
+            expected: expected.to_string(),
+        });
+    }
+    Ok(bytes)
+}
+
+/// Deletes the copy at `at` (the reconciler is gone). A missing copy is not an error.
+///
+/// # Errors
+/// [`CopyError::Write`].
+pub async fn delete(client: &Client, at: &ConfigMapKey) -> Result<(), CopyError> {
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), &at.namespace);
+    match api.delete(&at.name, &DeleteParams::default()).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Err(source) => Err(CopyError::Write {
+            namespace: at.namespace.clone(),
+            name: at.name.clone(),
+            source,
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn copy_names_are_valid_object_names() {
+        assert_eq!(name_for("web"), "wasmop-module.web");
+        let long = "x".repeat(253);
+        let n = name_for(&long);
+        assert!(n.len() <= MAX_NAME, "{n}");
+        assert_ne!(n, name_for(&"y".repeat(253)));
+    }
+}

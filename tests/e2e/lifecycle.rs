@@ -1,0 +1,491 @@
+//! A reconciler's lifecycle, end to end: deleting or narrowing a WasmReconciler releases the
+//! finalizers it holds, two reconcilers never fight over one primary, a rollback survives a
+//! restart and an edit, and a follower serves the active module for admission after a refused
+//! push.
+
+mod support;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use futures::TryStreamExt;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use kube::api::{
+    Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams, WatchEvent, WatchParams,
+};
+use kube::{Client, ResourceExt};
+use serde_json::{Value, json};
+use support::*;
+use wasmop::crd::{WasmReconciler, finalizer_for};
+use wasmop::host::{Host, HostOptions, WebhookOptions};
+use wasmop::leader::LeaderConfig;
+use wasmop_testenv::{TestEnv, eventually};
+
+fn app(name: &str, finalizers: &[&str]) -> anyhow::Result<DynamicObject> {
+    Ok(serde_json::from_value(json!({
+        "apiVersion": "example.wasmop.dev/v1", "kind": "App",
+        "metadata": {"name": name, "finalizers": finalizers},
+        "spec": {"image": "nginx:1.27", "replicas": 1, "port": 8080}
+    }))?)
+}
+
+async fn status(client: &Client, wr: &str) -> anyhow::Result<wasmop::crd::WasmReconcilerStatus> {
+    let api: Api<WasmReconciler> = Api::all(client.clone());
+    Ok(api.get(wr).await?.status.unwrap_or_default())
+}
+
+#[tokio::test]
+async fn deleting_the_reconciler_releases_its_primaries_and_migrates_the_old_finalizer()
+-> anyhow::Result<()> {
+    let env = TestEnv::get("life-delete").await?;
+    let (wr, _) = image_updater(
+        &env,
+        "image-updater",
+        wasmop_test_modules::IMAGE_UPDATER,
+        true,
+        json!({}),
+    )
+    .await?;
+    let own = finalizer_for(&wr);
+    let apps = apps(&env.client, &env.namespace);
+    // An App from before per-reconciler finalizers.
+    apps.create(
+        &PostParams::default(),
+        &app("old", &["wasmop.dev/finalizer"])?,
+    )
+    .await?;
+    let host = start_host(&env, None).await?;
+    apps.create(&PostParams::default(), &app("web", &[])?)
+        .await?;
+    for name in ["web", "old"] {
+        eventually(&format!("{name} holds only {own}"), WAIT, || async {
+            let a = apps.get(name).await?;
+            Ok((a.finalizers() == [own.clone()]).then_some(()))
+        })
+        .await?;
+    }
+    let wrs: Api<WasmReconciler> = Api::all(env.client.clone());
+    assert!(
+        wrs.get(&wr)
+            .await?
+            .finalizers()
+            .iter()
+            .any(|f| f == wasmop::crd::RECONCILER_FINALIZER)
+    );
+
+    // Delete the reconciler, then an App: neither stays stuck.
+    wrs.delete(&wr, &DeleteParams::default()).await?;
+    apps.delete("web", &DeleteParams::default()).await?;
+    eventually("the App gone", Duration::from_secs(30), || async {
+        Ok(apps.get_opt("web").await?.is_none().then_some(()))
+    })
+    .await?;
+    eventually("the WasmReconciler gone", WAIT, || async {
+        Ok(wrs.get_opt(&wr).await?.is_none().then_some(()))
+    })
+    .await?;
+    let old = apps.get("old").await?;
+    assert!(old.finalizers().is_empty(), "{:?}", old.finalizers());
+    let released = events(&env.client, &env.namespace, "FinalizerReleased").await?;
+    assert!(
+        released.iter().any(|e| {
+            e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("old")
+                && e.note.as_deref().is_some_and(|n| n.contains("was deleted"))
+        }),
+        "{released:?}"
+    );
+    apps.delete("old", &DeleteParams::default()).await?;
+    eventually("the old App gone", Duration::from_secs(30), || async {
+        Ok(apps.get_opt("old").await?.is_none().then_some(()))
+    })
+    .await?;
+    host.shutdown().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn narrowing_the_namespaces_releases_the_primaries_left_outside() -> anyhow::Result<()> {
+    let env = TestEnv::get("life-narrow").await?;
+    let (wr, _) = image_updater(
+        &env,
+        "image-updater",
+        wasmop_test_modules::IMAGE_UPDATER,
+        true,
+        json!({}),
+    )
+    .await?;
+    let own = finalizer_for(&wr);
+    let host = start_host(&env, None).await?;
+    let apps = apps(&env.client, &env.namespace);
+    apps.create(&PostParams::default(), &app("web", &[])?)
+        .await?;
+    eventually("the App holds the finalizer", WAIT, || async {
+        Ok(apps
+            .get("web")
+            .await?
+            .finalizers()
+            .contains(&own)
+            .then_some(()))
+    })
+    .await?;
+    let wrs: Api<WasmReconciler> = Api::all(env.client.clone());
+    wrs.patch(
+        &wr,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"namespaces": ["elsewhere"]}})),
+    )
+    .await?;
+    eventually("the App released", WAIT, || async {
+        Ok(apps.get("web").await?.finalizers().is_empty().then_some(()))
+    })
+    .await?;
+    apps.delete("web", &DeleteParams::default()).await?;
+    eventually("the App gone", Duration::from_secs(30), || async {
+        Ok(apps.get_opt("web").await?.is_none().then_some(()))
+    })
+    .await?;
+    let released = events(&env.client, &env.namespace, "FinalizerReleased").await?;
+    assert!(
+        released.iter().any(|e| e
+            .note
+            .as_deref()
+            .is_some_and(|n| n.contains("no longer serves this namespace"))),
+        "{released:?}"
+    );
+    host.shutdown().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_second_reconciler_of_the_same_primaries_is_refused_and_nothing_flips()
+-> anyhow::Result<()> {
+    let env = TestEnv::get("life-conflict").await?;
+    // Created in this order, and named so that the name agrees when both land in one second.
+    let (first, _) = image_updater(
+        &env,
+        "a-first",
+        wasmop_test_modules::IMAGE_UPDATER,
+        true,
+        json!({}),
+    )
+    .await?;
+    let (second, _) = image_updater(
+        &env,
+        "b-second",
+        wasmop_test_modules::IMAGE_UPDATER,
+        true,
+        json!({}),
+    )
+    .await?;
+    let host = start_host(&env, None).await?;
+    let (_, reason, message) = eventually("the second one refused", WAIT, || async {
+        Ok(wr_condition(&env.client, &second, "Ready")
+            .await?
+            .filter(|(s, _, _)| s == "False"))
+    })
+    .await?;
+    assert_eq!(reason, "Conflict");
+    assert!(message.contains(&first), "names the winner: {message}");
+
+    let apps = apps(&env.client, &env.namespace);
+    apps.create(&PostParams::default(), &app("web", &[])?)
+        .await?;
+    let deployments: Api<Deployment> = env.api();
+    let settled = eventually("the Deployment available", WAIT, || async {
+        Ok(deployments.get_opt("web").await?.filter(|d| {
+            d.status
+                .as_ref()
+                .and_then(|s| s.available_replicas)
+                .unwrap_or(0)
+                == 1
+        }))
+    })
+    .await?;
+    let label = |d: &Deployment| d.labels().get("wasmop.dev/reconciler").cloned();
+    assert_eq!(label(&settled).as_deref(), Some(first.as_str()));
+
+    // Every write to the Deployment for 20 s, as the watch delivers them.
+    let rv = settled.resource_version().unwrap_or_default();
+    let stream = deployments
+        .watch(&WatchParams::default().fields("metadata.name=web"), &rv)
+        .await?;
+    let mut changes = Vec::new();
+    let window = tokio::time::sleep(Duration::from_secs(20));
+    tokio::pin!(window);
+    tokio::pin!(stream);
+    loop {
+        tokio::select! {
+            _ = &mut window => break,
+            event = stream.try_next() => match event? {
+                Some(WatchEvent::Modified(d)) => changes.push((d.resource_version(), label(&d))),
+                Some(WatchEvent::Error(e)) => anyhow::bail!("watch failed: {e:?}"),
+                Some(_) => {}
+                None => break,
+            },
+        }
+    }
+    assert!(
+        changes.len() < 5,
+        "the Deployment kept changing: {changes:?}"
+    );
+    assert!(
+        changes
+            .iter()
+            .all(|(_, l)| l.as_deref() == Some(first.as_str())),
+        "only the first reconciler wrote it: {changes:?}"
+    );
+    // The refused one holds no finalizer on the App.
+    let a = apps.get("web").await?;
+    assert_eq!(a.finalizers(), [finalizer_for(&first)]);
+    host.shutdown().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_rollback_survives_a_restart_and_an_edit() -> anyhow::Result<()> {
+    let env = TestEnv::get("life-rollback").await?;
+    let (wr, good) = widget_reconciler(
+        &env,
+        "widgets",
+        wasmop_test_modules::MISBEHAVE,
+        json!({"rollout": {"watchReconciles": 6, "failureThresholdPercent": 50}}),
+    )
+    .await?;
+    let host = start_host(&env, None).await?;
+    let widgets = widgets(&env.client, &env.namespace);
+    // The self-check samples the first primaries by name ("a-..."), which the fragile build
+    // handles; the "z-..." ones make it panic.
+    let names = ["a-1", "a-2", "a-3", "z-1", "z-2", "z-3"];
+    for name in names {
+        let mut labels = json!({});
+        if name.starts_with('z') {
+            labels["test.wasmop.dev/fragile"] = json!("true");
+        }
+        let w: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "test.wasmop.dev/v1", "kind": "Widget", "metadata": {"name": name, "labels": labels}, "spec": {"mode": "good"}
+        }))?;
+        widgets.create(&PostParams::default(), &w).await?;
+    }
+    let cms: Api<ConfigMap> = env.api();
+    eventually("all six widgets reconciled", WAIT, || async {
+        let mut n = 0;
+        for w in names {
+            if cms.get_opt(&format!("{w}-out")).await?.is_some() {
+                n += 1;
+            }
+        }
+        Ok((n == names.len()).then_some(()))
+    })
+    .await?;
+    let bad = push_module(
+        &env.client,
+        &env.namespace,
+        "widgets",
+        wasmop_test_modules::MISBEHAVE_FRAGILE,
+    )
+    .await?;
+    eventually("the fragile module rolled back", WAIT, || async {
+        let s = status(&env.client, &wr).await?;
+        Ok((s.rejected_sha256.as_deref() == Some(bad.as_str())
+            && s.active_module.as_ref().map(|m| m.sha256.as_str()) == Some(good.as_str()))
+        .then_some(s))
+    })
+    .await?;
+    let before = status(&env.client, &wr).await?;
+    let loaded = before.active_module.map(|m| m.loaded_at);
+    host.shutdown().await?;
+
+    // Restart: the ConfigMap still holds the rolled-back module.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let host = start_host(&env, None).await?;
+    let after = eventually("the module loaded again", WAIT, || async {
+        let s = status(&env.client, &wr).await?;
+        Ok(s.active_module
+            .clone()
+            .filter(|m| Some(&m.loaded_at) != loaded.as_ref())
+            .map(|m| (m, s)))
+    })
+    .await?;
+    assert_eq!(after.0.sha256, good, "the good module after a restart");
+    assert_eq!(after.1.rejected_sha256.as_deref(), Some(bad.as_str()));
+
+    // Edit the WasmReconciler: a new generation, set up again.
+    let wrs: Api<WasmReconciler> = Api::all(env.client.clone());
+    let edited = wrs
+        .patch(
+            &wr,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"resyncPeriod": "4m"}})),
+        )
+        .await?;
+    let generation = edited.metadata.generation;
+    eventually("the edit observed", WAIT, || async {
+        let s = status(&env.client, &wr).await?;
+        Ok((s.observed_generation == generation
+            && s.conditions.iter().any(|c| {
+                c.type_ == "Ready" && c.status == "True" && c.observed_generation == generation
+            }))
+        .then_some(()))
+    })
+    .await?;
+    let s = status(&env.client, &wr).await?;
+    assert_eq!(
+        s.active_module.map(|m| m.sha256).as_deref(),
+        Some(good.as_str()),
+        "the good module after an edit"
+    );
+    // And it does serve: the fragile widgets reconcile (the bad module panics on them).
+    widgets
+        .patch(
+            "z-1",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"mode": "good", "touch": 2}})),
+        )
+        .await?;
+    eventually("z-1 reconciled at its new generation", WAIT, || async {
+        let w = widgets.get("z-1").await?;
+        let observed = w.data["status"]["observedGeneration"].as_i64();
+        Ok((observed == w.metadata.generation
+            && w.data["status"]["conditions"][0]["status"] == "True")
+            .then_some(()))
+    })
+    .await?;
+    host.shutdown().await?;
+    Ok(())
+}
+
+/// Sends an AdmissionReview for creating `app` to the webhook at `addr`; returns its response.
+async fn review(
+    addr: SocketAddr,
+    wr: &str,
+    ns: &str,
+    app: &DynamicObject,
+) -> anyhow::Result<Value> {
+    let mut config = kube::Config::new(format!("https://{addr}").parse()?);
+    config.accept_invalid_certs = true;
+    let client = Client::try_from(config)?;
+    let body = json!({
+        "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+        "request": {
+            "uid": "e2e-1",
+            "kind": {"group": "example.wasmop.dev", "version": "v1", "kind": "App"},
+            "resource": {"group": "example.wasmop.dev", "version": "v1", "resource": "apps"},
+            "name": app.name_any(), "namespace": ns, "operation": "CREATE",
+            "userInfo": {"username": "e2e"},
+            "object": app,
+        }
+    });
+    let request = http::Request::post(format!("/validate/{wr}"))
+        .header("content-type", "application/json")
+        .body(serde_json::to_vec(&body)?)?;
+    Ok(serde_json::from_str(&client.request_text(request).await?)?)
+}
+
+#[tokio::test]
+async fn a_follower_serves_the_active_module_after_a_refused_push() -> anyhow::Result<()> {
+    let env = TestEnv::get("life-follower").await?;
+    let (wr, good) = image_updater(
+        &env,
+        "image-updater",
+        wasmop_test_modules::IMAGE_UPDATER,
+        true,
+        json!({"admission": {"timeoutSeconds": 5, "failurePolicy": "Fail"}}),
+    )
+    .await?;
+    let leader = start_host(&env, None).await?;
+    eventually("the module active and copied", WAIT, || async {
+        let s = status(&env.client, &wr).await?;
+        Ok(
+            (s.active_module.map(|m| m.sha256).as_deref() == Some(good.as_str())
+                && s.module_copy.is_some())
+            .then_some(()),
+        )
+    })
+    .await?;
+    // A push the leader refuses: the ConfigMap no longer holds the active module.
+    let cms: Api<ConfigMap> = env.api();
+    cms.patch(
+        "image-updater",
+        &PatchParams::apply("wasmop-e2e").force(),
+        &Patch::Apply(json!({
+            "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "image-updater"},
+            "binaryData": {"module.wasm": "bm90IGEgd2FzbSBtb2R1bGU="}
+        })),
+    )
+    .await?;
+    eventually("the push refused", WAIT, || async {
+        Ok(wr_condition(&env.client, &wr, "ModuleLoaded")
+            .await?
+            .filter(|(s, r, _)| s == "False" && r == "ModuleInvalid"))
+    })
+    .await?;
+    leader.shutdown().await?;
+
+    // A replica that never leads: someone else holds the Lease for an hour.
+    let now = MicroTime(k8s_openapi::jiff::Timestamp::now());
+    let lease = Lease {
+        metadata: ObjectMeta {
+            name: Some("held".into()),
+            ..ObjectMeta::default()
+        },
+        spec: Some(LeaseSpec {
+            holder_identity: Some("someone-else".into()),
+            lease_duration_seconds: Some(3600),
+            acquire_time: Some(now.clone()),
+            renew_time: Some(now),
+            ..LeaseSpec::default()
+        }),
+    };
+    let leases: Api<Lease> = env.api();
+    leases
+        .patch(
+            "held",
+            &PatchParams::apply("wasmop-e2e").force(),
+            &Patch::Apply(&lease),
+        )
+        .await?;
+    let mut elect = LeaderConfig::new(Some(env.namespace.clone()), Some("held".into()));
+    elect.identity = format!("follower-{}", env.namespace);
+    let follower = Host::start(HostOptions {
+        kubeconfig: Some(env.kubeconfig().to_path_buf()),
+        selector: Some(format!("wasmop.dev/test={}", env.namespace)),
+        instance: format!("e2e-follower-{}", env.namespace),
+        webhook: Some(WebhookOptions {
+            addr: "127.0.0.1:0".parse()?,
+            target: None,
+            cert_dir: None,
+            host_namespace: None,
+        }),
+        leader: Some(elect),
+        ..HostOptions::default()
+    })
+    .await?;
+    let addr = follower
+        .webhook_addr
+        .ok_or_else(|| anyhow::anyhow!("the follower serves no webhook"))?;
+    let app = app("web", &[])?;
+    let response = eventually("the follower answers", WAIT, || async {
+        Ok(review(addr, &wr, &env.namespace, &app).await.ok())
+    })
+    .await?;
+    assert_eq!(
+        response["response"]["allowed"],
+        json!(true),
+        "the follower judges with the active module: {response}"
+    );
+    assert_eq!(
+        leases
+            .get("held")
+            .await?
+            .spec
+            .and_then(|s| s.holder_identity)
+            .as_deref(),
+        Some("someone-else"),
+        "the follower never led"
+    );
+    follower.shutdown().await?;
+    Ok(())
+}
