@@ -13,7 +13,6 @@ use serde_json::{Value, json};
 use support::*;
 use wasmop::apply::{Applier, Observed};
 use wasmop::contract::{Action, Gvk, ObjectRef, Propagation};
-use wasmop::crd::FINALIZER;
 use wasmop::discovery::Discovery;
 use wasmop::intents::{PreparedSet, Validated};
 use wasmop_testenv::{TestEnv, eventually};
@@ -185,8 +184,9 @@ fn widget(name: &str, mode: &str) -> anyhow::Result<DynamicObject> {
     }))?)
 }
 
+/// Whether the Widget holds a wasmop finalizer (named per reconciler: `wasmop.dev/<name>`).
 fn has_finalizer(o: &DynamicObject) -> bool {
-    o.finalizers().iter().any(|f| f == FINALIZER)
+    o.finalizers().iter().any(|f| f.starts_with("wasmop.dev/"))
 }
 
 #[tokio::test]
@@ -223,7 +223,7 @@ async fn a_finalize_whose_cleanup_is_forbidden_keeps_the_finalizer_until_it_succ
         note.contains("delete v1/ConfigMap") && note.contains("w-child"),
         "the Warning names the failed cleanup: {note}"
     );
-    assert!(note.contains(FINALIZER), "{note}");
+    assert!(note.contains("wasmop.dev/"), "the Warning names the finalizer: {note}");
     let w = widgets.get_opt("w").await?;
     assert!(
         w.as_ref().is_some_and(has_finalizer),
