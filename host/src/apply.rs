@@ -248,7 +248,8 @@ impl Applier {
                 .filter(|o| controlled_by(o, &primary_uid))
                 .map(|o| (o.namespace(), o.name_any()))
                 .collect();
-            let writes = set.objects.iter().map(|child| {
+            // Collected first: a stream over a closure-mapped iterator is not provably Send.
+            let writes: Vec<_> = set.objects.iter().map(|child| {
                 let api = api_for(&self.client, &resolved, child.namespace.as_deref());
                 let reader = api_for(&self.reader, &resolved, child.namespace.as_deref());
                 let params = params.clone();
@@ -292,7 +293,7 @@ impl Applier {
                         .map(|_| ())
                         .map_err(|e| classify(intent, &e))
                 }
-            });
+            }).collect();
             let results: Vec<Result<(), WriteFailure>> = futures::stream::iter(writes)
                 .buffer_unordered(APPLY_CONCURRENCY)
                 .collect()

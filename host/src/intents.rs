@@ -1075,6 +1075,7 @@ mod tests {
         Grant {
             owned: [Gvk::new("apps/v1", "Deployment"), Gvk::new("v1", "Service")].into(),
             related: [Gvk::new("v1", "Pod")].into(),
+            ..Grant::default()
         }
     }
 
