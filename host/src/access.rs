@@ -216,8 +216,14 @@ mod tests {
 
     #[test]
     fn reads_follow_what_the_host_watches() {
-        let cm = (Gvk::new("v1", "ConfigMap"), resolved("", "ConfigMap", "configmaps", true));
-        let ns = (Gvk::new("v1", "Namespace"), resolved("", "Namespace", "namespaces", false));
+        let cm = (
+            Gvk::new("v1", "ConfigMap"),
+            resolved("", "ConfigMap", "configmaps", true),
+        );
+        let ns = (
+            Gvk::new("v1", "Namespace"),
+            resolved("", "Namespace", "namespaces", false),
+        );
         let scope = vec!["a".to_string(), "b".to_string()];
         let r = reads(&[cm.clone()], &[cm.clone(), ns.clone()], &scope, true);
         let places: Vec<(String, Option<String>)> = r
@@ -252,7 +258,10 @@ mod tests {
             namespace: Some("team".into()),
         };
         let r = review(&sa, &read, "watch");
-        assert_eq!(r.spec.user.as_deref(), Some("system:serviceaccount:team:mod"));
+        assert_eq!(
+            r.spec.user.as_deref(),
+            Some("system:serviceaccount:team:mod")
+        );
         let groups = r.spec.groups.unwrap_or_default();
         assert!(groups.contains(&"system:serviceaccounts:team".to_string()));
         let a = r.spec.resource_attributes.unwrap_or_default();

@@ -350,7 +350,12 @@ fn forget_gone(
                 primaries.state().iter().map(|p| key_of(p)).collect();
             let gone: Vec<Key> = objects
                 .lock()
-                .map(|m| m.keys().filter(|k| !present.contains(*k)).cloned().collect())
+                .map(|m| {
+                    m.keys()
+                        .filter(|k| !present.contains(*k))
+                        .cloned()
+                        .collect()
+                })
                 .unwrap_or_default();
             for key in gone {
                 forget_key(objects, health, queue, &key);
@@ -884,11 +889,7 @@ async fn reconcile(
         Err(e) => !e.is_module_failure(),
     });
     // Deleted while it ran: nothing more will come for it.
-    let r = reference(
-        &shared.settings.primary.1.resource,
-        key.0.clone(),
-        &key.1,
-    );
+    let r = reference(&shared.settings.primary.1.resource, key.0.clone(), &key.1);
     if shared.primaries.get(&r).is_none() {
         shared.forget(&key);
     }

@@ -596,10 +596,17 @@ mod tests {
         let e = parse_bounded_duration("spec.resyncPeriod", "200000h", MAX_RESYNC)
             .err()
             .unwrap_or_default();
-        assert!(e.contains("spec.resyncPeriod") && e.contains("maximum"), "{e}");
-        let e = parse_bounded_duration("spec.limits.deadline", "99999999999999999999999h", MAX_DEADLINE)
-            .err()
-            .unwrap_or_default();
+        assert!(
+            e.contains("spec.resyncPeriod") && e.contains("maximum"),
+            "{e}"
+        );
+        let e = parse_bounded_duration(
+            "spec.limits.deadline",
+            "99999999999999999999999h",
+            MAX_DEADLINE,
+        )
+        .err()
+        .unwrap_or_default();
         assert!(e.contains("spec.limits.deadline"), "{e}");
         assert!(parse_bounded_duration("spec.limits.deadline", "6m", MAX_DEADLINE).is_err());
     }

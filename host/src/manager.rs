@@ -741,8 +741,10 @@ impl Supervisor {
             ));
         }
         // The module reads through the host's watches: its own identity must be allowed them.
-        let related_kinds: Vec<(Gvk, Resolved)> =
-            related.iter().map(|(k, r, _)| (k.clone(), r.clone())).collect();
+        let related_kinds: Vec<(Gvk, Resolved)> = related
+            .iter()
+            .map(|(k, r, _)| (k.clone(), r.clone()))
+            .collect();
         let reads = access::reads(
             &owned,
             &related_kinds,
@@ -760,15 +762,16 @@ impl Supervisor {
             })?;
         let candidate = self.candidate(None).await?;
         let limits = self.limits()?;
-        let resync = match &spec.resync_period {
-            Some(p) => parse_bounded_duration("spec.resyncPeriod", p, MAX_RESYNC).map_err(
-                |message| SetupError {
-                    reason: "InvalidSpec",
-                    message,
-                },
-            )?,
-            None => self.ctx.default_resync.min(MAX_RESYNC),
-        };
+        let resync =
+            match &spec.resync_period {
+                Some(p) => parse_bounded_duration("spec.resyncPeriod", p, MAX_RESYNC).map_err(
+                    |message| SetupError {
+                        reason: "InvalidSpec",
+                        message,
+                    },
+                )?,
+                None => self.ctx.default_resync.min(MAX_RESYNC),
+            };
         let settings = Settings {
             name: self.name(),
             primary: (primary.clone(), primary_resolved.clone()),

@@ -78,10 +78,7 @@ fn status(e: &watcher::Error) -> Option<&kube::core::Status> {
 /// What failed, for the WasmReconciler's condition and Event: the kind, the API's reason and
 /// message, and what to do.
 pub fn describe(kind: &Gvk, e: &watcher::Error) -> String {
-    let what = format!(
-        "cannot list and watch {}/{}",
-        kind.api_version, kind.kind
-    );
+    let what = format!("cannot list and watch {}/{}", kind.api_version, kind.kind);
     match status(e) {
         Some(s) => {
             let hint = match s.code {
@@ -132,7 +129,11 @@ mod tests {
         );
         assert!(is_lasting(&forbidden()));
         assert!(!w.record(&kind, &Ok(watcher::Event::<()>::Init)));
-        assert_eq!(w.failing().len(), 1, "Init alone does not prove the list works");
+        assert_eq!(
+            w.failing().len(),
+            1,
+            "Init alone does not prove the list works"
+        );
         assert!(w.record(&kind, &Ok(watcher::Event::<()>::InitDone)));
         assert!(w.failing().is_empty());
     }

@@ -236,10 +236,7 @@ async fn cleanup(env: &TestEnv, prop: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn wait_for_copies(
-    env: &TestEnv,
-    prop: &str,
-) -> anyhow::Result<BTreeMap<String, String>> {
+async fn wait_for_copies(env: &TestEnv, prop: &str) -> anyhow::Result<BTreeMap<String, String>> {
     eventually(&format!("{COPIES} copies"), WAIT, || async {
         let have = copies(&env.client, prop).await?;
         Ok((have.len() == COPIES).then_some(have))
@@ -405,7 +402,11 @@ async fn a_host_that_may_not_list_namespaces_says_so_and_prunes_nothing() -> any
         Ok((metric("wasmop_reconcile_total", &wr)? > reconciles).then_some(()))
     })
     .await?;
-    assert_eq!(copies(&env.client, &prop).await?, before, "no copy was replaced");
+    assert_eq!(
+        copies(&env.client, &prop).await?,
+        before,
+        "no copy was replaced"
+    );
     let deleted = deleted.lock().map(|d| d.clone()).unwrap_or_default();
     assert!(deleted.is_empty(), "copies were deleted: {deleted:?}");
     host.shutdown().await?;
@@ -493,8 +494,9 @@ async fn a_reconciler_whose_service_account_may_not_read_a_related_kind_is_refus
     .await?;
     let sa = format!("{}/secrets", env.namespace);
     assert!(
-        message.contains(&format!("{sa} may not list v1/Secret (secrets) in namespace"))
-            && message.contains("grant it"),
+        message.contains(&format!(
+            "{sa} may not list v1/Secret (secrets) in namespace"
+        )) && message.contains("grant it"),
         "{message}"
     );
     eventually("a Warning Event ReadNotAllowed", WAIT, || async {
@@ -558,7 +560,10 @@ async fn only_users_who_may_impersonate_the_service_account_create_reconcilers()
     install_crds(&env.client).await?;
     // The shipped policy, bound to this test's WasmReconcilers only (other tests run alongside).
     let mut docs = yaml_docs(&repo().join("deploy/admission-policy.yaml"))?;
-    anyhow::ensure!(docs.len() == 2, "deploy/admission-policy.yaml: policy and binding");
+    anyhow::ensure!(
+        docs.len() == 2,
+        "deploy/admission-policy.yaml: policy and binding"
+    );
     let policy_name = format!("wasmop-reconciler-identity-{ns}");
     docs[0]["metadata"]["name"] = json!(policy_name);
     docs[1]["metadata"]["name"] = json!(policy_name);
@@ -568,7 +573,11 @@ async fn only_users_who_may_impersonate_the_service_account_create_reconcilers()
     let policies = Api::<DynamicObject>::all_with(
         env.client.clone(),
         &ApiResource::from_gvk_with_plural(
-            &GroupVersionKind::gvk("admissionregistration.k8s.io", "v1", "ValidatingAdmissionPolicy"),
+            &GroupVersionKind::gvk(
+                "admissionregistration.k8s.io",
+                "v1",
+                "ValidatingAdmissionPolicy",
+            ),
             "validatingadmissionpolicies",
         ),
     );
