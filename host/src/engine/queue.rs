@@ -217,9 +217,9 @@ mod tests {
         std::thread::scope(|s| {
             // Three calls of the bursting lane queue first, then one of a quiet lane.
             for (i, lane) in ["burst", "burst", "burst", "quiet"].into_iter().enumerate() {
-                let (q, order) = (q.clone(), order.clone());
+                let (queue, order) = (q.clone(), order.clone());
                 s.spawn(move || {
-                    let slot = q.acquire(lane, soon(20_000)).expect("served");
+                    let slot = queue.acquire(lane, soon(20_000)).expect("served");
                     order.lock().expect("order").push(lane);
                     drop(slot);
                 });
