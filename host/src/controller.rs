@@ -88,12 +88,14 @@ pub enum ReconcileError {
 }
 
 impl ReconcileError {
-    /// Whether this failure is the module's (counted for rollback), not the cluster's.
+    /// Whether this failure is the module's (counted for rollback), not the cluster's or the
+    /// host's (a call that found no free sandbox slot is not the module's failure).
     pub fn is_module_failure(&self) -> bool {
-        matches!(
-            self,
-            ReconcileError::Module(_) | ReconcileError::Rejected(_)
-        )
+        match self {
+            ReconcileError::Module(e) => e.is_module_fault(),
+            ReconcileError::Rejected(_) => true,
+            _ => false,
+        }
     }
 }
 

@@ -55,6 +55,10 @@ pub struct HostOptions {
     pub leader: Option<LeaderConfig>,
     /// How long [`Host::shutdown`] lets running reconciles finish.
     pub shutdown_grace: Duration,
+    /// How many module calls (reconcile, finalize, validate, load) may run at once, over all
+    /// WasmReconcilers and admission; the sandbox pool holds this many instances. More calls
+    /// wait in a fair queue, within their deadline.
+    pub max_module_calls: u32,
 }
 
 impl Default for HostOptions {
@@ -71,6 +75,7 @@ impl Default for HostOptions {
             webhook: None,
             leader: None,
             shutdown_grace: Duration::from_secs(30),
+            max_module_calls: 256,
         }
     }
 }
@@ -194,6 +199,8 @@ impl Host {
         let client = Client::try_from(config.clone())?;
         let engine = Engine::new(&EngineConfig {
             cache_dir: options.cache_dir.clone(),
+            max_instances: options.max_module_calls.max(1),
+            max_calls: options.max_module_calls.max(1),
             ..EngineConfig::default()
         })?;
         let ctx = Arc::new(HostContext {

@@ -205,3 +205,26 @@ fn validate_refuses_a_downgrade_of_the_primary_replica_example() {
         "{text}"
     );
 }
+
+#[test]
+fn test_reports_a_module_panic_with_its_message_and_exits_1() {
+    // A panicking guest writes its report to stderr (a WASI call) before it traps: the command
+    // must show the message, not crash itself.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let widget = dir.path().join("widget.yaml");
+    std::fs::write(&widget, "apiVersion: test.wasmop.dev/v1\nkind: Widget\nmetadata: {name: w, namespace: ns}\nspec: {mode: panic}\n").expect("write");
+    let out = wasmop()
+        .arg("test")
+        .arg(modules::MISBEHAVE)
+        .arg("--object")
+        .arg(&widget)
+        .output()
+        .expect("runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("the module panicked: deliberate panic while reconciling w"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("Cannot start a runtime"), "{stderr}");
+}

@@ -4,7 +4,10 @@
 use std::time::{Duration, Instant};
 
 use wasmop::contract::{Context, Gvk, KindObjects, ReconcileRequest, Trigger};
-use wasmop::engine::{CallError, Compiled, Engine, EngineConfig, Limits, LoadError, Module};
+use wasmop::engine::{
+    CallError, Compiled, Engine, EngineConfig, Limits, LoadError, Module, VALIDATE_OUTPUT_MAX,
+    hostcall_fuel,
+};
 use wasmop_test_modules as modules;
 
 fn engine() -> Engine {
@@ -129,7 +132,7 @@ fn each_misbehaviour_is_a_typed_error_and_the_engine_keeps_working() {
         .result
         .expect_err("must fail");
     assert!(
-        matches!(err, CallError::OutputTooLarge { size, limit } if limit == 1 << 20 && size > 3 << 20),
+        matches!(err, CallError::OutputTooLarge { size, limit } if limit == 1 << 20 && size > limit),
         "{err:?}"
     );
     assert_good(&module);
@@ -277,4 +280,157 @@ fn compiled_modules_are_cached_on_disk() {
         .expect("load");
     assert_eq!(third.compiled(), Compiled::Fresh);
     assert_good(&third);
+}
+
+fn validate_request(mode: &str) -> wasmop::contract::ValidateRequest {
+    wasmop::contract::ValidateRequest {
+        operation: wasmop::contract::Operation::Create,
+        old: None,
+        new: serde_json::json!({"spec": {"mode": mode}}).to_string(),
+        config: "{}".into(),
+    }
+}
+
+fn small_engine(instances: u32) -> Engine {
+    Engine::new(&EngineConfig {
+        max_instances: instances,
+        max_calls: instances,
+        ..EngineConfig::default()
+    })
+    .expect("engine")
+}
+
+#[test]
+fn a_guest_sleeping_in_wasi_is_stopped_at_its_deadline_and_frees_its_sandbox() {
+    const N: usize = 2;
+    let engine = small_engine(N as u32);
+    let module = load(&engine, modules::MISBEHAVE);
+    let one_second = Limits {
+        deadline: Duration::from_secs(1),
+        ..limits()
+    };
+    // N guests asleep (20 s) at once, in reconcile and in validate: each is stopped at its
+    // 1 s deadline, not when it wakes up.
+    std::thread::scope(|s| {
+        for i in 0..N {
+            let module = module.clone();
+            s.spawn(move || {
+                let started = Instant::now();
+                let err = if i % 2 == 0 {
+                    module.reconcile(widget("sleep"), &one_second).result.err()
+                } else {
+                    module
+                        .validate(validate_request("sleep"), &one_second)
+                        .result
+                        .err()
+                };
+                let took = started.elapsed();
+                assert_eq!(
+                    err,
+                    Some(CallError::Deadline {
+                        deadline: Duration::from_secs(1)
+                    })
+                );
+                assert!(took >= Duration::from_secs(1), "stopped early: {took:?}");
+                assert!(took < Duration::from_secs(5), "stopped after {took:?}");
+            });
+        }
+    });
+    // Their sandboxes are free again: N + 1 calls at once all succeed (one waits its turn).
+    let generous = Limits {
+        deadline: Duration::from_secs(10),
+        ..limits()
+    };
+    std::thread::scope(|s| {
+        for _ in 0..=N {
+            let module = module.clone();
+            s.spawn(move || {
+                let out = module.reconcile(widget("good"), &generous);
+                assert!(out.result.is_ok(), "{:?}", out.result);
+            });
+        }
+    });
+}
+
+#[test]
+fn a_call_that_finds_every_sandbox_busy_waits_and_is_not_the_modules_fault() {
+    let engine = small_engine(1);
+    let module = load(&engine, modules::MISBEHAVE);
+    // Another reconciler holds the only slot for longer than this call's deadline.
+    let held = engine
+        .queue()
+        .acquire("other", Instant::now() + Duration::from_secs(60))
+        .expect("the only slot");
+    let short = Limits {
+        deadline: Duration::from_millis(300),
+        ..limits()
+    };
+    let err = module
+        .reconcile(widget("good"), &short)
+        .result
+        .expect_err("no slot");
+    assert_eq!(
+        err,
+        CallError::Queued {
+            deadline: Duration::from_millis(300),
+            slots: 1
+        }
+    );
+    assert!(!err.is_module_fault());
+    assert_eq!(err.reason(), "SandboxBusy");
+    assert_eq!(engine.queue().waiting(), 0);
+    drop(held);
+    assert_good(&module);
+    // The module's own failures still are its fault.
+    assert!(
+        module
+            .reconcile(widget("panic"), &limits())
+            .result
+            .expect_err("panics")
+            .is_module_fault()
+    );
+}
+
+#[test]
+fn outputs_are_capped_while_they_are_copied_out_of_the_guest() {
+    let engine = engine();
+    let module = load(&engine, modules::MISBEHAVE);
+    let cap = limits().output_bytes;
+    // 20 MiB of distinct children, and 200 MiB of children aliasing one 1 MiB buffer: the host
+    // stops copying at the hostcall fuel (about twice the cap), not after the whole response.
+    for mode in ["flood", "aliased"] {
+        let err = module
+            .reconcile(widget(mode), &limits())
+            .result
+            .expect_err("over the cap");
+        match err {
+            CallError::OutputTooLarge { size, limit } => {
+                assert_eq!(limit, cap, "{mode}");
+                assert!(size > cap && size <= hostcall_fuel(cap), "{mode}: {size}");
+            }
+            other => panic!("{mode}: expected OutputTooLarge, got {other:?}"),
+        }
+        assert_good(&module);
+    }
+    // validate's verdict is capped too (it goes into an AdmissionReview response).
+    let err = module
+        .validate(validate_request("huge-warning"), &limits())
+        .result
+        .expect_err("over the cap");
+    assert!(
+        matches!(err, CallError::OutputTooLarge { limit, .. } if limit == VALIDATE_OUTPUT_MAX),
+        "{err:?}"
+    );
+    // And metadata (its name goes into the WasmReconciler's status).
+    let err = engine
+        .load(
+            &modules::bytes(modules::MISBEHAVE_HUGE_METADATA),
+            &Limits::default(),
+        )
+        .expect_err("a 2 MiB name");
+    assert!(
+        matches!(&err, LoadError::Metadata(m) if m.contains("over the cap")),
+        "{err}"
+    );
+    assert_good(&module);
 }

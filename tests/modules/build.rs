@@ -19,6 +19,7 @@ const GUESTS: &[(&str, &[&str], &str)] = &[
     ("configmap-propagator", &[], "configmap_propagator"),
     ("misbehave", &[], "misbehave"),
     ("misbehave", &["fragile"], "misbehave_fragile"),
+    ("misbehave", &["huge-metadata"], "misbehave_huge_metadata"),
     ("wrong-version", &[], "wrong_version"),
     ("hostile", &[], "hostile"),
 ];

@@ -154,11 +154,24 @@ pub fn to_yaml(value: &impl serde::Serialize) -> String {
     text
 }
 
+/// Runs `f` on a blocking thread. Module calls block their thread (see
+/// [`crate::engine::Module::reconcile`]) and must never run on the async runtime's workers.
+///
+/// # Errors
+/// `f`'s error, or [`CliError::Other`] if its thread could not run it to the end.
+pub(crate) async fn off_runtime<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, CliError> + Send + 'static,
+) -> Result<T, CliError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| CliError::Other(format!("the module call's thread failed: {e}")))?
+}
+
 /// Runs a parsed command line.
 pub async fn run(cli: Cli) -> Result<ExitCode, CliError> {
     match cli.command {
-        Command::Inspect(args) => inspect::run(args),
-        Command::Test(args) => test::run(args),
+        Command::Inspect(args) => off_runtime(move || inspect::run(args)).await,
+        Command::Test(args) => off_runtime(move || test::run(args)).await,
         Command::Run(args) => run::run(args).await,
         Command::Push(args) => push::run(args).await,
         Command::Crdgen => {

@@ -78,13 +78,15 @@ pub(crate) async fn run(args: Args) -> Result<ExitCode, CliError> {
         args.module.display(),
         bytes.len()
     );
-    let engine = engine(true)?;
-    let module = engine
-        .load(&bytes, &Limits::default())
-        .map_err(|source| CliError::Load {
-            path: args.module.clone(),
-            source,
-        })?;
+    let module = {
+        let (bytes, path) = (bytes.clone(), args.module.clone());
+        super::off_runtime(move || {
+            engine(true)?
+                .load(&bytes, &Limits::default())
+                .map_err(|source| CliError::Load { path, source })
+        })
+        .await?
+    };
     let m = module.metadata();
     eprintln!(
         "module {} {} for {}, sha256 {}",

@@ -70,6 +70,11 @@ pub struct Args {
     /// How long running reconciles may take to finish on SIGTERM/SIGINT.
     #[arg(long, env = "WASMOP_SHUTDOWN_GRACE", default_value = "30s")]
     pub shutdown_grace: String,
+    /// How many module calls may run at once, over every WasmReconciler and admission (the
+    /// sandbox pool's size). More calls wait in a fair queue, within their deadline.
+    #[arg(long, env = "WASMOP_MAX_MODULE_CALLS", default_value_t = 256,
+          value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub max_module_calls: u32,
 }
 
 /// `:8080` (every address), `127.0.0.1:0`, `[::1]:9443`, or `off`.
@@ -179,6 +184,7 @@ pub(crate) async fn run(args: Args) -> Result<ExitCode, CliError> {
         webhook,
         leader,
         shutdown_grace: grace,
+        max_module_calls: args.max_module_calls,
         ..HostOptions::default()
     };
     let mut host = Host::start(options)

@@ -137,6 +137,16 @@ pub(crate) fn validate_in(r: c::ValidateRequest) -> wit::ValidateRequest {
     }
 }
 
+/// Bytes of text a verdict carries (checked against the validate output cap).
+pub(crate) fn validate_size(r: &wit::ValidateResponse) -> usize {
+    match r {
+        wit::ValidateResponse::Allowed(warnings) => warnings.iter().map(|w| w.len() + 8).sum(),
+        wit::ValidateResponse::Denied(d) => {
+            d.message.len() + d.field.as_ref().map_or(0, String::len)
+        }
+    }
+}
+
 pub(crate) fn validate_out(r: wit::ValidateResponse) -> c::ValidateResponse {
     match r {
         wit::ValidateResponse::Allowed(warnings) => c::ValidateResponse::Allowed { warnings },

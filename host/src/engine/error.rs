@@ -121,10 +121,13 @@ pub enum CallError {
         /// Where and what.
         detail: String,
     },
-    /// The module returned more than the output cap.
-    #[error("the module returned {size} bytes of intents, over the cap of {limit} bytes")]
+    /// The module returned more than the output cap (or handed the host more than the cap's
+    /// hostcall fuel in one transfer, which stops the copy early).
+    #[error(
+        "the module returned {size} bytes or more of output, over the cap of {limit} bytes (the host stopped copying it)"
+    )]
     OutputTooLarge {
-        /// Size returned.
+        /// Size returned, or the bytes copied before the host stopped.
         size: usize,
         /// Cap.
         limit: usize,
@@ -141,6 +144,17 @@ pub enum CallError {
         /// Why.
         detail: String,
     },
+    /// The call waited in the host's call queue until its deadline passed: every sandbox slot
+    /// was busy. The host was overloaded; the module did nothing wrong.
+    #[error(
+        "no sandbox slot became free within the call's deadline of {deadline:?} ({slots} module calls were running): the host is busy, not the module; raise `wasmop run --max-module-calls` or lower the reconcilers' concurrency"
+    )]
+    Queued {
+        /// The call's deadline.
+        deadline: Duration,
+        /// How many calls may run at once.
+        slots: usize,
+    },
 }
 
 impl CallError {
@@ -155,6 +169,13 @@ impl CallError {
             CallError::OutputTooLarge { .. } => "ModuleOutputTooLarge",
             CallError::Module { .. } => "ModuleError",
             CallError::Sandbox { .. } => "SandboxUnavailable",
+            CallError::Queued { .. } => "SandboxBusy",
         }
+    }
+
+    /// Whether the module itself is to blame (counted for backoff, Warning Events and
+    /// rollback), rather than the host being out of sandboxes.
+    pub fn is_module_fault(&self) -> bool {
+        !matches!(self, CallError::Sandbox { .. } | CallError::Queued { .. })
     }
 }

@@ -8,8 +8,18 @@
 //! # Guarantees
 //! - A module gets no filesystem, network, environment or inherited stdio; only the
 //!   `wasmop:reconciler/host` log import and inert WASI interfaces.
-//! - Every call is bounded: a wall-clock deadline (epoch interruption), a linear-memory cap, an
-//!   output-size cap and a log-line budget ([`Limits`]).
+//! - Every call is bounded: a wall-clock deadline, a linear-memory cap, an output-size cap and a
+//!   log-line budget ([`Limits`]). The deadline holds whatever the guest does: a CPU loop is
+//!   interrupted by the epoch deadline, and a guest blocked in a WASI call (a sleep, a clock
+//!   subscription) is abandoned when the call's future is dropped at the deadline (wasmtime's
+//!   async API under a timeout), which frees its store and pool slot at once.
+//! - The output cap is enforced while the host copies the result out of the guest (wasmtime's
+//!   hostcall fuel), so a guest cannot make the host copy much more than the cap (for example
+//!   with strings that alias one buffer); `metadata` and `validate` output are capped too.
+//! - Calls wait for a slot in one process-wide, fair queue ([`CallQueue`]) instead of failing
+//!   when the sandbox pool is full; waiting counts against the call's deadline, and a call whose
+//!   deadline passes while queued fails with [`CallError::Queued`], which is not the module's
+//!   fault.
 //! - Every failure of a module is a typed [`CallError`]; the host never panics or aborts because
 //!   of a module, and the engine stays usable for other modules and calls afterwards.
 //!
@@ -20,6 +30,7 @@
 mod cache;
 mod convert;
 mod error;
+mod queue;
 mod sandbox;
 
 use std::path::PathBuf;
@@ -33,6 +44,7 @@ use wasmtime::{Store, Trap};
 
 pub use cache::ArtifactCache;
 pub use error::{CallError, LoadError};
+pub use queue::{CallQueue, QueueTimeout, Slot};
 
 use crate::contract::{
     FinalizeResponse, ModuleMetadata, ReconcileRequest, ReconcileResponse, ValidateRequest,
@@ -44,6 +56,9 @@ mod bindings {
     wasmtime::component::bindgen!({
         world: "module",
         path: "../wit",
+        // Async exports: a call is a future that can be dropped at its deadline even while the
+        // guest is blocked in a WASI call. The host's own import (`log`) stays synchronous.
+        exports: { default: async },
     });
 }
 
@@ -69,6 +84,9 @@ pub struct EngineConfig {
     /// Bytes of each pooled linear memory reset with memset instead of being returned to the
     /// kernel between calls: faster instantiation at the price of resident memory per slot.
     pub memory_keep_resident: usize,
+    /// How many module calls may run at once (the slots of the fair call queue; at most
+    /// `max_instances`). More calls wait, within their deadline.
+    pub max_calls: u32,
 }
 
 impl Default for EngineConfig {
@@ -79,6 +97,7 @@ impl Default for EngineConfig {
             max_instances: 256,
             tick: Duration::from_millis(2),
             memory_keep_resident: 4 << 20,
+            max_calls: 256,
         }
     }
 }
@@ -107,9 +126,25 @@ impl Default for Limits {
     }
 }
 
+/// The most bytes of text `metadata()` may return (name, version, kinds, selectors).
+pub const METADATA_OUTPUT_MAX: usize = 64 << 10;
+/// The most bytes of text `validate()` may return (warnings, or the denial's message and field),
+/// whatever the output cap: the verdict goes into an AdmissionReview response.
+pub const VALIDATE_OUTPUT_MAX: usize = 64 << 10;
+
+/// The hostcall fuel for a call whose output is capped at `cap` bytes: the most bytes wasmtime
+/// copies out of the guest in one transfer (a result, or the arguments of one host call). Twice
+/// the cap plus 64 KiB leaves room for the lists' own structure (8 to 32 bytes per element)
+/// while keeping what a guest can make the host copy within a small multiple of the cap.
+pub fn hostcall_fuel(cap: usize) -> usize {
+    cap.saturating_mul(2).saturating_add(64 << 10)
+}
+
 /// What a call cost.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct CallStats {
+    /// Waiting in the call queue for a sandbox slot.
+    pub queued: Duration,
     /// Creating the store and instance.
     pub instantiate: Duration,
     /// The call itself, including converting the output.
@@ -146,6 +181,7 @@ pub struct Engine {
     linker: Arc<Linker<State>>,
     cache: Option<ArtifactCache>,
     tick: Duration,
+    queue: CallQueue,
     _ticker: Arc<Ticker>,
 }
 
@@ -210,6 +246,8 @@ impl Engine {
             .total_core_instances(config.max_instances * 4)
             .total_memories(config.max_instances * 2)
             .total_tables(config.max_instances * 4)
+            // Async calls run on fiber stacks: one per call.
+            .total_stacks(config.max_instances)
             .max_memory_size(memory)
             .max_core_instances_per_component(16)
             .linear_memory_keep_resident(config.memory_keep_resident)
@@ -223,7 +261,7 @@ impl Engine {
             .parallel_compilation(true);
         let inner = wasmtime::Engine::new(&wc).map_err(|e| LoadError::Engine(format!("{e:#}")))?;
         let mut linker = Linker::<State>::new(&inner);
-        wasmtime_wasi::p2::add_to_linker_sync(&mut linker)
+        wasmtime_wasi::p2::add_to_linker_async(&mut linker)
             .map_err(|e| LoadError::Engine(format!("linking WASI: {e:#}")))?;
         bindings::wasmop::reconciler::host::add_to_linker::<State, HasSelf<State>>(
             &mut linker,
@@ -255,6 +293,7 @@ impl Engine {
             linker: Arc::new(linker),
             cache,
             tick: config.tick,
+            queue: CallQueue::new(config.max_calls.min(config.max_instances) as usize),
             _ticker: Arc::new(Ticker { stop }),
         })
     }
@@ -262,6 +301,11 @@ impl Engine {
     /// The compiled-module cache, if any.
     pub fn cache(&self) -> Option<&ArtifactCache> {
         self.cache.as_ref()
+    }
+
+    /// The process-wide queue every module call waits in for a sandbox slot.
+    pub fn queue(&self) -> &CallQueue {
+        &self.queue
     }
 
     /// Checks and compiles `bytes` (or loads them from the cache), links them, and calls
@@ -311,10 +355,13 @@ impl Engine {
             load_time: Duration::ZERO,
         };
         let metadata = module
-            .call(limits, |g, s| g.call_metadata(s).map(Ok))
+            .call("load", limits, METADATA_OUTPUT_MAX, async |g, s| {
+                g.call_metadata(s).await.map(Ok)
+            })
             .result
             .map_err(|e| LoadError::Metadata(format!("failed: {e}")))?;
         let metadata = convert::metadata_out(metadata);
+        check_metadata_size(&metadata)?;
         check_metadata(&metadata)?;
         module.name = Arc::from(metadata.name.as_str());
         module.metadata = metadata;
@@ -444,6 +491,16 @@ fn link_error(e: &wasmtime::Error) -> LoadError {
     }
 }
 
+fn check_metadata_size(m: &ModuleMetadata) -> Result<(), LoadError> {
+    let size = serde_json::to_vec(m).map_or(usize::MAX, |v| v.len());
+    if size > METADATA_OUTPUT_MAX {
+        return Err(LoadError::Metadata(format!(
+            "returned {size} bytes, over the cap of {METADATA_OUTPUT_MAX} bytes (names, versions and kinds must be short)"
+        )));
+    }
+    Ok(())
+}
+
 fn check_metadata(m: &ModuleMetadata) -> Result<(), LoadError> {
     let bad = |what: String| Err(LoadError::Metadata(what));
     if m.name.trim().is_empty() {
@@ -499,45 +556,78 @@ impl Module {
         WIT_VERSION
     }
 
-    /// Runs `reconcile`.
+    /// Runs `reconcile`. The call queues in the lane of `request.context.reconciler`.
+    ///
+    /// # Panics
+    /// If called on an async runtime's worker thread (the call blocks its thread): call it from
+    /// `tokio::task::spawn_blocking` or a plain thread.
     pub fn reconcile(
         &self,
         request: ReconcileRequest,
         limits: &Limits,
     ) -> Outcome<ReconcileResponse> {
         let request = convert::request_in(request);
-        let out = self.call(limits, |g, s| g.call_reconcile(s, &request));
-        flatten(out, limits, convert::response_size, convert::response_out)
+        let lane = request.context.reconciler.clone();
+        let out = self.call(&lane, limits, limits.output_bytes, async |g, s| {
+            g.call_reconcile(s, &request).await
+        });
+        flatten(
+            out,
+            limits.output_bytes,
+            convert::response_size,
+            convert::response_out,
+        )
     }
 
-    /// Runs `finalize`.
+    /// Runs `finalize`. Queues and blocks like [`Module::reconcile`].
+    ///
+    /// # Panics
+    /// As [`Module::reconcile`].
     pub fn finalize(
         &self,
         request: ReconcileRequest,
         limits: &Limits,
     ) -> Outcome<FinalizeResponse> {
         let request = convert::request_in(request);
-        let out = self.call(limits, |g, s| g.call_finalize(s, &request));
-        flatten(out, limits, convert::finalize_size, convert::finalize_out)
+        let lane = request.context.reconciler.clone();
+        let out = self.call(&lane, limits, limits.output_bytes, async |g, s| {
+            g.call_finalize(s, &request).await
+        });
+        flatten(
+            out,
+            limits.output_bytes,
+            convert::finalize_size,
+            convert::finalize_out,
+        )
     }
 
-    /// Runs `validate`.
+    /// Runs `validate`; its output is capped at [`VALIDATE_OUTPUT_MAX`] (or the output cap if
+    /// smaller). The call queues in the lane `validate/<module name>`.
+    ///
+    /// # Panics
+    /// As [`Module::reconcile`].
     pub fn validate(&self, request: ValidateRequest, limits: &Limits) -> Outcome<ValidateResponse> {
         let request = convert::validate_in(request);
-        let Outcome { result, stats } =
-            self.call(limits, |g, s| g.call_validate(s, &request).map(Ok));
-        Outcome {
-            result: result.map(convert::validate_out),
-            stats,
-        }
+        let cap = limits.output_bytes.min(VALIDATE_OUTPUT_MAX);
+        let lane = format!("validate/{}", self.name);
+        let out = self.call(&lane, limits, cap, async |g, s| {
+            g.call_validate(s, &request).await.map(Ok)
+        });
+        flatten(out, cap, convert::validate_size, |v| {
+            Ok(convert::validate_out(v))
+        })
     }
 
-    /// Instantiates a fresh sandbox and calls `f` in it, turning every failure into a
-    /// [`CallError`]. `f` returns the module's own result (`Err` = the module's error).
+    /// Waits for a slot in the call queue (lane `lane`), instantiates a fresh sandbox and calls
+    /// `f` in it, all within the deadline, turning every failure into a [`CallError`]. `f`
+    /// returns the module's own result (`Err` = the module's error). `output_cap` sets the
+    /// hostcall fuel.
     fn call<T>(
         &self,
+        lane: &str,
         limits: &Limits,
-        f: impl FnOnce(
+        output_cap: usize,
+        f: impl AsyncFnOnce(
             &bindings::exports::wasmop::reconciler::guest::Guest,
             &mut Store<State>,
         ) -> wasmtime::Result<
@@ -545,49 +635,110 @@ impl Module {
         >,
     ) -> Outcome<T> {
         let started = Instant::now();
+        let deadline_at = started + limits.deadline;
         let mut stats = CallStats::default();
         let engine = &self.engine;
+        let slot = engine.queue.acquire(lane, deadline_at);
+        stats.queued = started.elapsed();
+        let _slot = match slot {
+            Ok(slot) => slot,
+            Err(e) => {
+                return Outcome {
+                    result: Err(CallError::Queued {
+                        deadline: limits.deadline,
+                        slots: e.slots,
+                    }),
+                    stats,
+                };
+            }
+        };
+        let driver = match driver() {
+            Ok(d) => d,
+            Err(e) => {
+                return Outcome {
+                    result: Err(e),
+                    stats,
+                };
+            }
+        };
+        let remaining = deadline_at.saturating_duration_since(Instant::now());
         let mut store = Store::new(
             &engine.inner,
             State::new(self.name.clone(), limits.memory_bytes, limits.log_lines),
         );
         store.limiter(|s| &mut s.limiter);
+        store.set_hostcall_fuel(hostcall_fuel(output_cap));
         let tick_nanos = engine.tick.as_nanos().max(1);
-        let ticks = limits.deadline.as_nanos().div_ceil(tick_nanos) + 1;
+        let ticks = remaining.as_nanos().div_ceil(tick_nanos) + 1;
         store.set_epoch_deadline(u64::try_from(ticks).unwrap_or(u64::MAX));
         store.epoch_deadline_trap();
-        let instance = match self.pre.instantiate(&mut store) {
-            Ok(i) => i,
-            Err(e) => {
-                stats.instantiate = started.elapsed();
-                let err = classify(&e, &store, limits, true);
-                return Outcome {
-                    result: Err(err),
-                    stats,
-                };
-            }
+        let instantiating = Instant::now();
+        let mut instantiated = None;
+        let run = async {
+            let instance = self
+                .pre
+                .instantiate_async(&mut store)
+                .await
+                .map_err(|e| (e, true))?;
+            instantiated = Some(Instant::now());
+            f(instance.wasmop_reconciler_guest(), &mut store)
+                .await
+                .map_err(|e| (e, false))
         };
-        stats.instantiate = started.elapsed();
-        let called = Instant::now();
-        let result = f(instance.wasmop_reconciler_guest(), &mut store);
-        stats.call = called.elapsed();
+        // Dropping `run` at the deadline abandons the guest wherever it is (in a WASI sleep,
+        // too) and frees its instance.
+        let result = driver.block_on(tokio::time::timeout(remaining, run));
+        let done = Instant::now();
+        match instantiated {
+            Some(at) => {
+                stats.instantiate = at - instantiating;
+                stats.call = done - at;
+            }
+            None => stats.instantiate = done - instantiating,
+        }
         stats.memory_peak = store.data().limiter.peak;
         stats.logs_dropped = store.data().logs_dropped;
         if stats.logs_dropped > 0 {
             tracing::warn!(module = %self.name, dropped = stats.logs_dropped, "module log lines over the per-call budget were dropped");
         }
         let result = match result {
-            Ok(Ok(v)) => Ok(v),
-            Ok(Err(e)) => Err(CallError::Module { message: e.message }),
-            Err(e) => Err(classify(&e, &store, limits, false)),
+            Err(_elapsed) => Err(CallError::Deadline {
+                deadline: limits.deadline,
+            }),
+            Ok(Ok(Ok(v))) => Ok(v),
+            Ok(Ok(Err(e))) => Err(CallError::Module { message: e.message }),
+            Ok(Err((e, instantiating))) => {
+                Err(classify(&e, &store, limits, output_cap, instantiating))
+            }
         };
         Outcome { result, stats }
     }
 }
 
+/// The runtime that drives the timers of guests' WASI calls (sleeps, clock subscriptions) and
+/// of call deadlines. Calls run on their caller's thread (`block_on`); its one worker thread
+/// only drives timers. Process-wide and never dropped.
+fn driver() -> Result<&'static tokio::runtime::Runtime, CallError> {
+    static DRIVER: std::sync::OnceLock<Result<tokio::runtime::Runtime, String>> =
+        std::sync::OnceLock::new();
+    DRIVER
+        .get_or_init(|| {
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
+                .thread_name("wasmop-sandbox-timers")
+                .enable_time()
+                .build()
+                .map_err(|e| e.to_string())
+        })
+        .as_ref()
+        .map_err(|e| CallError::Sandbox {
+            detail: format!("cannot start the sandbox's timer thread: {e}"),
+        })
+}
+
 fn flatten<W, T>(
     out: Outcome<W>,
-    limits: &Limits,
+    cap: usize,
     size: impl FnOnce(&W) -> usize,
     convert: impl FnOnce(W) -> Result<T, CallError>,
 ) -> Outcome<T> {
@@ -595,10 +746,10 @@ fn flatten<W, T>(
     let started = Instant::now();
     let result = result.and_then(|w| {
         let n = size(&w);
-        if n > limits.output_bytes {
+        if n > cap {
             return Err(CallError::OutputTooLarge {
                 size: n,
-                limit: limits.output_bytes,
+                limit: cap,
             });
         }
         convert(w)
@@ -612,9 +763,20 @@ fn classify(
     e: &wasmtime::Error,
     store: &Store<State>,
     limits: &Limits,
+    output_cap: usize,
     instantiating: bool,
 ) -> CallError {
     let state = store.data();
+    // wasmtime's hostcall fuel ran out: the guest handed the host more bytes in one transfer
+    // than the output cap allows. The error type is private; its message is stable.
+    if e.chain()
+        .any(|c| c.to_string().contains("fuel allocated for hostcalls"))
+    {
+        return CallError::OutputTooLarge {
+            size: hostcall_fuel(output_cap),
+            limit: output_cap,
+        };
+    }
     let memory_denied = e
         .chain()
         .any(|c| c.downcast_ref::<MemoryCapExceeded>().is_some());

@@ -1,4 +1,9 @@
 //! The per-call sandbox state: WASI with nothing granted, the memory limiter, the log budget.
+//!
+//! # Guarantees
+//! - A module's log line is inert: control characters (newline, carriage return, ESC, NUL...),
+//!   Unicode line separators and bidirectional overrides are escaped (`\n`, `\u{1b}`...), so a
+//!   line cannot forge a host log line, move the cursor or recolour a terminal.
 
 use wasmtime::ResourceLimiter;
 use wasmtime::component::ResourceTable;
@@ -78,6 +83,7 @@ impl Host for State {
             message.truncate(cut);
             message.push_str("...");
         }
+        let message = inert(&message);
         let module = &*self.module;
         match level {
             LogLevel::Trace => tracing::trace!(target: "wasmop::module", module, "{message}"),
@@ -87,6 +93,35 @@ impl Host for State {
             LogLevel::Error => tracing::error!(target: "wasmop::module", module, "{message}"),
         }
     }
+}
+
+/// `text` with every character that could change how a log line is displayed or split escaped:
+/// control characters, Unicode line and paragraph separators, and bidirectional formatting
+/// characters. Everything else, including other non-ASCII text, is kept.
+pub(crate) fn inert(text: &str) -> std::borrow::Cow<'_, str> {
+    let risky = |c: char| {
+        c.is_control()
+            || matches!(
+                c,
+                '\u{2028}' | '\u{2029}' | '\u{200e}' | '\u{200f}' | '\u{061c}'
+            )
+            || ('\u{202a}'..='\u{202e}').contains(&c)
+            || ('\u{2066}'..='\u{2069}').contains(&c)
+    };
+    if !text.chars().any(risky) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 16);
+    for c in text.chars() {
+        match c {
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if risky(c) => out.extend(c.escape_unicode()),
+            c => out.push(c),
+        }
+    }
+    std::borrow::Cow::Owned(out)
 }
 
 /// Caps linear memory and records the high-water mark.
@@ -141,5 +176,28 @@ impl ResourceLimiter for Limiter {
         _maximum: Option<usize>,
     ) -> wasmtime::Result<bool> {
         Ok(desired <= 1_000_000)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::inert;
+
+    #[test]
+    fn module_log_lines_cannot_forge_host_lines_or_drive_the_terminal() {
+        let forged =
+            "done\n2026-01-01T00:00:00Z  INFO wasmop::host: leader elected\r\u{1b}[2J\0\u{202e}";
+        let shown = inert(forged);
+        assert!(!shown.chars().any(char::is_control), "{shown:?}");
+        assert_eq!(
+            shown,
+            "done\\n2026-01-01T00:00:00Z  INFO wasmop::host: leader elected\\r\\u{1b}[2J\\u{0}\\u{202e}"
+        );
+        // Ordinary text, tabs aside, is untouched (and not copied).
+        assert!(matches!(
+            inert("réconcilié 3 objets"),
+            std::borrow::Cow::Borrowed(_)
+        ));
+        assert_eq!(inert("a\tb"), "a\\tb");
     }
 }

@@ -7,7 +7,8 @@
 //! - [`CONFIGMAP_PROPAGATOR`]: the configmap-propagator example (a cluster-scoped
 //!   ConfigMapPropagation copying a ConfigMap into matching Namespaces).
 //! - [`MISBEHAVE`]: a guest whose config picks a misbehaviour; [`MISBEHAVE_FRAGILE`] a build of
-//!   it that fails for Widgets labelled `test.wasmop.dev/fragile`.
+//!   it that fails for Widgets labelled `test.wasmop.dev/fragile`; [`MISBEHAVE_HUGE_METADATA`]
+//!   a build whose `metadata()` returns a 2 MiB name.
 //! - [`WRONG_VERSION`]: a module for `wasmop:reconciler@0.2.0`.
 //! - [`HOSTILE`]: a guest that tries to touch what it does not own (see tests/guests/hostile).
 

@@ -1,8 +1,17 @@
 //! A test guest that misbehaves on request. Its primary kind is `test.wasmop.dev/v1 Widget`; it
 //! owns ConfigMaps. The WasmReconciler config (or `wasmop test --config`) picks the behaviour:
 //! `{"mode": "good" | "loop" | "memory" | "panic" | "garbage" | "oversized" | "undeclared" |
-//! "error" | "foreign-namespace" | "slow"}`; the primary's `spec.mode`, when present, wins (so
-//! one reconciler can serve well-behaved and misbehaving objects).
+//! "error" | "foreign-namespace" | "slow" | "sleep" | "flood" | "aliased" | "huge-warning"}`;
+//! the primary's `spec.mode`, when present, wins (so one reconciler can serve well-behaved and
+//! misbehaving objects).
+//!
+//! - `sleep`: blocks 20 s in a WASI sleep (reconcile and validate), to escape an epoch deadline.
+//! - `flood`: 20 children of 1 MiB each (20 MiB of output).
+//! - `aliased`: 200 children whose strings all alias one 1 MiB buffer (200 MiB for the host to
+//!   copy out of a guest that holds 1 MiB).
+//! - `huge-warning` (validate): allows with a 1 MiB warning.
+//!
+//! The `huge-metadata` feature builds a module whose `metadata()` name is 2 MiB long.
 
 // wit-bindgen's generated export glue is `unsafe` (raw ABI functions).
 #[cfg(target_family = "wasm")]
@@ -47,7 +56,11 @@ mod guest {
     impl Guest for Misbehave {
         fn metadata() -> ModuleMetadata {
             ModuleMetadata {
-                name: "misbehave".into(),
+                name: if cfg!(feature = "huge-metadata") {
+                    "m".repeat(2 << 20)
+                } else {
+                    "misbehave".into()
+                },
                 version: if cfg!(feature = "fragile") {
                     "0.1.0-fragile".into()
                 } else {
@@ -97,6 +110,44 @@ mod guest {
                     loop {
                         n = std::hint::black_box(n.wrapping_add(1));
                     }
+                }
+                "sleep" => std::thread::sleep(std::time::Duration::from_secs(20)),
+                "flood" => {
+                    let big = "x".repeat(1 << 20);
+                    response.children = children(
+                        (0..20)
+                            .map(|i| {
+                                config_map(
+                                    &format!("{name}-{i}"),
+                                    None,
+                                    serde_json::json!({ "big": &big }),
+                                )
+                            })
+                            .collect(),
+                    );
+                    return Ok(response);
+                }
+                "aliased" => {
+                    // Hostile on purpose: 200 Strings sharing one buffer. The canonical ABI copies
+                    // each one; the guest holds 1 MiB. (Its post-return would free the buffer 200
+                    // times; the host must stop copying long before that matters.)
+                    let mut big = std::mem::ManuallyDrop::new(
+                        config_map(
+                            &name,
+                            None,
+                            serde_json::json!({ "big": "x".repeat(1 << 20) }),
+                        )
+                        .into_bytes(),
+                    );
+                    let (ptr, len) = (big.as_mut_ptr(), big.len());
+                    response.children = children(
+                        (0..200)
+                            // SAFETY: none; every String aliases `big`. Nothing reads or frees
+                            // them in the guest before the host has copied (or refused) them.
+                            .map(|_| unsafe { String::from_raw_parts(ptr, len, len) })
+                            .collect(),
+                    );
+                    return Ok(response);
                 }
                 "slow" => {
                     // About 100 ms of work, then a normal answer (for deadline tests).
@@ -188,6 +239,11 @@ mod guest {
                 "loop" => loop {
                     std::hint::black_box(());
                 },
+                "sleep" => {
+                    std::thread::sleep(std::time::Duration::from_secs(20));
+                    ValidateResponse::Allowed(vec![])
+                }
+                "huge-warning" => ValidateResponse::Allowed(vec!["w".repeat(1 << 20)]),
                 "forbidden" => ValidateResponse::Denied(Denial {
                     message: "widgets in forbidden mode are refused".into(),
                     field: Some("spec.mode".into()),

@@ -1,0 +1,237 @@
+//! The process-wide, fair queue of module calls.
+//!
+//! The sandbox pool has a fixed number of instances, shared by every WasmReconciler and by
+//! admission. Instead of failing when it is full ("maximum concurrent limit reached", which used
+//! to count as the module's failure), a call waits here for one of the queue's slots, within its
+//! own deadline.
+//!
+//! # Guarantees
+//! - At most `slots` calls hold a slot at once; the pool is sized so that they always find an
+//!   instance.
+//! - Fairness between lanes (a lane is a WasmReconciler, or a module's admission calls): a freed
+//!   slot goes to the lane that waited longest since it was last served (round robin over the
+//!   lanes with waiters), first come first served within a lane. One reconciler's burst of calls
+//!   cannot starve another reconciler.
+//! - A call that cannot get a slot before its deadline gives up with [`QueueTimeout`]; it never
+//!   holds anything afterwards. A slot is released when its [`Slot`] is dropped, whatever happens.
+//!
+//! # Errors
+//! [`QueueTimeout`] when the deadline passes while queued.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// The deadline passed while the call waited for a slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("no sandbox slot became free within {waited:?} ({slots} module calls were running)")]
+pub struct QueueTimeout {
+    /// How long the call waited.
+    pub waited: Duration,
+    /// The queue's size.
+    pub slots: usize,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    running: usize,
+    next_ticket: u64,
+    /// Lanes with waiters, in serving order; each with its waiters' tickets (oldest first).
+    lanes: VecDeque<Arc<str>>,
+    waiting: HashMap<Arc<str>, VecDeque<u64>>,
+    /// Tickets that were handed a slot but have not noticed yet.
+    granted: Vec<u64>,
+}
+
+/// A fair, bounded queue of module calls. Cheap to clone (shared).
+#[derive(Debug, Clone)]
+pub struct CallQueue {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    slots: usize,
+    state: Mutex<State>,
+    freed: Condvar,
+}
+
+/// A held slot; dropping it lets the next call in.
+#[derive(Debug)]
+pub struct Slot {
+    inner: Arc<Inner>,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let mut state = self.inner.lock();
+        state.running = state.running.saturating_sub(1);
+        if grant_next(&mut state) {
+            drop(state);
+            self.inner.freed.notify_all();
+        }
+    }
+}
+
+/// Hands the free slot to the next waiter, round robin over lanes. True if one was granted.
+fn grant_next(state: &mut State) -> bool {
+    while let Some(lane) = state.lanes.pop_front() {
+        let Some(tickets) = state.waiting.get_mut(&lane) else {
+            continue;
+        };
+        let Some(ticket) = tickets.pop_front() else {
+            state.waiting.remove(&lane);
+            continue;
+        };
+        if tickets.is_empty() {
+            state.waiting.remove(&lane);
+        } else {
+            state.lanes.push_back(lane);
+        }
+        state.running += 1;
+        state.granted.push(ticket);
+        return true;
+    }
+    false
+}
+
+impl Inner {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A poisoned lock only means another caller panicked while holding it; the counters
+        // are still consistent (every update is a single statement).
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl CallQueue {
+    /// A queue letting `slots` calls run at once (at least one).
+    pub fn new(slots: usize) -> Self {
+        CallQueue {
+            inner: Arc::new(Inner {
+                slots: slots.max(1),
+                state: Mutex::new(State::default()),
+                freed: Condvar::new(),
+            }),
+        }
+    }
+
+    /// How many calls may run at once.
+    pub fn slots(&self) -> usize {
+        self.inner.slots
+    }
+
+    /// How many calls are waiting.
+    pub fn waiting(&self) -> usize {
+        let state = self.inner.lock();
+        state.waiting.values().map(VecDeque::len).sum()
+    }
+
+    /// Waits (blocking the thread) for a slot in `lane` until `deadline`.
+    ///
+    /// # Errors
+    /// [`QueueTimeout`] if no slot was free by then.
+    pub fn acquire(&self, lane: &str, deadline: Instant) -> Result<Slot, QueueTimeout> {
+        let started = Instant::now();
+        let inner = &self.inner;
+        let mut state = inner.lock();
+        if state.running < inner.slots && state.lanes.is_empty() {
+            state.running += 1;
+            return Ok(Slot {
+                inner: inner.clone(),
+            });
+        }
+        let ticket = state.next_ticket;
+        state.next_ticket += 1;
+        let lane: Arc<str> = Arc::from(lane);
+        let tickets = state.waiting.entry(lane.clone()).or_default();
+        tickets.push_back(ticket);
+        if tickets.len() == 1 {
+            state.lanes.push_back(lane.clone());
+        }
+        // A slot may be free while others wait only for an instant (a grant in flight);
+        // hand it out now so nobody sleeps on a free slot.
+        if state.running < inner.slots && grant_next(&mut state) {
+            inner.freed.notify_all();
+        }
+        loop {
+            if let Some(i) = state.granted.iter().position(|t| *t == ticket) {
+                state.granted.swap_remove(i);
+                return Ok(Slot {
+                    inner: inner.clone(),
+                });
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                forget(&mut state, &lane, ticket);
+                return Err(QueueTimeout {
+                    waited: started.elapsed(),
+                    slots: inner.slots,
+                });
+            }
+            state = inner
+                .freed
+                .wait_timeout(state, deadline - now)
+                .map(|(s, _)| s)
+                .unwrap_or_else(|p| p.into_inner().0);
+        }
+    }
+}
+
+/// Removes a waiter that gave up.
+fn forget(state: &mut State, lane: &Arc<str>, ticket: u64) {
+    if let Some(tickets) = state.waiting.get_mut(lane) {
+        tickets.retain(|t| *t != ticket);
+        if tickets.is_empty() {
+            state.waiting.remove(lane);
+            state.lanes.retain(|l| l != lane);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn soon(ms: u64) -> Instant {
+        Instant::now() + Duration::from_millis(ms)
+    }
+
+    #[test]
+    fn calls_beyond_the_slots_wait_and_time_out_without_holding_anything() {
+        let q = CallQueue::new(2);
+        let a = q.acquire("a", soon(10)).expect("free");
+        let _b = q.acquire("a", soon(10)).expect("free");
+        let err = q.acquire("b", soon(50)).expect_err("full");
+        assert_eq!(err.slots, 2);
+        assert!(err.waited >= Duration::from_millis(50), "{err:?}");
+        assert_eq!(q.waiting(), 0, "a timed-out waiter is forgotten");
+        drop(a);
+        let _c = q.acquire("b", soon(10)).expect("a slot was freed");
+    }
+
+    #[test]
+    fn a_freed_slot_goes_round_robin_over_lanes() {
+        let q = CallQueue::new(1);
+        let held = q.acquire("burst", soon(10)).expect("free");
+        let order = Arc::new(Mutex::new(Vec::new()));
+        std::thread::scope(|s| {
+            // Three calls of the bursting lane queue first, then one of a quiet lane.
+            for (i, lane) in ["burst", "burst", "burst", "quiet"].into_iter().enumerate() {
+                let (queue, order) = (q.clone(), order.clone());
+                s.spawn(move || {
+                    let slot = queue.acquire(lane, soon(20_000)).expect("served");
+                    order.lock().expect("order").push(lane);
+                    drop(slot);
+                });
+                // Wait until this waiter is queued, so the queueing order is known.
+                while q.waiting() < i + 1 {
+                    std::thread::yield_now();
+                }
+            }
+            drop(held);
+        });
+        let order = order.lock().expect("order").clone();
+        // The quiet lane is served second: right after the burst's first call, not after all.
+        assert_eq!(order, vec!["burst", "quiet", "burst", "burst"]);
+    }
+}
