@@ -13,6 +13,7 @@
 //! - [`slot`]: the swappable active module.
 //! - [`host`]: the running host (used by `wasmop run` and the end-to-end tests).
 //! - [`metrics`], [`readiness`], [`probes`]: Prometheus metrics, `/healthz` and `/readyz`.
+//! - [`serving`]: connection caps and timeouts of the probe and admission servers.
 //! - [`leader`]: leader election on a Lease.
 //! - [`admission`], [`webhook_config`], [`webhook_tls`]: the validating admission webhook.
 //! - [`cli`]: the `wasmop` command.
@@ -33,6 +34,7 @@ pub mod manager;
 pub mod metrics;
 pub mod probes;
 pub mod readiness;
+pub mod serving;
 pub mod slot;
 pub mod source;
 pub mod webhook_config;
