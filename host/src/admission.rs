@@ -24,8 +24,15 @@
 //! - A module failure or timeout follows `spec.admission.failurePolicy`: `Fail` denies with a
 //!   message saying the module failed, `Ignore` allows with a warning; both are logged and
 //!   counted (`wasmop_admission_errors_total`).
-//! - Reviews of a WasmReconciler this host does not know are allowed with a warning (its
-//!   webhook is stale: the WasmReconciler is gone or belongs to another host).
+//! - A request is refused before its body is read when its path is not `/validate/<name>`
+//!   (404), `<name>` is not a WasmReconciler this host serves (404: a stale webhook, the API
+//!   server applies its failure policy), the WasmReconciler cache has not synced yet (503), its
+//!   `Content-Length` exceeds 8 MiB (413), or more than `--webhook-max-reviews` reviews are in
+//!   flight for longer than [`REVIEW_QUEUE_WAIT`] (429). Each refusal is counted in
+//!   `wasmop_server_rejected_total{server="admission",reason}`.
+//! - At most `--webhook-max-reviews` bodies are read and parsed at a time, each capped at 8 MiB
+//!   and read within `--webhook-read-timeout` (408 otherwise); parsing runs on the blocking pool,
+//!   not on the async workers. Connections are capped and timed out as [`crate::serving`] says.
 //!
 //! # Errors
 //! [`AdmissionError`] when the server cannot start; per-review failures become verdicts.
@@ -36,11 +43,10 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::{Bytes, Incoming};
-use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use kube::api::{Api, DynamicObject};
@@ -50,13 +56,14 @@ use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 use tokio::net::TcpListener;
-use tokio::sync::watch;
+use tokio::sync::{Semaphore, watch};
 use tracing::Instrument;
 
 use crate::contract::{self, ValidateRequest, ValidateResponse};
 use crate::crd::{FailurePolicy, WasmReconciler, parse_duration, parse_quantity};
 use crate::engine::{Engine, Limits, Module, sha256_hex};
 use crate::probes::text;
+use crate::serving::{self, ServerLimits};
 use crate::slot::ModuleSlot;
 use crate::webhook_config::WebhookConfigs;
 use crate::webhook_tls::ServingCert;
@@ -64,6 +71,13 @@ use crate::{metrics, readiness, source};
 
 /// The largest AdmissionReview accepted.
 const MAX_BODY: usize = 8 << 20;
+
+/// How long a review waits for one of the `--webhook-max-reviews` slots before it is answered
+/// 429 (the API server then applies the webhook's failure policy).
+pub const REVIEW_QUEUE_WAIT: Duration = Duration::from_secs(1);
+
+/// The admission server's defaults: reviews read, parsed and judged at once.
+pub const MAX_REVIEWS: usize = 16;
 
 /// The modules serving reconcilers in this process, by WasmReconciler name.
 #[derive(Debug, Default)]
@@ -209,8 +223,12 @@ impl Webhook {
         Ok(module)
     }
 
-    async fn review(&self, name: &str, body: &[u8]) -> AdmissionResponse {
-        let review: AdmissionReview<DynamicObject> = match serde_json::from_slice(body) {
+    async fn review(
+        &self,
+        name: &str,
+        review: Result<AdmissionReview<DynamicObject>, serde_json::Error>,
+    ) -> AdmissionResponse {
+        let review = match review {
             Ok(r) => r,
             Err(e) => return AdmissionResponse::invalid(format!("not an AdmissionReview: {e}")),
         };
@@ -365,6 +383,10 @@ pub struct Setup {
     pub selector: Option<String>,
     /// Where the leader writes webhook configurations (None: not managed).
     pub configs: Option<WebhookConfigs>,
+    /// Connection cap and read timeout.
+    pub limits: ServerLimits,
+    /// Reviews read, parsed and judged at once (at least 1).
+    pub max_reviews: usize,
 }
 
 impl std::fmt::Debug for Setup {
@@ -372,6 +394,8 @@ impl std::fmt::Debug for Setup {
         f.debug_struct("Setup")
             .field("selector", &self.selector)
             .field("configs", &self.configs)
+            .field("limits", &self.limits)
+            .field("max_reviews", &self.max_reviews)
             .finish_non_exhaustive()
     }
 }
@@ -420,6 +444,8 @@ pub async fn serve(
         engine,
         selector,
         configs,
+        limits,
+        max_reviews,
     } = setup;
     let acceptor = tokio_rustls::TlsAcceptor::from(cert.server_config()?);
     let api: Api<WasmReconciler> = Api::all(client.clone());
@@ -438,72 +464,171 @@ pub async fn serve(
     readiness::global().pending("admission");
     let addr = bound.addr;
     let listener = bound.listener;
+    let server = Arc::new(Server {
+        webhook: webhook.clone(),
+        reviews: Semaphore::new(max_reviews.max(1)),
+        read_timeout: limits.read_timeout,
+    });
+    let http = serving::http1(&limits);
     Ok(async move {
-        tokio::pin!(shutdown);
-        let sync = keep_in_sync(webhook.clone(), reader, events, configs, leading);
-        tokio::pin!(sync);
-        loop {
-            let (stream, peer) = tokio::select! {
-                _ = &mut shutdown => break,
-                _ = &mut sync => break,
-                a = listener.accept() => match a {
-                    Ok(a) => a,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "accepting an admission connection");
-                        continue;
-                    }
-                },
-            };
-            let (acceptor, webhook) = (acceptor.clone(), webhook.clone());
-            tokio::spawn(async move {
-                let tls = match acceptor.accept(stream).await {
-                    Ok(t) => t,
-                    Err(e) => {
+        let sync = keep_in_sync(webhook, reader, events, configs, leading);
+        let stop = async move {
+            tokio::select! {
+                _ = shutdown => {}
+                _ = sync => {}
+            }
+        };
+        serving::accept_loop("admission", listener, limits, stop, move |stream, peer| {
+            let (acceptor, server, http) = (acceptor.clone(), server.clone(), http.clone());
+            async move {
+                let tls = match tokio::time::timeout(server.read_timeout, acceptor.accept(stream))
+                    .await
+                {
+                    Ok(Ok(t)) => t,
+                    Ok(Err(e)) => {
                         tracing::debug!(%peer, error = %e, "TLS handshake");
+                        return;
+                    }
+                    Err(_) => {
+                        metrics::global().server_rejected("admission", "timeout");
+                        tracing::debug!(%peer, "no TLS handshake within the read timeout; closing");
                         return;
                     }
                 };
                 let service = service_fn(move |req: Request<Incoming>| {
-                    let webhook = webhook.clone();
-                    async move { Ok::<_, Infallible>(handle(&webhook, req).await) }
+                    let server = server.clone();
+                    async move { Ok::<_, Infallible>(handle(&server, req).await) }
                 });
-                if let Err(e) = http1::Builder::new()
-                    .serve_connection(TokioIo::new(tls), service)
-                    .await
-                {
+                if let Err(e) = http.serve_connection(TokioIo::new(tls), service).await {
                     tracing::debug!(%peer, error = %e, "admission connection");
                 }
-            });
-        }
+            }
+        })
+        .await;
         readiness::global().forget("admission");
     }
     .instrument(tracing::info_span!("admission", %addr)))
 }
 
-async fn handle(webhook: &Webhook, req: Request<Incoming>) -> Response<Full<Bytes>> {
+/// What each connection's requests need.
+struct Server {
+    webhook: Arc<Webhook>,
+    /// Slots for reviews being read, parsed and judged.
+    reviews: Semaphore,
+    read_timeout: Duration,
+}
+
+/// A refusal before any work, counted by reason.
+fn refuse(status: StatusCode, reason: &str, message: String) -> Response<Full<Bytes>> {
+    metrics::global().server_rejected("admission", reason);
+    let mut r = text(status, "text/plain", message);
+    if status == StatusCode::TOO_MANY_REQUESTS
+        && let Ok(v) = http::HeaderValue::from_str("1")
+    {
+        r.headers_mut().insert(http::header::RETRY_AFTER, v);
+    }
+    r
+}
+
+/// Routes one request: everything that can be refused is refused before the body is read.
+async fn handle(server: &Server, req: Request<Incoming>) -> Response<Full<Bytes>> {
     let path = req.uri().path().to_string();
     let Some(name) = path.strip_prefix("/validate/").filter(|n| !n.is_empty()) else {
-        return text(StatusCode::NOT_FOUND, "text/plain", "not found\n".into());
+        return refuse(StatusCode::NOT_FOUND, "unknown", "not found\n".into());
     };
     if req.method() != Method::POST {
-        return text(
+        return refuse(
             StatusCode::METHOD_NOT_ALLOWED,
-            "text/plain",
+            "unknown",
             "POST only\n".into(),
         );
     }
-    let body = match Limited::new(req.into_body(), MAX_BODY).collect().await {
-        Ok(b) => b.to_bytes(),
-        Err(e) => {
+    let webhook = &server.webhook;
+    if webhook
+        .reconcilers
+        .wait_until_ready()
+        .now_or_never()
+        .is_none()
+    {
+        return refuse(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not_ready",
+            "wasmop: the WasmReconcilers are not listed yet\n".into(),
+        );
+    }
+    if webhook.reconcilers.find(|w| w.name_any() == name).is_none() {
+        return refuse(
+            StatusCode::NOT_FOUND,
+            "unknown",
+            format!("wasmop: no WasmReconciler {name} is served here\n"),
+        );
+    }
+    if content_length(&req).is_some_and(|n| n > MAX_BODY as u64) {
+        return refuse(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "too_large",
+            format!("wasmop: an AdmissionReview is at most {MAX_BODY} bytes\n"),
+        );
+    }
+    let Ok(Ok(_slot)) = tokio::time::timeout(REVIEW_QUEUE_WAIT, server.reviews.acquire()).await
+    else {
+        tracing::warn!(
+            reconciler = name,
+            "too many admission reviews in flight; answering 429"
+        );
+        return refuse(
+            StatusCode::TOO_MANY_REQUESTS,
+            "reviews",
+            "wasmop: too many reviews in flight\n".into(),
+        );
+    };
+    let body = Limited::new(req.into_body(), MAX_BODY).collect();
+    let body = match tokio::time::timeout(server.read_timeout, body).await {
+        Ok(Ok(b)) => b.to_bytes(),
+        Ok(Err(e)) => {
+            let too_large = e
+                .downcast_ref::<http_body_util::LengthLimitError>()
+                .is_some();
+            if too_large {
+                return refuse(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    "too_large",
+                    format!("wasmop: an AdmissionReview is at most {MAX_BODY} bytes\n"),
+                );
+            }
             return text(
                 StatusCode::BAD_REQUEST,
                 "text/plain",
                 format!("cannot read the review: {e}\n"),
             );
         }
+        Err(_) => {
+            return refuse(
+                StatusCode::REQUEST_TIMEOUT,
+                "timeout",
+                format!(
+                    "wasmop: the review was not sent within {:?}\n",
+                    server.read_timeout
+                ),
+            );
+        }
+    };
+    let parsed = tokio::task::spawn_blocking(move || {
+        serde_json::from_slice::<AdmissionReview<DynamicObject>>(&body)
+    })
+    .await;
+    let parsed = match parsed {
+        Ok(p) => p,
+        Err(e) => {
+            return text(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "text/plain",
+                format!("wasmop: parsing the review failed: {e}\n"),
+            );
+        }
     };
     let response = webhook
-        .review(name, &body)
+        .review(name, parsed)
         .instrument(tracing::info_span!("review", reconciler = name))
         .await;
     match serde_json::to_string(&response.into_review()) {
@@ -514,6 +639,16 @@ async fn handle(webhook: &Webhook, req: Request<Incoming>) -> Response<Full<Byte
             format!("{e}\n"),
         ),
     }
+}
+
+/// The request's declared body length, if any.
+fn content_length(req: &Request<Incoming>) -> Option<u64> {
+    req.headers()
+        .get(http::header::CONTENT_LENGTH)?
+        .to_str()
+        .ok()?
+        .parse()
+        .ok()
 }
 
 /// Follows WasmReconcilers: loads follower modules ahead and, while leading, applies or removes

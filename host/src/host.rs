@@ -15,6 +15,7 @@ use crate::discovery::Discovery;
 use crate::engine::{Engine, EngineConfig};
 use crate::leader::{Elector, LeaderConfig};
 use crate::manager::{self, HostContext};
+use crate::serving::ServerLimits;
 use crate::webhook_config::{WebhookConfigs, WebhookTarget};
 use crate::webhook_tls::ServingCert;
 use crate::{admission, metrics, probes, readiness};
@@ -31,6 +32,24 @@ pub struct WebhookOptions {
     pub cert_dir: Option<PathBuf>,
     /// The host's own namespace, left out of every webhook's namespace selector.
     pub host_namespace: Option<String>,
+    /// Connection cap and read timeout of the webhook server.
+    pub limits: ServerLimits,
+    /// Reviews read, parsed and judged at once.
+    pub max_reviews: usize,
+}
+
+impl WebhookOptions {
+    /// Serves on `addr` with the default limits, no target, a generated certificate.
+    pub fn new(addr: SocketAddr) -> Self {
+        WebhookOptions {
+            addr,
+            target: None,
+            cert_dir: None,
+            host_namespace: None,
+            limits: ServerLimits::ADMISSION,
+            max_reviews: admission::MAX_REVIEWS,
+        }
+    }
 }
 
 /// How to run the host.
@@ -49,6 +68,8 @@ pub struct HostOptions {
     pub selector: Option<String>,
     /// Serve `/metrics`, `/healthz` and `/readyz` here (None: not served).
     pub metrics_addr: Option<SocketAddr>,
+    /// Connection cap and read timeout of the metrics server.
+    pub metrics_limits: ServerLimits,
     /// Serve the admission webhook (None: not served).
     pub webhook: Option<WebhookOptions>,
     /// Run reconcilers only while holding this Lease (None: always).
@@ -72,6 +93,7 @@ impl Default for HostOptions {
                 .unwrap_or_else(|_| "wasmop".into()),
             selector: None,
             metrics_addr: None,
+            metrics_limits: ServerLimits::PROBES,
             webhook: None,
             leader: None,
             shutdown_grace: Duration::from_secs(30),
@@ -216,7 +238,8 @@ impl Host {
 
         let mut metrics_addr = None;
         if let Some(addr) = options.metrics_addr {
-            let (bound, serve) = probes::bind(addr, stopped(&stop_rx)).await?;
+            let (bound, serve) =
+                probes::bind(addr, options.metrics_limits, stopped(&stop_rx)).await?;
             tracing::info!(addr = %bound, "serving /metrics, /healthz and /readyz");
             tokio::spawn(serve);
             metrics_addr = Some(bound);
@@ -256,6 +279,8 @@ impl Host {
                 engine: engine.clone(),
                 selector: options.selector.clone(),
                 configs,
+                limits: w.limits,
+                max_reviews: w.max_reviews,
             };
             let serve = admission::serve(bound, setup, leading_rx, stopped(&stop_rx)).await?;
             tracing::info!(%addr, "serving the admission webhook (HTTPS)");

@@ -14,6 +14,7 @@
 //! - [`conflict`], [`release`]: one reconciler per primary; releasing finalizers no one serves.
 //! - [`host`]: the running host (used by `wasmop run` and the end-to-end tests).
 //! - [`metrics`], [`readiness`], [`probes`]: Prometheus metrics, `/healthz` and `/readyz`.
+//! - [`serving`]: connection caps and timeouts of the probe and admission servers.
 //! - [`leader`]: leader election on a Lease.
 //! - [`admission`], [`webhook_config`], [`webhook_tls`]: the validating admission webhook.
 //! - [`cli`]: the `wasmop` command.
@@ -38,6 +39,7 @@ pub mod module_copy;
 pub mod probes;
 pub mod readiness;
 pub mod release;
+pub mod serving;
 pub mod slot;
 pub mod source;
 pub mod watches;

@@ -80,6 +80,25 @@ pub struct ModuleLabels {
     pub sha256: String,
 }
 
+/// `{server}`: `admission` or `probes`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ServerLabel {
+    /// The server.
+    pub server: String,
+}
+
+/// `{server, reason}`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RejectLabels {
+    /// The server.
+    pub server: String,
+    /// `connections` (the connection cap), `reviews` (the concurrent-review cap), `unknown`
+    /// (a path, method or reconciler this host does not serve), `not_ready` (WasmReconcilers
+    /// not listed yet), `too_large` (a body over 8 MiB), `timeout` (no TLS handshake or body
+    /// within the read timeout).
+    pub reason: String,
+}
+
 type Hist<L> = Family<L, Histogram, fn() -> Histogram>;
 
 fn seconds_buckets() -> Histogram {
@@ -106,6 +125,8 @@ pub struct Metrics {
     admission_errors: Family<ReconcilerLabel, Counter>,
     module_info: Family<ModuleLabels, Gauge>,
     leader: Gauge,
+    server_connections: Family<ServerLabel, Gauge>,
+    server_rejected: Family<RejectLabels, Counter>,
     active_sha: Mutex<HashMap<String, String>>,
 }
 
@@ -134,6 +155,8 @@ impl Metrics {
             admission_errors: Family::default(),
             module_info: Family::default(),
             leader: Gauge::default(),
+            server_connections: Family::default(),
+            server_rejected: Family::default(),
             active_sha: Mutex::default(),
             registry: Registry::default(),
         };
@@ -213,7 +236,36 @@ impl Metrics {
             "1 while this process holds the leader lease (or runs without leader election)",
             m.leader.clone(),
         );
+        registry.register(
+            "wasmop_server_connections",
+            "Connections open now on the admission and probe servers",
+            m.server_connections.clone(),
+        );
+        registry.register(
+            "wasmop_server_rejected",
+            "Connections and requests the admission and probe servers refused before doing any work, by reason",
+            m.server_rejected.clone(),
+        );
         Metrics { registry, ..m }
+    }
+
+    /// A connection of `server` opened (`delta` 1) or closed (-1).
+    pub fn server_connection(&self, server: &str, delta: i64) {
+        self.server_connections
+            .get_or_create(&ServerLabel {
+                server: server.to_string(),
+            })
+            .inc_by(delta);
+    }
+
+    /// `server` refused a connection or request for `reason`.
+    pub fn server_rejected(&self, server: &str, reason: &str) {
+        self.server_rejected
+            .get_or_create(&RejectLabels {
+                server: server.to_string(),
+                reason: reason.to_string(),
+            })
+            .inc();
     }
 
     /// One finished reconcile.

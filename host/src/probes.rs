@@ -1,10 +1,13 @@
 //! The plain-HTTP server of every replica: `/metrics` (Prometheus), `/healthz` (the process is
 //! alive) and `/readyz` (see [`crate::readiness`]).
 //!
-//! A minimal hyper 1 server: HTTP/1.1, one task per connection, GET only.
+//! A minimal hyper 1 server: HTTP/1.1, one task per connection, GET only, with the connection
+//! cap and read timeout of [`crate::serving`] (`--metrics-max-connections`,
+//! `--metrics-read-timeout`).
 //!
 //! # Guarantees
-//! - `/healthz` answers 200 as long as the async runtime runs.
+//! - `/healthz` answers 200 as long as the async runtime runs, also while other clients hold
+//!   half-sent requests (up to the connection cap; each is closed after the read timeout).
 //! - `/readyz` answers 200 only when [`crate::readiness::Readiness::check`] is Ok, else 503 with
 //!   the pending components in the body.
 //! - The server stops accepting when its shutdown future resolves; open connections finish.
@@ -18,11 +21,12 @@ use std::net::SocketAddr;
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::Full;
 use hyper::body::{Bytes, Incoming};
-use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 use tracing::Instrument;
+
+use crate::serving::{self, ServerLimits};
 
 /// A failure to serve.
 #[derive(Debug, thiserror::Error)]
@@ -80,45 +84,32 @@ fn route(req: &Request<Incoming>) -> Response<Full<Bytes>> {
     }
 }
 
-/// Binds `addr`; returns the bound address and the serving future (run it on a task).
+/// Binds `addr`; returns the bound address and the serving future (run it on a task), which
+/// serves with `limits`.
 ///
 /// # Errors
 /// [`ServeError`].
 pub async fn bind(
     addr: SocketAddr,
+    limits: ServerLimits,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(SocketAddr, impl std::future::Future<Output = ()> + Send), ServeError> {
     let listener = TcpListener::bind(addr)
         .await
         .map_err(|source| ServeError::Bind { addr, source })?;
     let local = listener.local_addr().map_err(ServeError::Local)?;
-    let serve = async move {
-        tokio::pin!(shutdown);
-        loop {
-            let (stream, peer) = tokio::select! {
-                _ = &mut shutdown => return,
-                a = listener.accept() => match a {
-                    Ok(a) => a,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "accepting a probe connection");
-                        continue;
-                    }
-                },
-            };
-            tokio::spawn(async move {
-                let service =
-                    service_fn(
-                        |req: Request<Incoming>| async move { Ok::<_, Infallible>(route(&req)) },
-                    );
-                if let Err(e) = http1::Builder::new()
-                    .serve_connection(TokioIo::new(stream), service)
-                    .await
-                {
-                    tracing::debug!(%peer, error = %e, "probe connection");
-                }
-            });
+    let http = serving::http1(&limits);
+    let serve = serving::accept_loop("probes", listener, limits, shutdown, move |stream, peer| {
+        let connection = http.serve_connection(
+            TokioIo::new(stream),
+            service_fn(|req: Request<Incoming>| async move { Ok::<_, Infallible>(route(&req)) }),
+        );
+        async move {
+            if let Err(e) = connection.await {
+                tracing::debug!(%peer, error = %e, "probe connection");
+            }
         }
-    }
+    })
     .instrument(tracing::info_span!("probes", addr = %local));
     Ok((local, serve))
 }

@@ -11,6 +11,8 @@ use std::process::Command;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::authentication::v1::TokenRequest;
 use k8s_openapi::api::core::v1::{Pod, Service, ServiceAccount};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, PostParams};
 use serde_json::json;
 use support::*;
@@ -103,6 +105,21 @@ async fn deploy_applies_and_its_rbac_is_enough_to_run_an_example() -> anyhow::Re
         "the host Deployment's args {args:?} do not parse: {:?}",
         parsed.err().map(|e| e.to_string())
     );
+    // Only the webhook and metrics ports are open, each to its own clients.
+    let policies: Api<NetworkPolicy> = Api::namespaced(env.client.clone(), "wasmop-system");
+    let policy = policies.get("wasmop").await?.spec.unwrap_or_default();
+    assert_eq!(policy.policy_types, Some(vec!["Ingress".to_string()]));
+    let ports: Vec<String> = policy
+        .ingress
+        .unwrap_or_default()
+        .iter()
+        .flat_map(|r| r.ports.clone().unwrap_or_default())
+        .filter_map(|p| match p.port {
+            Some(IntOrString::String(name)) => Some(name),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(ports, ["webhook", "metrics"]);
     // The shared serving certificate the replicas mount (cert-manager's job in production).
     kubectl(
         &env,

@@ -13,7 +13,10 @@
 mod support;
 
 use std::collections::BTreeMap;
-use std::time::{Duration, Instant};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
 
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{
@@ -22,7 +25,7 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use kube::api::{
     Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch,
-    PatchParams, PostParams,
+    PatchParams, PostParams, WatchEvent, WatchParams,
 };
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
@@ -180,6 +183,100 @@ fn pod_ready(p: &Pod) -> bool {
         .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
+/// The objects a watch delivered, in order (deletions included, as their last state).
+struct History<K> {
+    seen: Arc<Mutex<Vec<K>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl<K: Clone> History<K> {
+    fn seen(&self) -> Vec<K> {
+        self.seen.lock().map(|s| s.clone()).unwrap_or_default()
+    }
+
+    fn stop(&self) {
+        self.task.abort();
+    }
+}
+
+/// Records every change `api` delivers from `from` (a resourceVersion, or the object whose
+/// resourceVersion to start at) for objects matching the field and label selectors. A watch
+/// the server ends is resumed from the last resourceVersion seen, so nothing is skipped.
+fn record<K>(api: Api<K>, fields: &str, labels: &str, from: impl Into<StartAt>) -> History<K>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
+{
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let mut params = WatchParams::default();
+    if !fields.is_empty() {
+        params = params.fields(fields);
+    }
+    if !labels.is_empty() {
+        params = params.labels(labels);
+    }
+    let mut version = from.into().0;
+    let out = seen.clone();
+    let task = tokio::spawn(async move {
+        loop {
+            let Ok(stream) = api.watch(&params, &version).await else {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                continue;
+            };
+            let mut stream = std::pin::pin!(stream);
+            while let Some(Ok(event)) = stream.next().await {
+                let object = match event {
+                    WatchEvent::Added(o) | WatchEvent::Modified(o) | WatchEvent::Deleted(o) => o,
+                    WatchEvent::Bookmark(b) => {
+                        version = b.metadata.resource_version;
+                        continue;
+                    }
+                    WatchEvent::Error(e) => {
+                        eprintln!("watch error: {e:?}");
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                        break;
+                    }
+                };
+                if let Some(rv) = object.resource_version() {
+                    version = rv;
+                }
+                if let Ok(mut s) = out.lock() {
+                    s.push(object);
+                }
+            }
+        }
+    });
+    History { seen, task }
+}
+
+/// Where a watch starts: a resourceVersion.
+struct StartAt(String);
+
+impl From<String> for StartAt {
+    fn from(rv: String) -> Self {
+        StartAt(rv)
+    }
+}
+
+impl From<StatefulSet> for StartAt {
+    fn from(o: StatefulSet) -> Self {
+        StartAt(o.resource_version().unwrap_or_default())
+    }
+}
+
+/// The partitions a StatefulSet history went through on the 15.3 template, without repeats.
+fn partition_history(seen: &[StatefulSet]) -> Vec<i32> {
+    let mut out: Vec<i32> = Vec::new();
+    for sts in seen {
+        if image(sts).as_deref() == Some("postgres:15.3")
+            && let Some(p) = partition(sts)
+            && out.last() != Some(&p)
+        {
+            out.push(p);
+        }
+    }
+    out
+}
+
 #[tokio::test]
 async fn primary_replica_creates_upgrades_replicas_first_refuses_a_downgrade_and_cleans_volumes()
 -> anyhow::Result<()> {
@@ -272,70 +369,83 @@ async fn primary_replica_creates_upgrades_replicas_first_refuses_a_downgrade_and
         .items;
     assert_eq!(bound.len(), 3, "a claim per member");
 
-    // Upgrade: watch the partition and when each member first runs 15.3.
+    // Upgrade. The order is read from what the cluster records: the StatefulSet's and the pods'
+    // watch histories from just before the change (a watch delivers every change in the order
+    // the API server committed them), never from which poll saw what first.
+    let sts_history = record(
+        sets.clone(),
+        "metadata.name=orders",
+        "",
+        sets.get("orders").await?,
+    );
+    let members = "example.wasmop.dev/database=orders";
+    let listed = pods.list(&ListParams::default().labels(members)).await?;
+    let pod_history = record(
+        pods.clone(),
+        "",
+        members,
+        listed.metadata.resource_version.unwrap_or_default(),
+    );
     dbs.patch(
         "orders",
         &PatchParams::default(),
         &Patch::Merge(json!({"spec": {"version": "15.3"}})),
     )
     .await?;
-    let started = Instant::now();
-    let mut partitions: Vec<i32> = Vec::new();
-    let mut upgraded_at: BTreeMap<String, Duration> = BTreeMap::new();
-    let mut primary_old_while_partitioned = true;
-    loop {
-        anyhow::ensure!(
-            started.elapsed() < ROLLOUT,
-            "the upgrade did not finish in {ROLLOUT:?}: partitions {partitions:?}, upgraded {upgraded_at:?}"
-        );
-        if let Some(sts) = sets.get_opt("orders").await?
-            && image(&sts).as_deref() == Some("postgres:15.3")
-            && let Some(p) = partition(&sts)
-            && partitions.last() != Some(&p)
-        {
-            partitions.push(p);
-        }
-        for p in pods
-            .list(&ListParams::default().labels("example.wasmop.dev/database=orders"))
-            .await?
-            .items
-        {
-            if pod_image(&p).as_deref() == Some("postgres:15.3") && pod_ready(&p) {
-                upgraded_at
-                    .entry(p.name_any())
-                    .or_insert_with(|| started.elapsed());
-            } else if p.name_any() == "orders-0"
-                && partitions.last() == Some(&1)
-                && pod_image(&p).as_deref() != Some("postgres:15.2")
-            {
-                primary_old_while_partitioned = false;
-            }
-        }
-        let d = dbs.get("orders").await?;
-        // Done when the status says so and this loop has seen every member run 15.3 (the
-        // status can get there between two looks at the pods).
-        if d.data["status"]["currentVersion"] == "15.3"
-            && d.data["status"]["phase"] == "Ready"
-            && upgraded_at.len() == 3
-        {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    eventually(
+        "3 Ready members on 15.3 in the status",
+        ROLLOUT,
+        ready("15.3"),
+    )
+    .await?;
+    // The rollout is done; wait until the watches have delivered its last steps.
+    let partitions = eventually("the partition back at 0 on 15.3", WAIT, || async {
+        let partitions = partition_history(&sts_history.seen());
+        Ok((partitions.last() == Some(&0)).then_some(partitions))
+    })
+    .await?;
+    let upgraded = eventually("every member Ready on 15.3", WAIT, || async {
+        let seen = pod_history.seen();
+        let upgraded: BTreeMap<String, usize> = ["orders-0", "orders-1", "orders-2"]
+            .into_iter()
+            .filter_map(|m| {
+                let at = seen.iter().position(|p| {
+                    p.name_any() == m
+                        && pod_image(p).as_deref() == Some("postgres:15.3")
+                        && pod_ready(p)
+                })?;
+                Some((m.to_string(), at))
+            })
+            .collect();
+        Ok((upgraded.len() == 3).then_some((upgraded, seen)))
+    })
+    .await;
+    let (upgraded, seen) = upgraded?;
+    sts_history.stop();
+    pod_history.stop();
     assert_eq!(
         partitions,
         [1, 0],
         "partition 1 (replicas) first, then 0 (the primary)"
     );
-    assert!(primary_old_while_partitioned);
-    let primary = upgraded_at.get("orders-0").copied();
+    let primary = upgraded["orders-0"];
     for replica in ["orders-1", "orders-2"] {
-        let at = upgraded_at.get(replica).copied();
         assert!(
-            at.is_some() && primary.is_some() && at < primary,
-            "{replica} upgraded before the primary: {upgraded_at:?}"
+            upgraded[replica] < primary,
+            "{replica} Ready on 15.3 before the primary, in the pods' watch history: {upgraded:?}"
         );
     }
+    // Until both replicas were Ready on 15.3, the primary's pod kept 15.2.
+    let replicas_done = upgraded["orders-1"].max(upgraded["orders-2"]);
+    let early: Vec<Option<String>> = seen[..replicas_done]
+        .iter()
+        .filter(|p| p.name_any() == "orders-0")
+        .map(pod_image)
+        .collect();
+    assert!(
+        early.iter().all(|i| i.as_deref() == Some("postgres:15.2")),
+        "the primary kept 15.2 while the replicas upgraded: {early:?}"
+    );
     for reason in ["UpgradingReplicas", "UpgradingPrimary"] {
         assert!(
             !events(&env.client, &ns, reason).await?.is_empty(),

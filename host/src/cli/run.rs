@@ -10,6 +10,7 @@ use super::{CliError, cache_dir};
 use crate::crd::parse_duration;
 use crate::host::{Host, HostError, HostOptions, WebhookOptions};
 use crate::leader::LeaderConfig;
+use crate::serving::ServerLimits;
 use crate::webhook_config::WebhookTarget;
 
 /// Arguments of `run`.
@@ -30,9 +31,25 @@ pub struct Args {
     /// Where to serve /metrics, /healthz and /readyz (`:8080` is every address; `off`: none).
     #[arg(long, env = "WASMOP_METRICS_ADDR", default_value = ":8080")]
     pub metrics_addr: String,
+    /// Open connections the metrics server accepts at most; more are closed at once.
+    #[arg(long, env = "WASMOP_METRICS_MAX_CONNECTIONS", default_value_t = ServerLimits::PROBES.max_connections)]
+    pub metrics_max_connections: usize,
+    /// How long a metrics client may take to send a request head; idle connections close after it.
+    #[arg(long, env = "WASMOP_METRICS_READ_TIMEOUT", default_value = "5s")]
+    pub metrics_read_timeout: String,
     /// Where to serve the admission webhook over HTTPS (`off`: no admission).
     #[arg(long, env = "WASMOP_WEBHOOK_ADDR", default_value = ":9443")]
     pub webhook_addr: String,
+    /// Open connections the webhook server accepts at most; more are closed at once.
+    #[arg(long, env = "WASMOP_WEBHOOK_MAX_CONNECTIONS", default_value_t = ServerLimits::ADMISSION.max_connections)]
+    pub webhook_max_connections: usize,
+    /// Admission reviews read, parsed and judged at once; more wait up to 1 s, then get 429.
+    #[arg(long, env = "WASMOP_WEBHOOK_MAX_REVIEWS", default_value_t = crate::admission::MAX_REVIEWS)]
+    pub webhook_max_reviews: usize,
+    /// How long a webhook client may take for the TLS handshake, a request head and a body;
+    /// idle connections close after it.
+    #[arg(long, env = "WASMOP_WEBHOOK_READ_TIMEOUT", default_value = "10s")]
+    pub webhook_read_timeout: String,
     /// The base URL the API server calls the webhook at (e.g. `https://10.0.0.5:9443`).
     #[arg(long, env = "WASMOP_WEBHOOK_URL", conflicts_with = "webhook_service")]
     pub webhook_url: Option<String>,
@@ -123,6 +140,20 @@ fn duration(flag: &str, text: &str) -> Result<std::time::Duration, CliError> {
     parse_duration(text).map_err(|e| CliError::Other(format!("--{flag}: {e}")))
 }
 
+/// The limits of server `prefix` (`metrics` or `webhook`) from its flags.
+fn limits(
+    prefix: &str,
+    max_connections: usize,
+    read_timeout: &str,
+) -> Result<ServerLimits, CliError> {
+    ServerLimits {
+        max_connections,
+        read_timeout: duration(&format!("{prefix}-read-timeout"), read_timeout)?,
+    }
+    .checked(prefix)
+    .map_err(|e| CliError::Other(e.to_string()))
+}
+
 pub(crate) async fn run(args: Args) -> Result<ExitCode, CliError> {
     let resync = duration("resync", &args.resync)?;
     let grace = duration("shutdown-grace", &args.shutdown_grace)?;
@@ -143,6 +174,19 @@ pub(crate) async fn run(args: Args) -> Result<ExitCode, CliError> {
             },
             cert_dir: args.webhook_cert_dir.clone(),
             host_namespace: namespace.clone(),
+            limits: limits(
+                "webhook",
+                args.webhook_max_connections,
+                &args.webhook_read_timeout,
+            )?,
+            max_reviews: match args.webhook_max_reviews {
+                0 => {
+                    return Err(CliError::Other(
+                        "--webhook-max-reviews must be at least 1".into(),
+                    ));
+                }
+                n => n,
+            },
         }),
     };
     let leader = if args.leader_elect {
@@ -181,6 +225,11 @@ pub(crate) async fn run(args: Args) -> Result<ExitCode, CliError> {
         resync,
         selector: args.selector,
         metrics_addr: parse_addr("metrics-addr", &args.metrics_addr)?,
+        metrics_limits: limits(
+            "metrics",
+            args.metrics_max_connections,
+            &args.metrics_read_timeout,
+        )?,
         webhook,
         leader,
         shutdown_grace: grace,

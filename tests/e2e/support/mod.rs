@@ -340,3 +340,23 @@ async fn register(
     .await?;
     Ok((wr, sha))
 }
+
+/// Starts a host in this process as [`start_host`] does, with `configure` applied to its
+/// options (servers, limits).
+pub async fn start_host_with(
+    env: &TestEnv,
+    configure: impl FnOnce(&mut HostOptions),
+) -> anyhow::Result<Host> {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
+    let mut options = HostOptions {
+        kubeconfig: Some(env.kubeconfig().to_path_buf()),
+        selector: Some(format!("wasmop.dev/test={}", env.namespace)),
+        instance: format!("e2e-{}", env.namespace),
+        ..HostOptions::default()
+    };
+    configure(&mut options);
+    Ok(Host::start(options).await?)
+}
