@@ -18,6 +18,7 @@
 //! - [`cli`]: the `wasmop` command.
 
 pub mod admission;
+pub mod api_health;
 pub mod apply;
 pub mod cli;
 pub mod conditions;
