@@ -104,7 +104,11 @@ impl HostProcess {
                     .with_context(|| format!("the host logged a bad address {addr:?}"))?;
                 return Ok(());
             }
-            if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+            if let Some(status) = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
                 anyhow::bail!("wasmop run exited with {status}:\n{}", self.log_text());
             }
             anyhow::ensure!(
@@ -135,7 +139,10 @@ impl HostProcess {
     /// # Errors
     /// As [`HostProcess::start`]; also if it is still running.
     pub async fn restart(&mut self) -> anyhow::Result<()> {
-        anyhow::ensure!(self.child.is_none(), "the host is still running; kill it first");
+        anyhow::ensure!(
+            self.child.is_none(),
+            "the host is still running; kill it first"
+        );
         self.launch().await
     }
 
