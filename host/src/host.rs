@@ -18,7 +18,7 @@ use crate::manager::{self, HostContext};
 use crate::serving::ServerLimits;
 use crate::webhook_config::{WebhookConfigs, WebhookTarget};
 use crate::webhook_tls::ServingCert;
-use crate::{admission, metrics, probes, readiness};
+use crate::{admission, api_health, metrics, probes, readiness};
 
 /// How the admission webhook is served.
 #[derive(Debug, Clone)]
@@ -235,6 +235,8 @@ impl Host {
             selector: options.selector.clone(),
         });
         let (stop, stop_rx) = watch::channel(false);
+        // `/readyz` is false while the API server does not answer (see `api_health`).
+        api_health::spawn(client.clone(), stopped(&stop_rx));
 
         let mut metrics_addr = None;
         if let Some(addr) = options.metrics_addr {

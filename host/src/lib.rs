@@ -21,6 +21,7 @@
 
 pub mod access;
 pub mod admission;
+pub mod api_health;
 pub mod apply;
 pub mod cli;
 pub mod conditions;

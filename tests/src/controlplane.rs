@@ -18,6 +18,7 @@
 
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Node, ServiceAccount};
@@ -58,8 +59,12 @@ pub struct ControlPlane {
     pki: Pki,
     assets: Assets,
     nodes: Vec<String>,
-    processes: Vec<Process>,
-    reaper: Option<Reaper>,
+    /// The components in start order. Behind a lock so that faults (see [`crate::faults`]) can
+    /// kill and restart one through a shared `&ControlPlane`; never held across an await.
+    processes: Mutex<Vec<Process>>,
+    reaper: Mutex<Option<Reaper>>,
+    /// etcd's client port (its HTTP gateway serves the v3 API there).
+    pub(crate) etcd_client: u16,
     started_in: Duration,
 }
 
@@ -193,8 +198,9 @@ impl ControlPlane {
             pki,
             assets: assets.clone(),
             nodes: Vec::new(),
-            processes: Vec::new(),
-            reaper: Some(reaper),
+            processes: Mutex::new(Vec::new()),
+            reaper: Mutex::new(Some(reaper)),
+            etcd_client: 0,
             started_in: Duration::ZERO,
         };
         cp.start_etcd_and_apiserver(secure_port, options).await?;
@@ -204,26 +210,54 @@ impl ControlPlane {
         Ok(cp)
     }
 
-    fn spawn(&mut self, name: &'static str, binary: PathBuf, args: Vec<String>) -> Result<()> {
-        let reaper = self.reaper.as_mut().ok_or_else(|| Error::Spawn {
+    fn spawn(&self, name: &'static str, binary: PathBuf, args: Vec<String>) -> Result<()> {
+        let mut reaper = lock(&self.reaper);
+        let reaper = reaper.as_mut().ok_or_else(|| Error::Spawn {
             component: name,
             binary: binary.clone(),
             source: std::io::Error::other("the control plane is shutting down"),
         })?;
         let process = Process::spawn(name, &binary, &args, &self.logs, reaper)?;
-        self.processes.push(process);
+        lock(&self.processes).push(process);
         Ok(())
     }
 
+    /// Runs `f` on the component called `name` (and the reaper, to register a restart).
+    pub(crate) fn with_component<T>(
+        &self,
+        name: &str,
+        f: impl FnOnce(&mut Process, &mut Reaper) -> Result<T>,
+    ) -> Result<T> {
+        let mut reaper = lock(&self.reaper);
+        let reaper = reaper.as_mut().ok_or_else(|| Error::Fault {
+            action: format!("acting on {name}"),
+            detail: "the control plane is shutting down".into(),
+        })?;
+        let mut processes = lock(&self.processes);
+        let process = processes
+            .iter_mut()
+            .find(|p| p.name == name)
+            .ok_or_else(|| Error::Fault {
+                action: format!("acting on {name}"),
+                detail: "no such component".into(),
+            })?;
+        f(process, reaper)
+    }
+
     /// Fails with [`Error::Exited`] if any component has exited.
-    fn check_running(&mut self) -> Result<()> {
-        self.processes
+    fn check_running(&self) -> Result<()> {
+        lock(&self.processes)
             .iter_mut()
             .try_for_each(Process::check_running)
     }
 
     /// Polls `probe` every 100 ms until it returns `Ok(true)`, failing early if a component exits.
-    async fn wait_for<F, Fut>(&mut self, what: &str, timeout: Duration, mut probe: F) -> Result<()>
+    pub(crate) async fn wait_for<F, Fut>(
+        &self,
+        what: &str,
+        timeout: Duration,
+        mut probe: F,
+    ) -> Result<()>
     where
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = std::result::Result<bool, String>>,
@@ -273,6 +307,7 @@ impl ControlPlane {
                 "--log-level=warn".into(),
             ],
         )?;
+        self.etcd_client = etcd_client;
         let addr = SocketAddr::from(([127, 0, 0, 1], etcd_client));
         self.wait_for("etcd", options.ready_timeout, || async move {
             Ok(TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok())
@@ -314,8 +349,13 @@ impl ControlPlane {
                 "--profiling=false".into(),
             ],
         )?;
+        self.wait_for_apiserver(options.ready_timeout).await
+    }
+
+    /// Waits until kube-apiserver's `/readyz` says `ok`.
+    pub(crate) async fn wait_for_apiserver(&self, timeout: Duration) -> Result<()> {
         let client = client_from_kubeconfig(&self.kubeconfig).await?;
-        self.wait_for("kube-apiserver /readyz", options.ready_timeout, || {
+        self.wait_for("kube-apiserver /readyz", timeout, || {
             let client = client.clone();
             async move {
                 let req = http::Request::get("/readyz")
@@ -539,7 +579,11 @@ impl ControlPlane {
     /// The last `lines` lines of every component log, for a failure report.
     pub fn log_tails(&self, lines: usize) -> String {
         let mut out = String::new();
-        for p in &self.processes {
+        // A fault may hold the lock for a moment; a report without tails is better than a hang.
+        let Ok(processes) = self.processes.try_lock() else {
+            return format!("(component logs are in {})\n", self.logs.display());
+        };
+        for p in processes.iter() {
             out.push_str(&format!(
                 "---- {} ({}) ----\n{}\n",
                 p.name,
@@ -549,6 +593,11 @@ impl ControlPlane {
         }
         out
     }
+}
+
+/// Locks `m`, also after a panic elsewhere poisoned it (the list itself stays consistent).
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 fn node_ready(node: &Node) -> bool {
@@ -561,10 +610,18 @@ fn node_ready(node: &Node) -> bool {
 impl Drop for ControlPlane {
     fn drop(&mut self) {
         // Reverse start order: kwok, scheduler, controller-manager, apiserver, etcd.
-        while let Some(mut p) = self.processes.pop() {
+        let processes = self
+            .processes
+            .get_mut()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        while let Some(mut p) = processes.pop() {
             p.stop(Duration::from_secs(10));
         }
-        if let Some(reaper) = self.reaper.take() {
+        let reaper = self
+            .reaper
+            .get_mut()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(reaper) = reaper.take() {
             reaper.finish();
         }
     }

@@ -87,6 +87,15 @@ pub enum Error {
         logs: PathBuf,
     },
 
+    /// Injecting a fault (killing, restarting or compacting) failed.
+    #[error("{action}: {detail}")]
+    Fault {
+        /// What was being done.
+        action: String,
+        /// What went wrong.
+        detail: String,
+    },
+
     /// Making the certificates failed.
     #[error("generating certificates: {0}")]
     Pki(#[from] rcgen::Error),

@@ -7,12 +7,16 @@
 //! - [`Assets`] finds or builds the binaries.
 //! - [`ControlPlane`] starts and stops one cluster.
 //! - [`TestEnv`] shares one cluster between the tests of a test binary, a namespace per test.
+//! - [`faults`] kills and restarts components and compacts etcd; [`HostProcess`] runs `wasmop
+//!   run` as a child process that a test can SIGKILL and restart.
 //!
 //! The `testenv` binary offers the same to people: `testenv cluster` (what `make cluster` runs).
 
 pub mod assets;
 pub mod controlplane;
 pub mod error;
+pub mod faults;
+pub mod host_process;
 pub mod pki;
 pub mod process;
 pub mod shared;
@@ -21,5 +25,6 @@ pub mod wait;
 pub use assets::Assets;
 pub use controlplane::{ControlPlane, Options};
 pub use error::{Error, Result};
+pub use host_process::HostProcess;
 pub use shared::{TestEnv, shared};
 pub use wait::eventually;

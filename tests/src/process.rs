@@ -109,6 +109,8 @@ pub struct Process {
     pub name: &'static str,
     /// Its log file (stdout and stderr).
     pub log: PathBuf,
+    binary: PathBuf,
+    args: Vec<String>,
     child: Child,
 }
 
@@ -126,21 +128,44 @@ impl Process {
     ) -> Result<Self> {
         let log = log_dir.join(format!("{name}.log"));
         let out = File::create(&log).map_err(Error::io("creating", &log))?;
-        let err = out.try_clone().map_err(Error::io("opening", &log))?;
-        let child = Command::new(binary)
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(out)
-            .stderr(err)
-            .process_group(0)
-            .spawn()
-            .map_err(|source| Error::Spawn {
-                component: name,
-                binary: binary.into(),
-                source,
-            })?;
-        reaper.watch(child.id());
-        Ok(Process { name, log, child })
+        let child = launch(name, binary, args, out, reaper)?;
+        Ok(Process {
+            name,
+            log,
+            binary: binary.into(),
+            args: args.to_vec(),
+            child,
+        })
+    }
+
+    /// Kills the group with SIGKILL (a crash: no graceful shutdown) and reaps the child.
+    pub fn kill(&mut self) {
+        let pgid = Pid::from_raw(i32::try_from(self.child.id()).unwrap_or(i32::MAX));
+        let _ = killpg(pgid, Signal::SIGKILL);
+        let _ = self.child.wait();
+    }
+
+    /// Starts the component again with the same binary and arguments (after [`Process::kill`]
+    /// or an exit), appending to its log, in a new process group registered with `reaper`.
+    ///
+    /// # Errors
+    /// [`Error::Spawn`] if it is still running or cannot be started, [`Error::Io`] if its log
+    /// cannot be opened.
+    pub fn respawn(&mut self, reaper: &mut Reaper) -> Result<()> {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            return Err(Error::Spawn {
+                component: self.name,
+                binary: self.binary.clone(),
+                source: std::io::Error::other("it is still running; kill it first"),
+            });
+        }
+        let mut out = File::options()
+            .append(true)
+            .open(&self.log)
+            .map_err(Error::io("opening", &self.log))?;
+        let _ = writeln!(out, "---- wasmop-testenv: restarting {} ----", self.name);
+        self.child = launch(self.name, &self.binary, &self.args, out, reaper)?;
+        Ok(())
     }
 
     /// Fails if the process has exited, with the tail of its log.
@@ -180,6 +205,35 @@ impl Process {
         let _ = killpg(pgid, Signal::SIGKILL);
         let _ = self.child.wait();
     }
+}
+
+/// Starts `binary` in a new process group writing to `out`, and registers the group.
+fn launch(
+    name: &'static str,
+    binary: &Path,
+    args: &[String],
+    out: File,
+    reaper: &mut Reaper,
+) -> Result<Child> {
+    let err = out.try_clone().map_err(|source| Error::Spawn {
+        component: name,
+        binary: binary.into(),
+        source,
+    })?;
+    let child = Command::new(binary)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err)
+        .process_group(0)
+        .spawn()
+        .map_err(|source| Error::Spawn {
+            component: name,
+            binary: binary.into(),
+            source,
+        })?;
+    reaper.watch(child.id());
+    Ok(child)
 }
 
 impl Drop for Process {
