@@ -56,7 +56,7 @@ use crate::contract::{Context, Gvk, KindObjects, ReconcileRequest, Trigger};
 use crate::controller::{self, Clients, Health, Running, Settings};
 use crate::crd::{
     ActiveModule, MAX_DEADLINE, MAX_RESYNC, RECONCILER_FINALIZER, WasmReconciler,
-    WasmReconcilerStatus, parse_bounded_duration, parse_duration, parse_quantity,
+    WasmReconcilerStatus, parse_bounded_duration, parse_quantity,
 };
 use crate::discovery::{Discovery, Resolved};
 use crate::engine::{CallError, Compiled, Engine, Limits, Module, sha256_hex};
@@ -839,8 +839,7 @@ impl Supervisor {
             .map_err(|message| SetupError {
                 reason: "ModuleMismatch",
                 message,
-            },
-        )?;
+            })?;
         // Related kinds are read-only unless granted writes; each response is capped.
         let writable = spec.related.iter().filter(|r| r.write).map(|r| r.gvk());
         fit.grant = fit.grant.with_spec(writable, spec.limits.counts());

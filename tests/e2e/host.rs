@@ -529,12 +529,16 @@ async fn changing_and_deleting_a_wasmreconciler_reconfigures_and_stops_its_contr
     wrs.delete(&wr_name, &DeleteParams::default()).await?;
     // Stopped when its supervisor has ended (it unpublishes the module), however long that
     // takes on a loaded machine.
-    eventually("the deleted WasmReconciler's controller stopped", WAIT, || async {
-        Ok(wasmop::admission::slots()
-            .module(&wr_name)
-            .is_none()
-            .then_some(()))
-    })
+    eventually(
+        "the deleted WasmReconciler's controller stopped",
+        WAIT,
+        || async {
+            Ok(wasmop::admission::slots()
+                .module(&wr_name)
+                .is_none()
+                .then_some(()))
+        },
+    )
     .await?;
     apps.create(&PostParams::default(), &app("three", "nginx:1.27", 1))
         .await?;

@@ -223,7 +223,10 @@ async fn a_finalize_whose_cleanup_is_forbidden_keeps_the_finalizer_until_it_succ
         note.contains("delete v1/ConfigMap") && note.contains("w-child"),
         "the Warning names the failed cleanup: {note}"
     );
-    assert!(note.contains("wasmop.dev/"), "the Warning names the finalizer: {note}");
+    assert!(
+        note.contains("wasmop.dev/"),
+        "the Warning names the finalizer: {note}"
+    );
     let w = widgets.get_opt("w").await?;
     assert!(
         w.as_ref().is_some_and(has_finalizer),

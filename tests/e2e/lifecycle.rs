@@ -453,12 +453,7 @@ async fn a_follower_serves_the_active_module_after_a_refused_push() -> anyhow::R
         kubeconfig: Some(env.kubeconfig().to_path_buf()),
         selector: Some(format!("wasmop.dev/test={}", env.namespace)),
         instance: format!("e2e-follower-{}", env.namespace),
-        webhook: Some(WebhookOptions {
-            addr: "127.0.0.1:0".parse()?,
-            target: None,
-            cert_dir: None,
-            host_namespace: None,
-        }),
+        webhook: Some(WebhookOptions::new("127.0.0.1:0".parse()?)),
         leader: Some(elect),
         ..HostOptions::default()
     })

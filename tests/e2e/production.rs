@@ -524,8 +524,14 @@ async fn only_the_leader_reconciles_and_a_follower_takes_over() -> anyhow::Resul
     let micros = |t: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime>| {
         t.map(|t| t.0.as_microsecond())
     };
-    let last_renewal = micros(leases.get("wasmop-leader").await?.spec.and_then(|s| s.renew_time))
-        .ok_or_else(|| anyhow::anyhow!("the Lease records no renewal"))?;
+    let last_renewal = micros(
+        leases
+            .get("wasmop-leader")
+            .await?
+            .spec
+            .and_then(|s| s.renew_time),
+    )
+    .ok_or_else(|| anyhow::anyhow!("the Lease records no renewal"))?;
     eventually("the second host leads", Duration::from_secs(60), || async {
         Ok(
             (lease_holder(&env.client, &env.namespace).await? == Some(second_id.clone()))
@@ -534,9 +540,16 @@ async fn only_the_leader_reconciles_and_a_follower_takes_over() -> anyhow::Resul
     })
     .await
     .map_err(|e| anyhow::anyhow!("{e}\nsecond host log:\n{}", second.log_text()))?;
-    let acquired = micros(leases.get("wasmop-leader").await?.spec.and_then(|s| s.acquire_time))
-        .ok_or_else(|| anyhow::anyhow!("the Lease records no acquisition"))?;
-    let takeover = Duration::from_micros(u64::try_from(acquired - last_renewal).unwrap_or_default());
+    let acquired = micros(
+        leases
+            .get("wasmop-leader")
+            .await?
+            .spec
+            .and_then(|s| s.acquire_time),
+    )
+    .ok_or_else(|| anyhow::anyhow!("the Lease records no acquisition"))?;
+    let takeover =
+        Duration::from_micros(u64::try_from(acquired - last_renewal).unwrap_or_default());
     println!("takeover {takeover:?} after the last renewal (lease 15 s, retry 2 s)");
     assert!(
         takeover <= Duration::from_secs(15 + 2 + 5),

@@ -25,7 +25,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::Mutex;
 use tokio_rustls::TlsConnector;
-use wasmop::host::{Host, HostOptions, WebhookOptions};
+use wasmop::host::WebhookOptions;
 use wasmop::serving::ServerLimits;
 use wasmop_testenv::{TestEnv, eventually};
 

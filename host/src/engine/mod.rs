@@ -687,7 +687,8 @@ impl Module {
         };
         // Dropping `run` at the deadline abandons the guest wherever it is (in a WASI sleep,
         // too) and frees its instance.
-        let result = driver.block_on(tokio::time::timeout(remaining, run));
+        // The timer is made inside the driver's runtime: callers may be plain threads.
+        let result = driver.block_on(async { tokio::time::timeout(remaining, run).await });
         let done = Instant::now();
         match instantiated {
             Some(at) => {
