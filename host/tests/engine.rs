@@ -396,7 +396,7 @@ fn outputs_are_capped_while_they_are_copied_out_of_the_guest() {
     let engine = engine();
     let module = load(&engine, modules::MISBEHAVE);
     let cap = limits().output_bytes;
-    // 20 MiB of distinct children, and 200 MiB of children aliasing one 1 MiB buffer: the host
+    // 8 MiB of distinct children, and 200 MiB of children aliasing one 1 MiB buffer: the host
     // stops copying at the hostcall fuel (about twice the cap), not after the whole response.
     for mode in ["flood", "aliased"] {
         let err = module

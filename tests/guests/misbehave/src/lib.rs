@@ -6,7 +6,7 @@
 //! misbehaving objects).
 //!
 //! - `sleep`: blocks 20 s in a WASI sleep (reconcile and validate), to escape an epoch deadline.
-//! - `flood`: 20 children of 1 MiB each (20 MiB of output).
+//! - `flood`: 8 children of 1 MiB each (8 MiB of output, within a 32 MiB memory cap).
 //! - `aliased`: 200 children whose strings all alias one 1 MiB buffer (200 MiB for the host to
 //!   copy out of a guest that holds 1 MiB).
 //! - `huge-warning` (validate): allows with a 1 MiB warning.
@@ -115,7 +115,7 @@ mod guest {
                 "flood" => {
                     let big = "x".repeat(1 << 20);
                     response.children = children(
-                        (0..20)
+                        (0..8)
                             .map(|i| {
                                 config_map(
                                     &format!("{name}-{i}"),
