@@ -135,6 +135,10 @@ async fn set_image(apps: &Api<DynamicObject>, name: &str, image: &str) -> anyhow
 
 /// Every App converged to `want` (name -> image): its status reports the image, its Deployment
 /// runs it, and it has exactly one Deployment and one Service, whose uids are returned.
+/// How long convergence may take after a fault: watch backoff (up to 30 s), a relist, and the
+/// reconciles of every primary, on a loaded 2-core machine.
+const RECOVER: Duration = Duration::from_secs(180);
+
 async fn converged(
     client: &Client,
     ns: &str,
@@ -143,7 +147,9 @@ async fn converged(
     let apps = apps(client, ns);
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), ns);
     let services: Api<Service> = Api::namespaced(client.clone(), ns);
-    eventually("every App converged to its last spec", WAIT, || async {
+    // After an outage the watches come back on their own backoff (kube-runtime's, up to 30 s
+    // between attempts) and then relist: allow for that, on a loaded machine.
+    eventually("every App converged to its last spec", RECOVER, || async {
         let mut uids = BTreeMap::new();
         let ds = deployments.list(&ListParams::default()).await?.items;
         let ss = services.list(&ListParams::default()).await?.items;
@@ -487,6 +493,7 @@ async fn configmap_propagator(env: &TestEnv) -> anyhow::Result<String> {
         "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
         "metadata": {"name": name},
         "rules": [
+            {"apiGroups": [""], "resources": ["configmaps", "namespaces"], "verbs": ["list", "watch"]},
             {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["create", "patch", "delete"]},
             {"apiGroups": ["example.wasmop.dev"], "resources": ["configmappropagations/status"], "verbs": ["update", "patch"]},
             {"apiGroups": ["example.wasmop.dev"], "resources": ["configmappropagations/finalizers"], "verbs": ["update"]}

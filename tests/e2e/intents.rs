@@ -258,7 +258,7 @@ const ATTACKS: &[(&str, &[&str])] = &[
         ],
     ),
     (
-        "victim",
+        "delete-victim",
         &["actions[0] (delete test.wasmop.dev/v1/Widget victim): not this primary"],
     ),
     (

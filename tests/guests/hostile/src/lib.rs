@@ -4,7 +4,7 @@
 //! - `good` (default): one child ConfigMap `<name>-child`.
 //! - `hostile`: the child, plus one intent the host must refuse, picked by the primary's
 //!   `spec.attack`: `module-config-map` (a merge patch of the module's own ConfigMap, config
-//!   `moduleConfigMap`), `root-ca` (a delete of `kube-root-ca.crt`), `victim` (a delete of another
+//!   `moduleConfigMap`), `root-ca` (a delete of `kube-root-ca.crt`), `delete-victim` (a delete of another
 //!   Widget, config `victim`), `strip-merge` / `strip-json` (merge and JSON patches removing the
 //!   primary's finalizers), `event` (an Event about `kube-root-ca.crt`).
 //! - `finalize-delete`: finalize deletes every observed child ConfigMap and reports done at once
@@ -83,7 +83,7 @@ mod guest {
                 serde_json::json!({"metadata": {"labels": {"pwned": "yes"}}}),
             )),
             "root-ca" => delete(target("v1", "ConfigMap", "kube-root-ca.crt")),
-            "victim" => delete(widget(text("victim"))),
+            "delete-victim" => delete(widget(text("victim"))),
             "strip-merge" => Action::MergePatch(patch(
                 widget(name),
                 serde_json::json!({"metadata": {"finalizers": null}}),
