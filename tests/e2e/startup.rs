@@ -250,7 +250,10 @@ async fn copies_survive_abrupt_host_restarts() -> anyhow::Result<()> {
     let wr = register_propagator(&env).await?;
     let prop = format!("{}-settings", env.namespace);
     propagate(&env, &prop).await?;
-    let host = start_host(&env, None).await?;
+    // A compiled-module cache, as a real host has: restarts load the module in milliseconds
+    // instead of compiling it again on a loaded machine.
+    let cache = tempfile::tempdir()?;
+    let host = start_host(&env, Some(cache.path())).await?;
     let before = wait_for_copies(&env, &prop).await?;
     let deleted = record_deletions(&env.client, &prop);
 
@@ -260,12 +263,12 @@ async fn copies_survive_abrupt_host_restarts() -> anyhow::Result<()> {
         // host starts with empty caches.
         drop(host.take());
         let reconciles = metric("wasmop_reconcile_total", &wr)?;
-        host = Some(start_host(&env, None).await?);
+        host = Some(start_host(&env, Some(cache.path())).await?);
         // The new host reconciled the propagation (its first reconcile is where an empty cache
         // would have pruned every copy).
         eventually(
             &format!("a reconcile after restart {round}"),
-            WAIT,
+            WAIT * 2,
             || async { Ok((metric("wasmop_reconcile_total", &wr)? > reconciles).then_some(())) },
         )
         .await?;
