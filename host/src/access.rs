@@ -225,7 +225,12 @@ mod tests {
             resolved("", "Namespace", "namespaces", false),
         );
         let scope = vec!["a".to_string(), "b".to_string()];
-        let r = reads(&[cm.clone()], &[cm.clone(), ns.clone()], &scope, true);
+        let r = reads(
+            std::slice::from_ref(&cm),
+            &[cm.clone(), ns.clone()],
+            &scope,
+            true,
+        );
         let places: Vec<(String, Option<String>)> = r
             .iter()
             .map(|r| (r.kind.kind.clone(), r.namespace.clone()))

@@ -909,7 +909,7 @@ async fn run_once(
     let module = &active.module;
     let finalizes = module.metadata().finalizes;
     let own = finalizer_for(&shared.settings.name);
-    let has_own = primary.finalizers().iter().any(|f| *f == own);
+    let has_own = primary.finalizers().contains(&own);
     let has_finalizer = primary
         .finalizers()
         .iter()

@@ -182,13 +182,16 @@ pub async fn run(
                     seen.push(name.clone());
                 }
                 if wr.metadata.deletion_timestamp.is_some() {
-                    if !releasing.contains_key(&name) {
+                    if let std::collections::hash_map::Entry::Vacant(slot) =
+                        releasing.entry(name.clone())
+                    {
                         tracing::info!(reconciler = %name, "WasmReconciler deleted; releasing its primaries");
                         let supervised = running.remove(&name);
-                        releasing.insert(
-                            name,
-                            tokio::spawn(release_deleted(ctx.clone(), wr.clone(), supervised)),
-                        );
+                        slot.insert(tokio::spawn(release_deleted(
+                            ctx.clone(),
+                            wr.clone(),
+                            supervised,
+                        )));
                     }
                     restart_losers_to(&ctx, &mut running, &wr).await;
                     continue;

@@ -398,14 +398,14 @@ async fn half_sent(addr: SocketAddr, n: usize) -> anyhow::Result<Vec<TcpStream>>
 
 /// `GET /healthz` on a new connection: the status, within `limit`.
 async fn healthz(addr: SocketAddr, limit: Duration) -> anyhow::Result<Option<u16>> {
-    Ok(tokio::time::timeout(limit, async {
+    tokio::time::timeout(limit, async {
         let mut s = TcpStream::connect(addr).await?;
         s.write_all(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
             .await?;
         Ok::<_, anyhow::Error>(status_of(&mut s).await)
     })
     .await
-    .map_err(|_| anyhow::anyhow!("/healthz did not answer within {limit:?}"))??)
+    .map_err(|_| anyhow::anyhow!("/healthz did not answer within {limit:?}"))?
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -38,7 +38,7 @@ pub enum Command {
     /// them with a golden file.
     Test(test::Args),
     /// Run the operator host: reconcile every WasmReconciler's primaries with its module.
-    Run(run::Args),
+    Run(Box<run::Args>),
     /// Put a module in a ConfigMap (gzip-compressed when large), checking it first.
     Push(push::Args),
     /// Print the CustomResourceDefinitions the host serves (YAML).
@@ -172,7 +172,7 @@ pub async fn run(cli: Cli) -> Result<ExitCode, CliError> {
     match cli.command {
         Command::Inspect(args) => off_runtime(move || inspect::run(args)).await,
         Command::Test(args) => off_runtime(move || test::run(args)).await,
-        Command::Run(args) => run::run(args).await,
+        Command::Run(args) => run::run(*args).await,
         Command::Push(args) => push::run(args).await,
         Command::Crdgen => {
             print!("{}", crate::crd::crds_yaml());
