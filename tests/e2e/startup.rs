@@ -244,8 +244,36 @@ async fn wait_for_copies(env: &TestEnv, prop: &str) -> anyhow::Result<BTreeMap<S
     .await
 }
 
+/// Serialises the tests that register a configmap-propagator: its primary kind is
+/// cluster-scoped, so two such WasmReconcilers at once conflict (the later is refused,
+/// `Ready=False` reason `Conflict`), as they would in a real cluster.
+static PROPAGATOR: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// Removes a test's WasmReconciler for good once its host has stopped: deleted, its finalizers
+/// cleared by the admin (no host runs to release them), and gone, so the next test's
+/// propagator does not conflict with it.
+async fn retire(env: &TestEnv, wr: &str) -> anyhow::Result<()> {
+    let api: Api<wasmop::crd::WasmReconciler> = Api::all(env.client.clone());
+    api.delete(wr, &DeleteParams::default()).await?;
+    let clear = json!({"metadata": {"finalizers": null}});
+    if let Err(e) = api
+        .patch(wr, &PatchParams::default(), &Patch::Merge(&clear))
+        .await
+    {
+        anyhow::ensure!(
+            matches!(&e, kube::Error::Api(s) if s.code == 404),
+            "clearing the finalizers of WasmReconciler {wr}: {e}"
+        );
+    }
+    eventually(&format!("WasmReconciler {wr} gone"), WAIT, || async {
+        Ok(api.get_opt(wr).await?.is_none().then_some(()))
+    })
+    .await
+}
+
 #[tokio::test]
 async fn copies_survive_abrupt_host_restarts() -> anyhow::Result<()> {
+    let _serial = PROPAGATOR.lock().await;
     let env = TestEnv::get("startup-restart").await?;
     let wr = register_propagator(&env).await?;
     let prop = format!("{}-settings", env.namespace);
@@ -284,6 +312,7 @@ async fn copies_survive_abrupt_host_restarts() -> anyhow::Result<()> {
         h.shutdown().await?;
     }
     cleanup(&env, &prop).await?;
+    retire(&env, &wr).await?;
     Ok(())
 }
 
@@ -342,6 +371,7 @@ async fn grant_host(env: &TestEnv, user: &str, namespaces: bool) -> anyhow::Resu
 
 #[tokio::test]
 async fn a_host_that_may_not_list_namespaces_says_so_and_prunes_nothing() -> anyhow::Result<()> {
+    let _serial = PROPAGATOR.lock().await;
     let env = TestEnv::get("startup-denied").await?;
     let wr = register_propagator(&env).await?;
     let prop = format!("{}-settings", env.namespace);
@@ -415,6 +445,7 @@ async fn a_host_that_may_not_list_namespaces_says_so_and_prunes_nothing() -> any
     host.shutdown().await?;
     let _ = std::fs::remove_file(&kubeconfig);
     cleanup(&env, &prop).await?;
+    retire(&env, &wr).await?;
     Ok(())
 }
 
