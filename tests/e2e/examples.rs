@@ -20,9 +20,8 @@ use futures::StreamExt;
 
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{
-    ConfigMap, Namespace, PersistentVolume, PersistentVolumeClaim, Pod, Service, ServiceAccount,
+    ConfigMap, Namespace, PersistentVolume, PersistentVolumeClaim, Pod, Service,
 };
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use kube::api::{
     Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch,
     PatchParams, PostParams, WatchEvent, WatchParams,
@@ -34,91 +33,6 @@ use wasmop_testenv::{TestEnv, eventually};
 
 /// Rollouts replace pods one at a time; give them longer than a single object.
 const ROLLOUT: Duration = Duration::from_secs(120);
-
-fn apply() -> PatchParams {
-    PatchParams::apply("wasmop-e2e").force()
-}
-
-fn example(name: &str, file: &str) -> anyhow::Result<Vec<Value>> {
-    yaml_docs(&repo().join("examples").join(name).join("k8s").join(file))
-}
-
-/// Applies an example's rbac.yaml for a test: namespaced objects move to the test's namespace
-/// (except those in `default`, where cluster-scoped objects' Events go), and cluster-scoped
-/// objects and objects in `default` get the namespace as a suffix so parallel tests do not share
-/// them. Returns the ServiceAccount's name.
-async fn apply_rbac(env: &TestEnv, example_name: &str) -> anyhow::Result<String> {
-    let ns = env.namespace.as_str();
-    let mut sa_name = None;
-    for mut doc in example(example_name, "rbac.yaml")? {
-        let kind = doc["kind"].as_str().unwrap_or_default().to_string();
-        let name = doc["metadata"]["name"]
-            .as_str()
-            .unwrap_or_default()
-            .to_string();
-        let in_default = doc["metadata"]["namespace"] == "default";
-        let renamed = if kind.starts_with("Cluster") || in_default {
-            format!("{name}-{ns}")
-        } else {
-            name.clone()
-        };
-        doc["metadata"]["name"] = json!(renamed);
-        if !in_default && doc["metadata"].get("namespace").is_some() {
-            doc["metadata"]["namespace"] = json!(ns);
-        }
-        // (`get_mut`: indexing a Value mutably would insert the missing key.)
-        if let Some(subjects) = doc.get_mut("subjects").and_then(Value::as_array_mut) {
-            for s in subjects {
-                s["namespace"] = json!(ns);
-            }
-        }
-        if doc.get("roleRef").is_some() {
-            let r = doc["roleRef"]["name"]
-                .as_str()
-                .unwrap_or_default()
-                .to_string();
-            if doc["roleRef"]["kind"] == "ClusterRole" || in_default {
-                doc["roleRef"]["name"] = json!(format!("{r}-{ns}"));
-            }
-        }
-        let target_ns = doc["metadata"]["namespace"]
-            .as_str()
-            .unwrap_or_default()
-            .to_string();
-        let c = env.client.clone();
-        match kind.as_str() {
-            "Namespace" => continue,
-            "ServiceAccount" => {
-                sa_name = Some(renamed.clone());
-                Api::<ServiceAccount>::namespaced(c, &target_ns)
-                    .patch(&renamed, &apply(), &Patch::Apply(&doc))
-                    .await?;
-            }
-            "Role" => {
-                Api::<Role>::namespaced(c, &target_ns)
-                    .patch(&renamed, &apply(), &Patch::Apply(&doc))
-                    .await?;
-            }
-            "RoleBinding" => {
-                Api::<RoleBinding>::namespaced(c, &target_ns)
-                    .patch(&renamed, &apply(), &Patch::Apply(&doc))
-                    .await?;
-            }
-            "ClusterRole" => {
-                Api::<ClusterRole>::all(c)
-                    .patch(&renamed, &apply(), &Patch::Apply(&doc))
-                    .await?;
-            }
-            "ClusterRoleBinding" => {
-                Api::<ClusterRoleBinding>::all(c)
-                    .patch(&renamed, &apply(), &Patch::Apply(&doc))
-                    .await?;
-            }
-            other => anyhow::bail!("unexpected {other} in {example_name}/k8s/rbac.yaml"),
-        }
-    }
-    sa_name.ok_or_else(|| anyhow::anyhow!("{example_name}/k8s/rbac.yaml has no ServiceAccount"))
-}
 
 /// Registers an example with its own wasmreconciler.yaml, rewritten for the test: named and
 /// labelled for the test's host, module and ServiceAccount in the test's namespace, and (for a

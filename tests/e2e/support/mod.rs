@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{ConfigMap, ServiceAccount};
 use k8s_openapi::api::events::v1::Event;
-use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{
     Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams,
@@ -359,4 +359,86 @@ pub async fn start_host_with(
     };
     configure(&mut options);
     Ok(Host::start(options).await?)
+}
+
+/// The YAML documents of an example's `k8s/<file>`.
+pub fn example(name: &str, file: &str) -> anyhow::Result<Vec<Value>> {
+    yaml_docs(&repo().join("examples").join(name).join("k8s").join(file))
+}
+
+/// Applies an example's rbac.yaml for a test: namespaced objects move to the test's namespace
+/// (except those in `default`, where cluster-scoped objects' Events go), and cluster-scoped
+/// objects and objects in `default` get the namespace as a suffix so parallel tests do not share
+/// them. Returns the ServiceAccount's name.
+pub async fn apply_rbac(env: &TestEnv, example_name: &str) -> anyhow::Result<String> {
+    let ns = env.namespace.as_str();
+    let mut sa_name = None;
+    for mut doc in example(example_name, "rbac.yaml")? {
+        let kind = doc["kind"].as_str().unwrap_or_default().to_string();
+        let name = doc["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        let in_default = doc["metadata"]["namespace"] == "default";
+        let renamed = if kind.starts_with("Cluster") || in_default {
+            format!("{name}-{ns}")
+        } else {
+            name.clone()
+        };
+        doc["metadata"]["name"] = json!(renamed);
+        if !in_default && doc["metadata"].get("namespace").is_some() {
+            doc["metadata"]["namespace"] = json!(ns);
+        }
+        // (`get_mut`: indexing a Value mutably would insert the missing key.)
+        if let Some(subjects) = doc.get_mut("subjects").and_then(Value::as_array_mut) {
+            for s in subjects {
+                s["namespace"] = json!(ns);
+            }
+        }
+        if doc.get("roleRef").is_some() {
+            let r = doc["roleRef"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
+            if doc["roleRef"]["kind"] == "ClusterRole" || in_default {
+                doc["roleRef"]["name"] = json!(format!("{r}-{ns}"));
+            }
+        }
+        let target_ns = doc["metadata"]["namespace"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        let c = env.client.clone();
+        match kind.as_str() {
+            "Namespace" => continue,
+            "ServiceAccount" => {
+                sa_name = Some(renamed.clone());
+                Api::<ServiceAccount>::namespaced(c, &target_ns)
+                    .patch(&renamed, &apply_params(), &Patch::Apply(&doc))
+                    .await?;
+            }
+            "Role" => {
+                Api::<Role>::namespaced(c, &target_ns)
+                    .patch(&renamed, &apply_params(), &Patch::Apply(&doc))
+                    .await?;
+            }
+            "RoleBinding" => {
+                Api::<RoleBinding>::namespaced(c, &target_ns)
+                    .patch(&renamed, &apply_params(), &Patch::Apply(&doc))
+                    .await?;
+            }
+            "ClusterRole" => {
+                Api::<ClusterRole>::all(c)
+                    .patch(&renamed, &apply_params(), &Patch::Apply(&doc))
+                    .await?;
+            }
+            "ClusterRoleBinding" => {
+                Api::<ClusterRoleBinding>::all(c)
+                    .patch(&renamed, &apply_params(), &Patch::Apply(&doc))
+                    .await?;
+            }
+            other => anyhow::bail!("unexpected {other} in {example_name}/k8s/rbac.yaml"),
+        }
+    }
+    sa_name.ok_or_else(|| anyhow::anyhow!("{example_name}/k8s/rbac.yaml has no ServiceAccount"))
 }
