@@ -11,14 +11,17 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
 use tokio::sync::watch;
 
+use crate::admission::config::{WebhookConfigs, WebhookTarget};
+use crate::admission::tls::ServingCert;
 use crate::discovery::Discovery;
 use crate::engine::{Engine, EngineConfig};
-use crate::leader::{Elector, LeaderConfig};
 use crate::manager::{self, HostContext};
-use crate::serving::ServerLimits;
-use crate::webhook_config::{WebhookConfigs, WebhookTarget};
-use crate::webhook_tls::ServingCert;
-use crate::{admission, api_health, metrics, probes, readiness};
+use crate::operations::leader::{Elector, LeaderConfig};
+use crate::operations::serving::ServerLimits;
+use crate::{
+    admission, operations::api_health, operations::metrics, operations::probes,
+    operations::readiness,
+};
 
 /// How the admission webhook is served.
 #[derive(Debug, Clone)]
@@ -133,7 +136,7 @@ pub enum HostError {
     Admission(#[from] admission::AdmissionError),
     /// Leadership was lost: this process must stop reconciling at once.
     #[error("{0}")]
-    Leadership(#[from] crate::leader::LeaderError),
+    Leadership(#[from] crate::operations::leader::LeaderError),
 }
 
 /// The client configuration from `kubeconfig`, or inferred.

@@ -15,20 +15,20 @@
 //!
 //! Adding, changing (a new generation) or deleting a WasmReconciler starts, restarts or stops
 //! its supervisor; other reconcilers are untouched, except those that overlap it
-//! ([`crate::conflict`]): they are restarted so that the winner is decided again.
+//! ([`crate::controller::conflict`]): they are restarted so that the winner is decided again.
 //!
 //! # Lifecycle guarantees
 //! - Every served WasmReconciler carries [`RECONCILER_FINALIZER`]. When it is deleted, its
 //!   controller keeps running for up to [`RELEASE_GRACE`] while primaries that are being deleted
 //!   still hold its finalizer (so the module's finalize runs while the module is loaded); then
 //!   the controller stops, the finalizer is removed from every remaining primary with a
-//!   `FinalizerReleased` Event ([`crate::release`]), the module copy is deleted, and the
+//!   `FinalizerReleased` Event ([`crate::controller::release`]), the module copy is deleted, and the
 //!   WasmReconciler's own finalizer goes last. A release that cannot finish is retried with
 //!   backoff and reported as a Warning Event on the WasmReconciler.
 //! - Narrowing `spec.namespaces` releases the primaries left outside, the same way.
 //! - A rolled-back module stays rolled back across restarts, failovers and edits: setup honours
 //!   `status.rejectedSha256` and loads the last good module from the host's copy
-//!   ([`crate::module_copy`]).
+//!   ([`crate::modules::copy`]).
 //! - Only a module's own failures in the pre-swap self-check (a failed call, invalid intents)
 //!   refuse it; a failure of the cluster (API errors, timeouts) or of the host (no sandbox
 //!   free) defers the swap, retried with backoff.
@@ -51,8 +51,11 @@ use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
 use tokio::sync::oneshot;
 
-use crate::access;
 use crate::contract::{Context, Gvk, KindObjects, ReconcileRequest, Trigger};
+use crate::controller::access;
+use crate::controller::intents::{self, Primary, Rejected};
+use crate::controller::release::{Releaser, Which};
+use crate::controller::watches::WATCH_FAILED;
 use crate::controller::{self, Clients, Health, Running, Settings};
 use crate::crd::{
     ActiveModule, MAX_DEADLINE, MAX_RESYNC, RECONCILER_FINALIZER, WasmReconciler,
@@ -60,13 +63,10 @@ use crate::crd::{
 };
 use crate::discovery::{Discovery, Resolved};
 use crate::engine::{CallError, Compiled, Engine, Limits, Module, sha256_hex};
-use crate::intents::{self, Primary, Rejected};
-use crate::release::{Releaser, Which};
-use crate::slot::{Active, Fit, ModuleSlot};
-use crate::source::{self, ModuleBytes};
-use crate::watches::WATCH_FAILED;
-use crate::{conditions, conflict, module_copy};
-use crate::{metrics, readiness};
+use crate::modules::slot::{Active, Fit, ModuleSlot};
+use crate::modules::source::{self, ModuleBytes};
+use crate::{controller::conditions, controller::conflict, modules::copy};
+use crate::{operations::metrics, operations::readiness};
 
 /// How long a deleted WasmReconciler's controller keeps running so that the module's finalize
 /// can finish primaries already being deleted, before their finalizers are released anyway.
@@ -390,7 +390,7 @@ async fn release_deleted_once(
         }
     }
     if let Some(copy) = wr.status.as_ref().and_then(|s| s.module_copy.as_ref())
-        && let Err(e) = module_copy::delete(&ctx.client, copy).await
+        && let Err(e) = copy::delete(&ctx.client, copy).await
     {
         tracing::warn!(reconciler = %wr.name_any(), error = %e, "cannot delete the module copy");
     }
@@ -873,7 +873,7 @@ impl Supervisor {
             .module_copy
             .as_ref()
             .ok_or_else(|| refuse("no copy of the last good module is recorded".into()))?;
-        module_copy::load(&self.ctx.client, copy, &good)
+        copy::load(&self.ctx.client, copy, &good)
             .await
             .map_err(|e| refuse(format!("the last good module cannot be read: {e}")))
     }
@@ -1220,9 +1220,9 @@ impl Supervisor {
         let Some((_, bytes)) = self.kept.iter().find(|(s, _)| s == sha) else {
             return;
         };
-        let at = module_copy::location(&self.name(), &self.wr.spec.module.config_map);
+        let at = copy::location(&self.name(), &self.wr.spec.module.config_map);
         let version = module.metadata().version.clone();
-        match module_copy::save(&self.ctx.client, &at, &self.name(), bytes, sha, &version).await {
+        match copy::save(&self.ctx.client, &at, &self.name(), bytes, sha, &version).await {
             Ok(()) => self.status.module_copy = Some(at),
             Err(e) => {
                 tracing::warn!(reconciler = %self.name(), error = %e, "cannot keep a copy of the active module; a restart after a rollback will refuse to serve")

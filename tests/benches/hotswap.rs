@@ -125,7 +125,7 @@ async fn series(
             builds[next].clone()
         };
         let sha = wasmop::engine::sha256_hex(&bytes);
-        let cm = wasmop::cli::push::config_map(
+        let cm = wasmop::modules::source::to_config_map(
             "image-updater",
             &env.namespace,
             &bytes,

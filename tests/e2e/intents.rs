@@ -11,10 +11,10 @@ use kube::api::{Api, DeleteParams, DynamicObject, PostParams};
 use kube::runtime::events::{Recorder, Reporter};
 use serde_json::{Value, json};
 use support::*;
-use wasmop::apply::{Applier, Observed};
 use wasmop::contract::{Action, Gvk, ObjectRef, Propagation};
+use wasmop::controller::apply::{Applier, Observed};
+use wasmop::controller::intents::{PreparedSet, Validated};
 use wasmop::discovery::Discovery;
-use wasmop::intents::{PreparedSet, Validated};
 use wasmop_testenv::{TestEnv, eventually};
 
 fn config_map(name: &str, data: Value, owner: Option<&ConfigMap>) -> anyhow::Result<ConfigMap> {

@@ -21,7 +21,7 @@ use serde_json::{Value, json};
 use support::*;
 use wasmop::crd::{WasmReconciler, finalizer_for};
 use wasmop::host::{Host, HostOptions, WebhookOptions};
-use wasmop::leader::LeaderConfig;
+use wasmop::operations::leader::LeaderConfig;
 use wasmop_testenv::{TestEnv, eventually};
 
 fn app(name: &str, finalizers: &[&str]) -> anyhow::Result<DynamicObject> {

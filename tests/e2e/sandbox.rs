@@ -11,7 +11,7 @@ use wasmop_testenv::{TestEnv, eventually};
 
 /// The value of a metric series in the host's registry (0 when the series does not exist).
 fn metric(name: &str, reconciler: &str) -> anyhow::Result<f64> {
-    let text = wasmop::metrics::encode()?;
+    let text = wasmop::operations::metrics::encode()?;
     let prefix = format!("{name}{{reconciler=\"{reconciler}\"");
     Ok(text
         .lines()

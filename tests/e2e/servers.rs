@@ -26,7 +26,7 @@ use tokio::net::TcpStream;
 use tokio::sync::Mutex;
 use tokio_rustls::TlsConnector;
 use wasmop::host::WebhookOptions;
-use wasmop::serving::ServerLimits;
+use wasmop::operations::serving::ServerLimits;
 use wasmop_testenv::{TestEnv, eventually};
 
 /// One test at a time: they share this process's memory and metrics.
@@ -37,7 +37,7 @@ const CLOSE_WAIT: Duration = Duration::from_secs(60);
 
 /// A sample of the process-wide metrics, e.g. `wasmop_server_connections{server="probes"}`.
 fn metric(series: &str) -> anyhow::Result<f64> {
-    let body = wasmop::metrics::encode()?;
+    let body = wasmop::operations::metrics::encode()?;
     Ok(body
         .lines()
         .filter(|l| !l.starts_with('#'))
@@ -457,11 +457,14 @@ async fn a_full_connection_cap_closes_new_connections_until_one_is_freed() -> an
         max_connections: 10,
         read_timeout: Duration::from_secs(600),
     };
-    let (addr, serve) =
-        wasmop::probes::bind(SocketAddr::from(([127, 0, 0, 1], 0)), limits, async move {
+    let (addr, serve) = wasmop::operations::probes::bind(
+        SocketAddr::from(([127, 0, 0, 1], 0)),
+        limits,
+        async move {
             let _ = stop_rx.await;
-        })
-        .await?;
+        },
+    )
+    .await?;
     let server = tokio::spawn(serve);
     let refused_before = rejected("probes", "connections")?;
     let mut held = half_sent(addr, 10).await?;

@@ -78,7 +78,7 @@ async fn copies(client: &Client, prop: &str) -> anyhow::Result<BTreeMap<String, 
 
 /// The sum of a metric's samples for `reconciler` in the in-process hosts' registry.
 fn metric(name: &str, reconciler: &str) -> anyhow::Result<f64> {
-    let text = wasmop::metrics::encode()?;
+    let text = wasmop::operations::metrics::encode()?;
     let label = format!("reconciler=\"{reconciler}\"");
     Ok(text
         .lines()

@@ -138,7 +138,7 @@ pub fn build(
         "kind": "ValidatingWebhookConfiguration",
         "metadata": {
             "name": config_name(&name),
-            "labels": {crate::intents::RECONCILER_LABEL: name, "app.kubernetes.io/managed-by": "wasmop"},
+            "labels": {crate::controller::intents::RECONCILER_LABEL: name, "app.kubernetes.io/managed-by": "wasmop"},
             "ownerReferences": [{
                 "apiVersion": "wasmop.dev/v1alpha1", "kind": "WasmReconciler",
                 "name": name, "uid": wr.uid().unwrap_or_default(),

@@ -1,14 +1,14 @@
 //! The validating admission webhook: every replica serves `POST /validate/<reconciler>` over
 //! HTTPS and answers with the verdict of the module's `validate` on the old and new object; the
 //! leader keeps each WasmReconciler's `ValidatingWebhookConfiguration` in sync
-//! ([`crate::webhook_config`]).
+//! ([`crate::admission::config`]).
 //!
 //! Which module answers: the module serving the reconciler in this process (published by the
 //! manager through [`slots`], so a hot swap applies to admission at once); on a replica that does
 //! not run reconcilers (a follower), the module named by the WasmReconciler's
 //! `status.activeModule.sha256`, read from its ConfigMap, or, when that holds another module (a
 //! refused push, a rolled-back one), from the leader's copy of the active module
-//! (`status.moduleCopy`, see [`crate::module_copy`]); checked against that digest, compiled
+//! (`status.moduleCopy`, see [`crate::modules::copy`]); checked against that digest, compiled
 //! ahead (on every WasmReconciler change) and cached.
 //!
 //! Only modules whose metadata declares `validates` get a webhook: the contract says a module
@@ -32,10 +32,15 @@
 //!   `wasmop_server_rejected_total{server="admission",reason}`.
 //! - At most `--webhook-max-reviews` bodies are read and parsed at a time, each capped at 8 MiB
 //!   and read within `--webhook-read-timeout` (408 otherwise); parsing runs on the blocking pool,
-//!   not on the async workers. Connections are capped and timed out as [`crate::serving`] says.
+//!   not on the async workers. Connections are capped and timed out as [`crate::operations::serving`] says.
 //!
 //! # Errors
 //! [`AdmissionError`] when the server cannot start; per-review failures become verdicts.
+//!
+//! Its parts: [`config`] (the ValidatingWebhookConfigurations) and [`tls`] (the serving certificate).
+
+pub mod config;
+pub mod tls;
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -59,15 +64,15 @@ use tokio::net::TcpListener;
 use tokio::sync::{Semaphore, watch};
 use tracing::Instrument;
 
+use self::config::WebhookConfigs;
+use self::tls::ServingCert;
 use crate::contract::{self, ValidateRequest, ValidateResponse};
 use crate::crd::{FailurePolicy, WasmReconciler, parse_duration, parse_quantity};
 use crate::engine::{Engine, Limits, Module, sha256_hex};
-use crate::probes::text;
-use crate::serving::{self, ServerLimits};
-use crate::slot::ModuleSlot;
-use crate::webhook_config::WebhookConfigs;
-use crate::webhook_tls::ServingCert;
-use crate::{metrics, readiness, source};
+use crate::modules::slot::ModuleSlot;
+use crate::operations::probes::text;
+use crate::operations::serving::{self, ServerLimits};
+use crate::{modules::source, operations::metrics, operations::readiness};
 
 /// The largest AdmissionReview accepted.
 const MAX_BODY: usize = 8 << 20;
@@ -126,7 +131,7 @@ pub enum AdmissionError {
     },
     /// The certificate is unusable.
     #[error("{0}")]
-    Tls(#[from] crate::webhook_tls::TlsError),
+    Tls(#[from] tls::TlsError),
 }
 
 /// Why a module could not judge a review.
@@ -147,7 +152,7 @@ enum ModuleUnavailable {
     #[error("{0}")]
     Load(String),
     #[error("{0}")]
-    Copy(#[from] crate::module_copy::CopyError),
+    Copy(#[from] crate::modules::copy::CopyError),
 }
 
 /// What the webhook needs.
@@ -208,7 +213,7 @@ impl Webhook {
                     active,
                 });
             };
-            bytes = crate::module_copy::load(&self.client, copy, &active).await?;
+            bytes = crate::modules::copy::load(&self.client, copy, &active).await?;
             found = sha256_hex(&bytes.bytes);
         }
         let (engine, limits) = (self.engine.clone(), Self::limits(wr));

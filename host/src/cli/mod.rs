@@ -14,8 +14,8 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+use crate::controller::intents::Rejected;
 use crate::engine::{CallError, Engine, EngineConfig, LoadError};
-use crate::intents::Rejected;
 
 /// A WebAssembly-hosted reconcile runtime for Kubernetes.
 #[derive(Debug, Parser)]

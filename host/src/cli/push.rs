@@ -1,21 +1,15 @@
 //! `wasmop push MODULE.wasm --name NAME [-n NAMESPACE] [--dry-run]`: put a module in a ConfigMap.
 
-use std::collections::BTreeMap;
-use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::{Api, ObjectMeta, Patch, PatchParams};
+use kube::api::{Api, Patch, PatchParams};
 
 use super::{CliError, engine, to_yaml};
 use crate::engine::Limits;
 use crate::host::kube_config;
-use crate::source::{GZIP_KEY, PLAIN_KEY};
-
-/// Modules larger than this are gzip-compressed (a ConfigMap holds at most 1 MiB).
-pub const GZIP_ABOVE: usize = 512 << 10;
+use crate::modules::source;
 
 /// Arguments of `push`.
 #[derive(Debug, clap::Args)]
@@ -34,41 +28,6 @@ pub struct Args {
     /// The kubeconfig to use.
     #[arg(long, env = "KUBECONFIG")]
     pub kubeconfig: Option<PathBuf>,
-}
-
-/// Builds the ConfigMap for `bytes` (checked by the caller).
-pub fn config_map(
-    name: &str,
-    namespace: &str,
-    bytes: &[u8],
-    module_name: &str,
-    version: &str,
-    sha256: &str,
-) -> Result<ConfigMap, std::io::Error> {
-    let (key, data) = if bytes.len() > GZIP_ABOVE {
-        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
-        gz.write_all(bytes)?;
-        (GZIP_KEY, gz.finish()?)
-    } else {
-        (PLAIN_KEY, bytes.to_vec())
-    };
-    Ok(ConfigMap {
-        metadata: ObjectMeta {
-            name: Some(name.to_string()),
-            namespace: Some(namespace.to_string()),
-            labels: Some(BTreeMap::from([(
-                "wasmop.dev/module".to_string(),
-                module_name.to_string(),
-            )])),
-            annotations: Some(BTreeMap::from([
-                ("wasmop.dev/sha256".to_string(), sha256.to_string()),
-                ("wasmop.dev/version".to_string(), version.to_string()),
-            ])),
-            ..ObjectMeta::default()
-        },
-        binary_data: Some(BTreeMap::from([(key.to_string(), ByteString(data))])),
-        ..ConfigMap::default()
-    })
 }
 
 pub(crate) async fn run(args: Args) -> Result<ExitCode, CliError> {
@@ -95,7 +54,7 @@ pub(crate) async fn run(args: Args) -> Result<ExitCode, CliError> {
         m.primary,
         module.sha256()
     );
-    let cm = config_map(
+    let cm = source::to_config_map(
         &args.name,
         &args.namespace,
         &bytes,

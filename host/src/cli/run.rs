@@ -7,11 +7,11 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use super::{CliError, cache_dir};
+use crate::admission::config::WebhookTarget;
 use crate::crd::parse_duration;
 use crate::host::{Host, HostError, HostOptions, WebhookOptions};
-use crate::leader::LeaderConfig;
-use crate::serving::ServerLimits;
-use crate::webhook_config::WebhookTarget;
+use crate::operations::leader::LeaderConfig;
+use crate::operations::serving::ServerLimits;
 
 /// Arguments of `run`.
 #[derive(Debug, clap::Args)]
@@ -158,7 +158,7 @@ pub(crate) async fn run(args: Args) -> Result<ExitCode, CliError> {
     let resync = duration("resync", &args.resync)?;
     let grace = duration("shutdown-grace", &args.shutdown_grace)?;
     let namespace = args.namespace.clone().or_else(|| {
-        std::fs::read_to_string(crate::leader::SA_NAMESPACE_FILE)
+        std::fs::read_to_string(crate::operations::leader::SA_NAMESPACE_FILE)
             .ok()
             .map(|s| s.trim().to_string())
             .filter(|s| !s.is_empty())

@@ -12,8 +12,8 @@ use super::{CliError, engine, to_yaml, yaml_documents};
 use crate::contract::{
     Context, Gvk, KindObjects, Operation, ReconcileRequest, Trigger, ValidateRequest,
 };
+use crate::controller::intents::{self, Grant, ObservedChildren, Primary, Scopes, WellKnownScopes};
 use crate::engine::Limits;
-use crate::intents::{self, Grant, ObservedChildren, Primary, Scopes, WellKnownScopes};
 
 /// Arguments of `test`.
 #[derive(Debug, clap::Args)]

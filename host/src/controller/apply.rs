@@ -32,8 +32,8 @@ use kube::{Client, ResourceExt};
 use serde_json::Value;
 
 use crate::contract::{Action, EventType, Gvk, ObjectRef, Propagation};
+use crate::controller::intents::{Validated, status_object};
 use crate::discovery::{Discovery, Resolved};
-use crate::intents::{Validated, status_object};
 
 /// How a write failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

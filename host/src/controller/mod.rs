@@ -25,6 +25,18 @@
 //! # Errors
 //! [`ReconcileError`] is what one reconcile can fail with; the controller itself only stops
 //! when told to.
+//!
+//! Its parts: [`watches`] (the caches and what they report), [`access`] (what the module's
+//! identity may read), [`intents`] (the checks of a response), [`apply`] (the writes),
+//! [`conditions`], [`conflict`] and [`release`] (one reconciler per primary, and letting go).
+
+pub mod access;
+pub mod apply;
+pub mod conditions;
+pub mod conflict;
+pub mod intents;
+pub mod release;
+pub mod watches;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -40,18 +52,18 @@ use kube::{Client, ResourceExt};
 use serde_json::json;
 use tracing::{Instrument, info_span};
 
-use crate::apply::{Applier, FailureKind, Observed, controlled_by, object_reference};
+use self::apply::{Applier, FailureKind, Observed, controlled_by, object_reference};
+use self::intents::{Grant, Primary, RECONCILER_LABEL, Rejected};
+use self::watches::WatchErrors;
 use crate::contract::{
     Context, Gvk, KindObjects, Mapping, ObjectRef, ReconcileRequest, RelatedKind, Trigger,
 };
 use crate::crd::{finalizer_for, is_finalizer_of};
 use crate::discovery::{Discovery, Resolved};
 use crate::engine::{CallError, Limits};
-use crate::intents::{self, Grant, Primary, RECONCILER_LABEL, Rejected};
-use crate::metrics::{self, Queue};
-use crate::readiness;
-use crate::slot::ModuleSlot;
-use crate::watches::WatchErrors;
+use crate::modules::slot::ModuleSlot;
+use crate::operations::metrics::{self, Queue};
+use crate::operations::readiness;
 
 /// Backoff after failures: 5 ms doubling to 5 minutes.
 pub const BACKOFF_START: Duration = Duration::from_millis(5);
@@ -252,7 +264,7 @@ impl Running {
     }
 }
 
-/// The readiness component of reconciler `name` (see [`crate::readiness`]).
+/// The readiness component of reconciler `name` (see [`crate::operations::readiness`]).
 pub fn readiness_component(name: &str) -> String {
     format!("reconciler/{name}")
 }
@@ -901,7 +913,7 @@ async fn reconcile(
 async fn run_once(
     primary: &Arc<DynamicObject>,
     shared: &Arc<Shared>,
-    active: &crate::slot::Active,
+    active: &crate::modules::slot::Active,
     trigger: Trigger,
     attempt: u32,
 ) -> Result<Action, ReconcileError> {

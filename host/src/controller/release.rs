@@ -25,8 +25,8 @@ use kube::runtime::events::{Event as KubeEvent, EventType as KubeEventType, Reco
 use kube::{Client, ResourceExt};
 use serde_json::json;
 
-use crate::apply::object_reference;
 use crate::contract::{Gvk, ObjectRef};
+use crate::controller::apply::object_reference;
 use crate::crd::{FINALIZER, finalizer_for};
 use crate::discovery::Resolved;
 
@@ -222,7 +222,11 @@ impl Releaser {
         let event = KubeEvent {
             type_: KubeEventType::Warning,
             reason: "FinalizerReleased".into(),
-            note: Some(note.chars().take(crate::intents::MAX_EVENT_NOTE).collect()),
+            note: Some(
+                note.chars()
+                    .take(crate::controller::intents::MAX_EVENT_NOTE)
+                    .collect(),
+            ),
             action: "Release".into(),
             secondary: None,
         };

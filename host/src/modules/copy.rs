@@ -26,7 +26,7 @@ use kube::{Client, ResourceExt};
 
 use crate::crd::ConfigMapKey;
 use crate::engine::sha256_hex;
-use crate::source::{self, ModuleBytes, SourceError};
+use crate::modules::source::{self, ModuleBytes, SourceError};
 
 /// The field manager of the copies.
 const MANAGER: &str = "wasmop";
@@ -76,7 +76,7 @@ pub enum CopyError {
 fn host_namespace() -> Option<String> {
     std::env::var("POD_NAMESPACE")
         .ok()
-        .or_else(|| std::fs::read_to_string(crate::leader::SA_NAMESPACE_FILE).ok())
+        .or_else(|| std::fs::read_to_string(crate::operations::leader::SA_NAMESPACE_FILE).ok())
         .map(|s| s.trim().to_string())
         .filter(|s| !s.is_empty())
 }
@@ -125,8 +125,14 @@ pub async fn save(
     {
         return Ok(());
     }
-    let mut cm =
-        crate::cli::push::config_map(&at.name, &at.namespace, bytes, "copy", version, sha)?;
+    let mut cm = crate::modules::source::to_config_map(
+        &at.name,
+        &at.namespace,
+        bytes,
+        "copy",
+        version,
+        sha,
+    )?;
     cm.annotations_mut()
         .insert(RECONCILER_ANNOTATION.into(), reconciler.into());
     cm.labels_mut()

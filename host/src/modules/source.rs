@@ -1,4 +1,4 @@
-//! Reading a module out of its ConfigMap.
+//! A module's ConfigMap: reading a module out of it, and building one.
 //!
 //! A module is stored under a `binaryData` key: `module.wasm` as is, or `module.wasm.gz`
 //! gzip-compressed (so modules larger than the ~1 MiB object limit still fit).
@@ -6,9 +6,12 @@
 //! # Errors
 //! [`SourceError`] says which ConfigMap and key, and what to do.
 
-use std::io::Read;
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
 
+use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::ObjectMeta;
 use kube::{Api, Client};
 
 use crate::crd::ConfigMapKey;
@@ -149,4 +152,46 @@ pub async fn fetch(client: &Client, source: &ConfigMapKey) -> Result<ModuleBytes
             source: e,
         }),
     }
+}
+
+/// Modules larger than this are gzip-compressed (a ConfigMap holds at most 1 MiB).
+pub const GZIP_ABOVE: usize = 512 << 10;
+
+/// Builds the ConfigMap that holds `bytes` (checked by the caller), gzipped above
+/// [`GZIP_ABOVE`]: what `wasmop push` writes and the host's module copy keeps.
+///
+/// # Errors
+/// Only when compressing fails (an I/O error of the in-memory encoder).
+pub fn to_config_map(
+    name: &str,
+    namespace: &str,
+    bytes: &[u8],
+    module_name: &str,
+    version: &str,
+    sha256: &str,
+) -> Result<ConfigMap, std::io::Error> {
+    let (key, data) = if bytes.len() > GZIP_ABOVE {
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+        gz.write_all(bytes)?;
+        (GZIP_KEY, gz.finish()?)
+    } else {
+        (PLAIN_KEY, bytes.to_vec())
+    };
+    Ok(ConfigMap {
+        metadata: ObjectMeta {
+            name: Some(name.to_string()),
+            namespace: Some(namespace.to_string()),
+            labels: Some(BTreeMap::from([(
+                "wasmop.dev/module".to_string(),
+                module_name.to_string(),
+            )])),
+            annotations: Some(BTreeMap::from([
+                ("wasmop.dev/sha256".to_string(), sha256.to_string()),
+                ("wasmop.dev/version".to_string(), version.to_string()),
+            ])),
+            ..ObjectMeta::default()
+        },
+        binary_data: Some(BTreeMap::from([(key.to_string(), ByteString(data))])),
+        ..ConfigMap::default()
+    })
 }

@@ -1,7 +1,7 @@
 //! Whether the API server answers, as the readiness component `api-server`.
 //!
 //! Caches that synced once stay "synced" while the API server is gone: kube-runtime's watchers
-//! keep their stores and retry with backoff, and nothing else flips [`crate::readiness`] back.
+//! keep their stores and retry with backoff, and nothing else flips [`crate::operations::readiness`] back.
 //! A replica that cannot reach its API server can neither reconcile nor admit correctly, so
 //! `/readyz` must say so: this task asks the API server's own `/readyz` every
 //! [`PROBE_PERIOD`] and marks the component pending on the first failure, ready on the first
@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use kube::Client;
 
-use crate::readiness;
+use crate::operations::readiness;
 
 /// The readiness component this task feeds.
 pub const COMPONENT: &str = "api-server";

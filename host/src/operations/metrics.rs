@@ -2,7 +2,7 @@
 //! queue, module calls, hot swaps and admission reviews, each labelled with the WasmReconciler.
 //!
 //! [`global`] is the one registry; [`encode`] renders it in the OpenMetrics text format that
-//! [`crate::probes`] serves on `/metrics`. Every metric and its exact semantics are listed in
+//! [`crate::operations::probes`] serves on `/metrics`. Every metric and its exact semantics are listed in
 //! `docs/operating.md` (section "Metrics").
 //!
 //! # Guarantees

@@ -1,14 +1,14 @@
 //! The plain-HTTP server of every replica: `/metrics` (Prometheus), `/healthz` (the process is
-//! alive) and `/readyz` (see [`crate::readiness`]).
+//! alive) and `/readyz` (see [`crate::operations::readiness`]).
 //!
 //! A minimal hyper 1 server: HTTP/1.1, one task per connection, GET only, with the connection
-//! cap and read timeout of [`crate::serving`] (`--metrics-max-connections`,
+//! cap and read timeout of [`crate::operations::serving`] (`--metrics-max-connections`,
 //! `--metrics-read-timeout`).
 //!
 //! # Guarantees
 //! - `/healthz` answers 200 as long as the async runtime runs, also while other clients hold
 //!   half-sent requests (up to the connection cap; each is closed after the read timeout).
-//! - `/readyz` answers 200 only when [`crate::readiness::Readiness::check`] is Ok, else 503 with
+//! - `/readyz` answers 200 only when [`crate::operations::readiness::Readiness::check`] is Ok, else 503 with
 //!   the pending components in the body.
 //! - The server stops accepting when its shutdown future resolves; open connections finish.
 //!
@@ -26,7 +26,7 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 use tracing::Instrument;
 
-use crate::serving::{self, ServerLimits};
+use crate::operations::serving::{self, ServerLimits};
 
 /// A failure to serve.
 #[derive(Debug, thiserror::Error)]
@@ -63,8 +63,12 @@ fn route(req: &Request<Incoming>) -> Response<Full<Bytes>> {
         );
     }
     match req.uri().path() {
-        "/metrics" => match crate::metrics::encode() {
-            Ok(body) => text(StatusCode::OK, crate::metrics::CONTENT_TYPE, body),
+        "/metrics" => match crate::operations::metrics::encode() {
+            Ok(body) => text(
+                StatusCode::OK,
+                crate::operations::metrics::CONTENT_TYPE,
+                body,
+            ),
             Err(e) => text(
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "text/plain",
@@ -72,7 +76,7 @@ fn route(req: &Request<Incoming>) -> Response<Full<Bytes>> {
             ),
         },
         "/healthz" => text(StatusCode::OK, "text/plain", "ok\n".into()),
-        "/readyz" => match crate::readiness::global().check() {
+        "/readyz" => match crate::operations::readiness::global().check() {
             Ok(()) => text(StatusCode::OK, "text/plain", "ok\n".into()),
             Err(pending) => text(
                 StatusCode::SERVICE_UNAVAILABLE,

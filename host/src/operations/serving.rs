@@ -1,4 +1,4 @@
-//! What the host's two HTTP servers ([`crate::admission`] and [`crate::probes`]) share: a cap on
+//! What the host's two HTTP servers ([`crate::admission`] and [`crate::operations::probes`]) share: a cap on
 //! open connections, a read timeout for the TLS handshake, the request head and the body (which
 //! also closes idle keep-alive connections), and a small per-connection header buffer.
 //!
@@ -116,7 +116,7 @@ pub(crate) struct Admitted {
 
 impl Drop for Admitted {
     fn drop(&mut self) {
-        crate::metrics::global().server_connection(self.server, -1);
+        crate::operations::metrics::global().server_connection(self.server, -1);
     }
 }
 
@@ -147,12 +147,12 @@ pub(crate) async fn accept_loop<F, Fut>(
             },
         };
         let Ok(slot) = slots.clone().try_acquire_owned() else {
-            crate::metrics::global().server_rejected(server, "connections");
+            crate::operations::metrics::global().server_rejected(server, "connections");
             tracing::debug!(server, %peer, max = limits.max_connections, "connection cap reached; closing");
             drop(stream);
             continue;
         };
-        crate::metrics::global().server_connection(server, 1);
+        crate::operations::metrics::global().server_connection(server, 1);
         let admitted = Admitted {
             server,
             _slot: slot,

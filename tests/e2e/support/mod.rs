@@ -101,7 +101,7 @@ pub async fn push_module(
 ) -> anyhow::Result<String> {
     let bytes = wasmop_test_modules::bytes(module);
     let sha = wasmop::engine::sha256_hex(&bytes);
-    let cm = wasmop::cli::push::config_map(name, ns, &bytes, "test", "0", &sha)?;
+    let cm = wasmop::modules::source::to_config_map(name, ns, &bytes, "test", "0", &sha)?;
     let api: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
     api.patch(name, &apply_params(), &Patch::Apply(&cm)).await?;
     Ok(sha)

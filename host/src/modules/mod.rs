@@ -1,0 +1,10 @@
+//! Modules: where a module comes from, the active module a controller calls, and the host's copy
+//! of it that keeps rollbacks and followers independent of the author's source.
+//!
+//! - [`source`]: reading a module from its ConfigMap.
+//! - [`slot`]: the swappable active module of one reconciler.
+//! - [`copy`]: the host-owned copy of the active module (`wasmop-module.<reconciler>`).
+
+pub mod copy;
+pub mod slot;
+pub mod source;

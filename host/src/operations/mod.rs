@@ -1,0 +1,10 @@
+//! Running the host in production: leader election, Prometheus metrics, health and readiness
+//! probes, the API server's health as a readiness component, and the connection limits of the
+//! host's servers.
+
+pub mod api_health;
+pub mod leader;
+pub mod metrics;
+pub mod probes;
+pub mod readiness;
+pub mod serving;
