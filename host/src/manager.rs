@@ -493,9 +493,17 @@ enum SwapError {
     Deferred(String),
 }
 
+/// The reason of a setup that failed because the host had no sandbox (or cache) to spare:
+/// not the module's fault.
+const HOST_BUSY: &str = "HostBusy";
+
 impl From<SetupError> for SwapError {
     fn from(e: SetupError) -> Self {
-        SwapError::Refused(e)
+        if e.reason == HOST_BUSY {
+            SwapError::Deferred(e.message)
+        } else {
+            SwapError::Refused(e)
+        }
     }
 }
 
@@ -529,11 +537,8 @@ impl CheckFailure {
     fn is_module_failure(&self) -> bool {
         match self {
             CheckFailure::Cluster(_) | CheckFailure::Interrupted(_) => false,
-            CheckFailure::Call {
-                error: CallError::Sandbox { .. },
-                ..
-            } => false,
-            CheckFailure::Call { .. } | CheckFailure::Intents { .. } => true,
+            CheckFailure::Call { error, .. } => error.is_module_fault(),
+            CheckFailure::Intents { .. } => true,
         }
     }
 }
@@ -830,7 +835,11 @@ impl Supervisor {
                 message: format!("loading was interrupted: {e}"),
             })?
             .map_err(|e| SetupError {
-                reason: "ModuleInvalid",
+                reason: if e.is_module_fault() {
+                    "ModuleInvalid"
+                } else {
+                    HOST_BUSY
+                },
                 message: format!(
                     "ConfigMap {}/{} key {}: {e}",
                     source.namespace, source.name, bytes.key
@@ -1471,6 +1480,7 @@ mod panic_tests {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::LoadError;
     use kube::core::Status;
 
     fn api_error(code: u16, reason: &str) -> kube::Error {
@@ -1498,6 +1508,17 @@ mod tests {
             },
         };
         assert!(!pool.is_module_failure(), "a full pool is the host's");
+        let busy = CheckFailure::Call {
+            on: on(),
+            error: CallError::Queued {
+                deadline: Duration::from_secs(2),
+                slots: 1,
+            },
+        };
+        assert!(
+            !busy.is_module_failure(),
+            "no free sandbox slot is the host's"
+        );
         let panicked = CheckFailure::Call {
             on: on(),
             error: CallError::Panic {
@@ -1520,6 +1541,30 @@ mod tests {
             },
         };
         assert!(invalid.is_module_failure());
+    }
+
+    #[test]
+    fn a_module_that_cannot_be_loaded_for_want_of_a_sandbox_is_deferred_not_refused() {
+        let setup = |reason: &'static str| SetupError {
+            reason,
+            message: "m".into(),
+        };
+        assert!(matches!(
+            SwapError::from(setup(HOST_BUSY)),
+            SwapError::Deferred(_)
+        ));
+        for reason in ["ModuleInvalid", "ModuleMismatch", "DigestMismatch"] {
+            assert!(matches!(
+                SwapError::from(setup(reason)),
+                SwapError::Refused(_)
+            ));
+        }
+        let busy = LoadError::Busy(CallError::Queued {
+            deadline: Duration::from_secs(2),
+            slots: 1,
+        });
+        assert!(!busy.is_module_fault());
+        assert!(LoadError::Metadata("failed: boom".into()).is_module_fault());
     }
 
     #[test]

@@ -406,8 +406,23 @@ async fn etcd_compaction_forces_watches_to_relist_and_the_host_keeps_converging(
 /// What a watch saw happen to some objects: (event type, namespace/name, uid), in order.
 type History = Arc<Mutex<Vec<(String, String, String)>>>;
 
+/// Target namespaces of the SIGKILL test: applied 8 at a time, enough waves that a kill on the
+/// first copy lands mid-apply.
+const COPIES: usize = 60;
+
+/// How many copies `selector` finds now.
+async fn copies_now(client: &Client, selector: &str) -> anyhow::Result<usize> {
+    let api: Api<ConfigMap> = Api::all(client.clone());
+    Ok(api
+        .list(&ListParams::default().labels(selector))
+        .await?
+        .items
+        .len())
+}
+
 /// Records every event of a watch on ConfigMaps labelled `selector`, in every namespace,
-/// from the current resourceVersion; a watch error is recorded as an event of type `ERROR`.
+/// from the current resourceVersion, resumed whenever the server ends it; a watch error is
+/// recorded as an event of type `ERROR`.
 /// The receiver counts the ADDED events as they arrive.
 async fn record(
     client: &Client,
@@ -416,44 +431,56 @@ async fn record(
     let api: Api<ConfigMap> = Api::all(client.clone());
     let list = api.list(&ListParams::default().labels(selector)).await?;
     anyhow::ensure!(list.items.is_empty(), "copies exist before the test");
-    let rv = list.metadata.resource_version.unwrap_or_default();
-    let stream = api
-        .watch(&WatchParams::default().labels(selector).timeout(290), &rv)
-        .await?;
+    let mut rv = list.metadata.resource_version.unwrap_or_default();
+    let params = WatchParams::default().labels(selector).timeout(290);
     let history: History = Arc::default();
     let h = history.clone();
     let (added_tx, added_rx) = tokio::sync::watch::channel(0usize);
+    let push = move |kind: &str, what: String, uid: String| {
+        if let Ok(mut h) = h.lock() {
+            h.push((kind.into(), what, uid));
+        }
+    };
+    let mut stream = api.watch(&params, &rv).await?.boxed();
     tokio::spawn(async move {
-        let mut stream = stream.boxed();
-        while let Some(event) = stream.next().await {
-            let entry = match event {
-                Ok(WatchEvent::Added(o)) => ("ADDED", o),
-                Ok(WatchEvent::Modified(o)) => ("MODIFIED", o),
-                Ok(WatchEvent::Deleted(o)) => ("DELETED", o),
-                Ok(WatchEvent::Bookmark(_)) => continue,
-                Ok(WatchEvent::Error(e)) => {
-                    if let Ok(mut h) = h.lock() {
-                        h.push(("ERROR".into(), e.message, String::new()));
+        // A watch ends after its timeout: it is resumed where it stopped, so the history has
+        // no gap; a resume that fails is recorded as an error.
+        loop {
+            while let Some(event) = stream.next().await {
+                let (kind, o) = match event {
+                    Ok(WatchEvent::Added(o)) => ("ADDED", o),
+                    Ok(WatchEvent::Modified(o)) => ("MODIFIED", o),
+                    Ok(WatchEvent::Deleted(o)) => ("DELETED", o),
+                    Ok(WatchEvent::Bookmark(b)) => {
+                        rv = b.metadata.resource_version;
+                        continue;
                     }
-                    continue;
-                }
-                Err(e) => {
-                    if let Ok(mut h) = h.lock() {
-                        h.push(("ERROR".into(), e.to_string(), String::new()));
+                    Ok(WatchEvent::Error(e)) => {
+                        push("ERROR", e.message, String::new());
+                        continue;
                     }
-                    continue;
+                    Err(e) => {
+                        push("ERROR", e.to_string(), String::new());
+                        continue;
+                    }
+                };
+                rv = o.resource_version().unwrap_or_default();
+                if kind == "ADDED" {
+                    added_tx.send_modify(|n| *n += 1);
                 }
-            };
-            let (kind, o) = entry;
-            if kind == "ADDED" {
-                added_tx.send_modify(|n| *n += 1);
+                let what = format!("{}/{}", o.namespace().unwrap_or_default(), o.name_any());
+                push(kind, what, o.uid().unwrap_or_default());
             }
-            if let Ok(mut h) = h.lock() {
-                h.push((
-                    kind.into(),
-                    format!("{}/{}", o.namespace().unwrap_or_default(), o.name_any()),
-                    o.uid().unwrap_or_default(),
-                ));
+            match api.watch(&params, &rv).await {
+                Ok(next) => stream = next.boxed(),
+                Err(e) => {
+                    push(
+                        "ERROR",
+                        format!("cannot resume the watch: {e}"),
+                        String::new(),
+                    );
+                    return;
+                }
             }
         }
     });
@@ -541,14 +568,14 @@ async fn configmap_propagator(env: &TestEnv) -> anyhow::Result<String> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn host_sigkilled_mid_apply_of_20_children_leaves_each_exactly_once_none_deleted()
+async fn host_sigkilled_mid_apply_of_60_children_leaves_each_exactly_once_none_deleted()
 -> anyhow::Result<()> {
     let _serial = serial().await;
     let env = TestEnv::get("flt-kill").await?;
     let ns = env.namespace.clone();
     configmap_propagator(&env).await?;
     let key = "e2e.wasmop.dev/config";
-    let targets: Vec<String> = (0..20).map(|i| format!("{ns}-t{i:02}")).collect();
+    let targets: Vec<String> = (0..COPIES).map(|i| format!("{ns}-t{i:02}")).collect();
     let namespaces: Api<Namespace> = Api::all(env.client.clone());
     for t in &targets {
         let n: Namespace = serde_json::from_value(json!({
@@ -594,21 +621,25 @@ async fn host_sigkilled_mid_apply_of_20_children_leaves_each_exactly_once_none_d
         .await
         .map_err(|_| anyhow::anyhow!("no copy was created within {WAIT:?}"))??;
     host.kill().await?;
-    let at_kill = *added.borrow();
-    eprintln!("[faults] host SIGKILLed with {at_kill} of 20 copies recorded");
+    let at_kill = copies_now(&env.client, &selector).await?;
+    eprintln!("[faults] host SIGKILLed with {at_kill} of {COPIES} copies made");
+    anyhow::ensure!(
+        at_kill < COPIES,
+        "the host was killed after the whole set was applied: the test proved nothing"
+    );
 
     // Restarted, the host finishes the set; twice, to also restart from a complete set.
     for round in 0..2 {
         host.restart().await?;
         readyz_becomes(&host, 200, WAIT).await?;
-        eventually("status: 20 targets, 20 up to date, Ready", WAIT, || async {
+        eventually("status: every target up to date, Ready", WAIT, || async {
             let p = props.get(&prop_name).await?;
             let s = &p.data["status"];
             let ready = s["conditions"].as_array().is_some_and(|cs| {
                 cs.iter()
                     .any(|c| c["type"] == "Ready" && c["status"] == "True")
             });
-            Ok((s["targetCount"] == 20 && s["upToDate"] == 20 && ready).then_some(()))
+            Ok((s["targetCount"] == COPIES && s["upToDate"] == COPIES && ready).then_some(()))
         })
         .await
         .map_err(|e| e.context(format!("host log:\n{}", host.log_text())))?;
@@ -626,7 +657,7 @@ async fn host_sigkilled_mid_apply_of_20_children_leaves_each_exactly_once_none_d
         .map(|c| format!("{}/{}", c.namespace().unwrap_or_default(), c.name_any()))
         .collect();
     let expected: BTreeSet<String> = targets.iter().map(|t| format!("{t}/settings")).collect();
-    assert_eq!(now, expected, "one copy in each of the 20 namespaces");
+    assert_eq!(now, expected, "one copy in each target namespace");
     let history = history.lock().map(|h| h.clone()).unwrap_or_default();
     let bad: Vec<_> = history
         .iter()
@@ -641,14 +672,14 @@ async fn host_sigkilled_mid_apply_of_20_children_leaves_each_exactly_once_none_d
         *adds.entry(e.1.as_str()).or_default() += 1;
     }
     assert!(
-        adds.len() == 20 && adds.values().all(|n| *n == 1),
+        adds.len() == COPIES && adds.values().all(|n| *n == 1),
         "each copy created exactly once: {adds:?}"
     );
     let uids: BTreeSet<&str> = history.iter().map(|e| e.2.as_str()).collect();
     assert_eq!(
         uids.len(),
-        20,
-        "20 uids over the whole history: {history:?}"
+        COPIES,
+        "one uid per copy over the whole history: {history:?}"
     );
 
     props.delete(&prop_name, &DeleteParams::default()).await?;

@@ -540,6 +540,13 @@ async fn changing_and_deleting_a_wasmreconciler_reconfigures_and_stops_its_contr
         },
     )
     .await?;
+    // Its controller is gone, not merely idle: no state is kept for it any more.
+    eventually("the controller stopped", WAIT, || async {
+        Ok(wasmop::controller::tracked_objects(&wr_name)
+            .is_none()
+            .then_some(()))
+    })
+    .await?;
     apps.create(&PostParams::default(), &app("three", "nginx:1.27", 1))
         .await?;
     tokio::time::sleep(std::time::Duration::from_secs(3)).await;
@@ -608,6 +615,70 @@ async fn a_child_name_taken_by_someone_else_is_not_taken_over() -> anyhow::Resul
             .get_opt("shop")
             .await?
             .filter(|s| s.metadata.owner_references.is_some()))
+    })
+    .await?;
+    host.shutdown().await?;
+    Ok(())
+}
+
+/// Durations a hostile or careless author may write: each reconciler is refused with a
+/// condition naming the field and the bound, and the host goes on serving: a corrected
+/// reconciler is set up at once.
+#[tokio::test]
+async fn hostile_durations_refuse_their_reconciler_and_the_host_goes_on() -> anyhow::Result<()> {
+    let env = TestEnv::get("host-durations").await?;
+    let (huge, _) = widget_reconciler(
+        &env,
+        "huge",
+        wasmop_test_modules::MISBEHAVE,
+        json!({"resyncPeriod": "99999999999999999999999h"}),
+    )
+    .await?;
+    let (long, _) = image_updater(
+        &env,
+        "long",
+        wasmop_test_modules::IMAGE_UPDATER,
+        false,
+        json!({"limits": {"deadline": "6m"}}),
+    )
+    .await?;
+    let host = start_host(&env, None).await?;
+    for (wr, field) in [
+        (&huge, "spec.resyncPeriod"),
+        (&long, "spec.limits.deadline"),
+    ] {
+        let (_, reason, message) = eventually(&format!("{wr} refused"), WAIT, || async {
+            Ok(wr_condition(&env.client, wr, "Ready")
+                .await?
+                .filter(|(status, _, _)| status == "False"))
+        })
+        .await?;
+        assert_eq!(reason, "InvalidSpec", "{wr}: {message}");
+        assert!(message.contains(field), "{wr} names {field}: {message}");
+    }
+    // The host survived both: the corrected reconciler is served.
+    let wrs: Api<wasmop::crd::WasmReconciler> = Api::all(env.client.clone());
+    wrs.patch(
+        &long,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"limits": {"deadline": "2s"}}})),
+    )
+    .await?;
+    eventually(&format!("{long} Ready"), WAIT, || async {
+        Ok(wr_condition(&env.client, &long, "Ready")
+            .await?
+            .filter(|(status, _, _)| status == "True"))
+    })
+    .await?;
+    let apps = apps(&env.client, &env.namespace);
+    let app: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "example.wasmop.dev/v1", "kind": "App", "metadata": {"name": "web"},
+        "spec": {"image": "nginx:1.27", "replicas": 1, "port": 8080}
+    }))?;
+    apps.create(&PostParams::default(), &app).await?;
+    eventually("web reconciled", WAIT, || async {
+        let a = apps.get("web").await?;
+        Ok((a.data["status"]["image"] == json!("nginx:1.27")).then_some(()))
     })
     .await?;
     host.shutdown().await?;

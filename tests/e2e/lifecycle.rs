@@ -1,6 +1,6 @@
 //! A reconciler's lifecycle, end to end: deleting or narrowing a WasmReconciler releases the
 //! finalizers it holds, two reconcilers never fight over one primary, a rollback survives a
-//! restart and an edit, and a follower serves the active module for admission after a refused
+//! restart and an edit, a busy host defers a swap rather than refusing it, and a follower serves the active module for admission after a refused
 //! push.
 
 mod support;
@@ -353,6 +353,209 @@ async fn a_rollback_survives_a_restart_and_an_edit() -> anyhow::Result<()> {
             .then_some(()))
     })
     .await?;
+    host.shutdown().await?;
+    Ok(())
+}
+
+/// The value of `wasmop_hotswap_total` for `reconciler` and `result` in this process.
+fn hotswaps(reconciler: &str, result: &str) -> anyhow::Result<f64> {
+    let text = wasmop::operations::metrics::encode()?;
+    let series =
+        format!("wasmop_hotswap_total{{reconciler=\"{reconciler}\",result=\"{result}\"}} ");
+    Ok(text
+        .lines()
+        .find_map(|l| l.strip_prefix(&series)?.parse().ok())
+        .unwrap_or(0.0))
+}
+
+/// A ConfigMap update that holds the module already serving (a label, an annotation) keeps the
+/// module it would roll back to: a rollback after it still returns to the good module.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_update_with_the_same_module_keeps_the_rollback_target() -> anyhow::Result<()> {
+    let env = TestEnv::get("life-same").await?;
+    let (wr, good) = widget_reconciler(
+        &env,
+        "widgets",
+        wasmop_test_modules::MISBEHAVE,
+        json!({"rollout": {"watchReconciles": 8, "failureThresholdPercent": 50}}),
+    )
+    .await?;
+    let host = start_host(&env, None).await?;
+    let widgets = widgets(&env.client, &env.namespace);
+    let names = ["w-1", "w-2", "w-3", "w-4"];
+    for name in names {
+        let w: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "test.wasmop.dev/v1", "kind": "Widget", "metadata": {"name": name},
+            "spec": {"mode": "good"}
+        }))?;
+        widgets.create(&PostParams::default(), &w).await?;
+    }
+    let cms: Api<ConfigMap> = env.api();
+    eventually("the widgets reconciled", WAIT, || async {
+        let mut n = 0;
+        for w in names {
+            n += usize::from(cms.get_opt(&format!("{w}-out")).await?.is_some());
+        }
+        Ok((n == names.len()).then_some(()))
+    })
+    .await?;
+    // The fragile build handles every widget until one is labelled fragile.
+    let bad = push_module(
+        &env.client,
+        &env.namespace,
+        "widgets",
+        wasmop_test_modules::MISBEHAVE_FRAGILE,
+    )
+    .await?;
+    eventually("the fragile build active", WAIT, || async {
+        let s = status(&env.client, &wr).await?;
+        Ok((s.active_module.map(|m| m.sha256) == Some(bad.clone())).then_some(()))
+    })
+    .await?;
+    // The same module, a new ConfigMap version.
+    let unchanged = hotswaps(&wr, "unchanged")?;
+    cms.patch(
+        "widgets",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"labels": {"touched": "yes"}}})),
+    )
+    .await?;
+    eventually("the update seen as the same module", WAIT, || async {
+        Ok((hotswaps(&wr, "unchanged")? > unchanged).then_some(()))
+    })
+    .await?;
+    // Now the fragile build fails: it is rolled back, to the good module.
+    for name in names {
+        widgets
+            .patch(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"labels": {"test.wasmop.dev/fragile": "true"}}})),
+            )
+            .await?;
+    }
+    let s = eventually("the fragile build rolled back", WAIT, || async {
+        let s = status(&env.client, &wr).await?;
+        Ok((s.rejected_sha256.as_deref() == Some(bad.as_str())).then_some(s))
+    })
+    .await?;
+    assert_eq!(
+        s.active_module.map(|m| m.sha256).as_deref(),
+        Some(good.as_str()),
+        "rolled back to the good module"
+    );
+    host.shutdown().await?;
+    Ok(())
+}
+
+/// A host too busy to run the self-check (its only sandbox slot held by another reconciler's
+/// call) defers a new module instead of refusing it, and swaps it in once a slot is free.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_host_defers_the_self_check_and_swaps_once_a_sandbox_is_free() -> anyhow::Result<()>
+{
+    let env = TestEnv::get("life-deferred").await?;
+    let (apps_wr, old) = image_updater(
+        &env,
+        "apps",
+        wasmop_test_modules::IMAGE_UPDATER,
+        false,
+        json!({"limits": {"deadline": "2s"}}),
+    )
+    .await?;
+    // The sleeper's calls hold the host's one slot for up to 90 s each.
+    let (sleeper, _) = widget_reconciler(
+        &env,
+        "sleeper",
+        wasmop_test_modules::MISBEHAVE,
+        json!({"limits": {"deadline": "90s", "concurrency": 1}}),
+    )
+    .await?;
+    let host = start_host_with(&env, |o| o.max_module_calls = 1).await?;
+    for wr in [&apps_wr, &sleeper] {
+        eventually(&format!("{wr} Ready"), WAIT, || async {
+            Ok(wr_condition(&env.client, wr, "Ready")
+                .await?
+                .filter(|(status, _, _)| status == "True"))
+        })
+        .await?;
+    }
+    let apps = apps(&env.client, &env.namespace);
+    let app: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "example.wasmop.dev/v1", "kind": "App", "metadata": {"name": "web"},
+        "spec": {"image": "nginx:1.27", "replicas": 1, "port": 8080}
+    }))?;
+    apps.create(&PostParams::default(), &app).await?;
+    eventually("web reconciled", WAIT, || async {
+        let a = apps.get("web").await?;
+        Ok((a.data["status"]["image"] == json!("nginx:1.27")).then_some(()))
+    })
+    .await?;
+
+    let widgets = widgets(&env.client, &env.namespace);
+    let holder: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "test.wasmop.dev/v1", "kind": "Widget", "metadata": {"name": "holder"},
+        "spec": {"mode": "sleep", "sleepSeconds": 600}
+    }))?;
+    widgets.create(&PostParams::default(), &holder).await?;
+    // The slot is taken: an App reconcile waits its 2 s deadline in the queue and gives up.
+    apps.patch(
+        "web",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"image": "nginx:1.28"}})),
+    )
+    .await?;
+    eventually("an App reconcile found no free slot", WAIT, || async {
+        let busy = events(&env.client, &env.namespace, "SandboxBusy").await?;
+        Ok((!busy.is_empty()).then_some(()))
+    })
+    .await?;
+
+    // A new module now: its self-check cannot get the slot either. That is the host's
+    // business, not the module's: the swap is deferred, never refused.
+    let new = push_module(
+        &env.client,
+        &env.namespace,
+        "apps",
+        wasmop_test_modules::IMAGE_UPDATER_V2,
+    )
+    .await?;
+    assert_ne!(new, old);
+    eventually("the self-check deferred", WAIT, || async {
+        let deferred = cluster_events(&env.client, &apps_wr).await?;
+        Ok(deferred
+            .iter()
+            .any(|e| e.reason.as_deref() == Some("SelfCheckDeferred"))
+            .then_some(()))
+    })
+    .await?;
+    let loaded = wr_condition(&env.client, &apps_wr, "ModuleLoaded").await?;
+    assert!(
+        loaded
+            .as_ref()
+            .is_none_or(|(status, _, _)| status == "True"),
+        "a deferred module is not refused: {loaded:?}"
+    );
+
+    // Free the slot: the holder's next call returns at once; the current one ends at its
+    // deadline. The deferred swap is retried with backoff (at most 60 s apart) and goes through.
+    widgets
+        .patch(
+            "holder",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"mode": "good"}})),
+        )
+        .await?;
+    eventually(
+        "the new module active",
+        Duration::from_secs(300),
+        || async {
+            let s = status(&env.client, &apps_wr).await?;
+            Ok((s.active_module.map(|m| m.sha256) == Some(new.clone())).then_some(()))
+        },
+    )
+    .await?;
+    let s = status(&env.client, &apps_wr).await?;
+    assert_eq!(s.rejected_sha256, None, "the new module was never rejected");
     host.shutdown().await?;
     Ok(())
 }

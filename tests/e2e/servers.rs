@@ -13,6 +13,7 @@ mod support;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
@@ -290,16 +291,21 @@ async fn admission_judges_real_reviews_while_slow_and_large_clients_flood_it() -
     })
     .await?;
 
+    // The process's resident memory, sampled through the flood: a server that read the bodies
+    // of refused reviews would hold hundreds of MiB at once.
     let rss_before = memory("VmRSS")?;
-    // Reset VmHWM to the current RSS, so it measures the peak of the flood alone (where the
-    // kernel refuses, the growth of the peak is measured instead).
-    let base = match std::fs::write("/proc/self/clear_refs", "5") {
-        Ok(()) => rss_before,
-        Err(e) => {
-            println!("cannot reset VmHWM ({e}); measuring the growth of the peak");
-            memory("VmHWM")?
+    let sampling = Arc::new(AtomicBool::new(true));
+    let sampler = tokio::spawn({
+        let sampling = sampling.clone();
+        async move {
+            let mut peak = 0;
+            while sampling.load(Ordering::Relaxed) {
+                peak = peak.max(memory("VmRSS").unwrap_or(0));
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            peak
         }
-    };
+    });
     let unknown_before = rejected("admission", "unknown")?;
     let too_large_before = rejected("admission", "too_large")?;
     let flooding = tokio::spawn(flood(tls, addr, wr.clone()));
@@ -319,23 +325,31 @@ async fn admission_judges_real_reviews_while_slow_and_large_clients_flood_it() -
         took.push(t);
     }
     let flood = flooding.await??;
-    let peak = memory("VmHWM")?;
-    let growth = peak.saturating_sub(base);
+    sampling.store(false, Ordering::Relaxed);
+    let peak = sampler.await?;
+    let growth = peak.saturating_sub(rss_before);
     println!(
         "reviews during the flood took {took:?}; RSS {} MiB before, peak {} MiB; {flood:?}",
         rss_before >> 20,
         peak >> 20
     );
-    for t in &took {
-        assert!(
-            *t < Duration::from_secs(2),
-            "a review answered well within the webhook's 5 s timeout: {took:?}"
-        );
-    }
+    // The bound is 1 s per review; the median of five keeps one scheduling hiccup of
+    // a loaded machine from deciding, and none may come near the webhook's 5 s timeout.
+    took.sort();
     assert!(
-        growth < 300 << 20,
-        "memory grew by {} MiB during the flood",
-        growth >> 20
+        took[took.len() / 2] < Duration::from_secs(1),
+        "reviews answered within 1 s during the flood: {took:?}"
+    );
+    assert!(
+        took.iter().all(|t| *t < Duration::from_secs(4)),
+        "no review neared the webhook's 5 s timeout: {took:?}"
+    );
+    assert!(
+        growth < 128 << 20,
+        "memory grew by {} MiB during the flood ({} refused bodies of {} MiB were sent)",
+        growth >> 20,
+        LARGE * LARGE_ROUNDS,
+        LARGE_BODY >> 20
     );
     assert_eq!(
         flood.silent_closed, SILENT,
@@ -435,10 +449,13 @@ async fn healthz_answers_under_2000_half_sent_requests_which_are_then_closed() -
         Some(200),
         "/healthz answers while 2,000 half-sent requests are open"
     );
-    let mut closed = 0;
-    for s in &mut slow {
-        closed += usize::from(closed_by_server(s).await);
-    }
+    // All waited on at once: without a header timeout this fails after CLOSE_WAIT, not 2,000
+    // of them in turn.
+    let closed = futures::future::join_all(slow.iter_mut().map(closed_by_server))
+        .await
+        .into_iter()
+        .filter(|&c| c)
+        .count();
     assert_eq!(closed, 2000, "the server closes half-sent requests");
     eventually("the connections released", WAIT, || async {
         Ok((connections("probes")? <= base).then_some(()))

@@ -147,19 +147,24 @@ pub(crate) fn validate_size(r: &wit::ValidateResponse) -> usize {
     }
 }
 
+/// A verdict as the host hands it on, its text inert: the API server shows denials and
+/// warnings to whoever made the request, often in a terminal.
 pub(crate) fn validate_out(r: wit::ValidateResponse) -> c::ValidateResponse {
+    let inert = |t: String| super::sandbox::inert(&t).into_owned();
     match r {
-        wit::ValidateResponse::Allowed(warnings) => c::ValidateResponse::Allowed { warnings },
+        wit::ValidateResponse::Allowed(warnings) => c::ValidateResponse::Allowed {
+            warnings: warnings.into_iter().map(inert).collect(),
+        },
         wit::ValidateResponse::Denied(d) => c::ValidateResponse::Denied {
-            message: d.message,
-            field: d.field,
+            message: inert(d.message),
+            field: d.field.map(inert),
         },
     }
 }
 
 fn parse(json: &str, what: impl FnOnce() -> String) -> Result<Value, CallError> {
     serde_json::from_str(json).map_err(|e| CallError::Malformed {
-        detail: format!("{} is not JSON: {e}", what()),
+        detail: super::sandbox::inert(&format!("{} is not JSON: {e}", what())).into_owned(),
     })
 }
 

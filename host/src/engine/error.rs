@@ -65,6 +65,10 @@ pub enum LoadError {
     /// `metadata()` failed or returned nonsense.
     #[error("the module's metadata() {0}")]
     Metadata(String),
+    /// No sandbox was free to call `metadata()`: the host is busy, the module is not at fault
+    /// (see [`LoadError::is_module_fault`]); loading it again later may succeed.
+    #[error("cannot read the module's metadata() now: {0}")]
+    Busy(CallError),
     /// The compiled-artifact cache could not be written (loading still fails only if compiling
     /// failed; this is reported for `wasmop inspect --cache`).
     #[error("cannot use the compiled-module cache {path}: {source}")]
@@ -77,6 +81,14 @@ pub enum LoadError {
     /// The engine could not be built.
     #[error("cannot configure the Wasm engine: {0}")]
     Engine(String),
+}
+
+impl LoadError {
+    /// Whether the module is to blame (its version may be refused for good), rather than the
+    /// host being out of sandboxes or the cache directory failing.
+    pub fn is_module_fault(&self) -> bool {
+        !matches!(self, LoadError::Busy(_) | LoadError::Cache { .. })
+    }
 }
 
 /// A call into a module failed. The host never panics or aborts because of a module: every

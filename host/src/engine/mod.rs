@@ -359,7 +359,13 @@ impl Engine {
                 g.call_metadata(s).await.map(Ok)
             })
             .result
-            .map_err(|e| LoadError::Metadata(format!("failed: {e}")))?;
+            .map_err(|e| {
+                if e.is_module_fault() {
+                    LoadError::Metadata(format!("failed: {e}"))
+                } else {
+                    LoadError::Busy(e)
+                }
+            })?;
         let metadata = convert::metadata_out(metadata);
         check_metadata_size(&metadata)?;
         check_metadata(&metadata)?;
@@ -707,7 +713,9 @@ impl Module {
                 deadline: limits.deadline,
             }),
             Ok(Ok(Ok(v))) => Ok(v),
-            Ok(Ok(Err(e))) => Err(CallError::Module { message: e.message }),
+            Ok(Ok(Err(e))) => Err(CallError::Module {
+                message: sandbox::inert(&e.message).into_owned(),
+            }),
             Ok(Err((e, instantiating))) => {
                 Err(classify(&e, &store, limits, output_cap, instantiating))
             }
@@ -787,13 +795,16 @@ fn classify(
             limit: limits.memory_bytes,
         };
     }
-    let stderr = state.stderr_tail(2048);
+    // What the module printed ends up in Events, conditions and log lines: inert, so it cannot
+    // forge a line or drive a terminal.
+    let raw = state.stderr_tail(2048);
+    let stderr = sandbox::inert(&raw).into_owned();
     match e.downcast_ref::<Trap>() {
         Some(Trap::Interrupt) => CallError::Deadline {
             deadline: limits.deadline,
         },
-        Some(Trap::UnreachableCodeReached) if !stderr.is_empty() => CallError::Panic {
-            message: panic_message(&stderr),
+        Some(Trap::UnreachableCodeReached) if !raw.is_empty() => CallError::Panic {
+            message: sandbox::inert(&panic_message(&raw)).into_owned(),
         },
         Some(trap) => CallError::Trap {
             trap: trap.to_string(),

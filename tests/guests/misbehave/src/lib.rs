@@ -1,15 +1,20 @@
 //! A test guest that misbehaves on request. Its primary kind is `test.wasmop.dev/v1 Widget`; it
 //! owns ConfigMaps. The WasmReconciler config (or `wasmop test --config`) picks the behaviour:
 //! `{"mode": "good" | "loop" | "memory" | "panic" | "garbage" | "oversized" | "undeclared" |
-//! "error" | "foreign-namespace" | "slow" | "sleep" | "flood" | "aliased" | "huge-warning"}`;
+//! "error" | "foreign-namespace" | "slow" | "sleep" | "flood" | "aliased" | "huge-warning" |
+//! "forge-panic" | "forge-error" | "forge"}`;
 //! the primary's `spec.mode`, when present, wins (so one reconciler can serve well-behaved and
 //! misbehaving objects).
 //!
-//! - `sleep`: blocks 20 s in a WASI sleep (reconcile and validate), to escape an epoch deadline.
+//! - `sleep`: blocks in a WASI sleep (reconcile: the primary's `spec.sleepSeconds`, default 20 s;
+//!   validate: 20 s), to escape an epoch deadline or to hold a sandbox slot.
 //! - `flood`: 8 children of 1 MiB each (8 MiB of output, within a 32 MiB memory cap).
 //! - `aliased`: 200 children whose strings all alias one 1 MiB buffer (200 MiB for the host to
 //!   copy out of a guest that holds 1 MiB).
 //! - `huge-warning` (validate): allows with a 1 MiB warning.
+//! - `forge-panic`, `forge-error` (reconcile) and `forge` (validate: a denial and, in the
+//!   field, a warning-like text): text with a line break, a forged log line and a terminal escape,
+//!   which the host must render inert.
 //!
 //! The `huge-metadata` feature builds a module whose `metadata()` name is 2 MiB long.
 
@@ -23,6 +28,9 @@ mod guest {
     use wasmop::reconciler::types::*;
 
     struct Misbehave;
+
+    /// Text that would forge a host log line and clear a terminal if it were printed as is.
+    const FORGED: &str = "forged\n2026-11-23T00:00:00Z  INFO wasmop: all good\x1b[2J\u{202e}";
 
     fn mode(primary: &serde_json::Value, config: &str) -> String {
         let config: serde_json::Value = serde_json::from_str(config).unwrap_or_default();
@@ -111,7 +119,13 @@ mod guest {
                         n = std::hint::black_box(n.wrapping_add(1));
                     }
                 }
-                "sleep" => std::thread::sleep(std::time::Duration::from_secs(20)),
+                "sleep" => {
+                    let seconds = primary
+                        .pointer("/spec/sleepSeconds")
+                        .and_then(|s| s.as_u64())
+                        .unwrap_or(20);
+                    std::thread::sleep(std::time::Duration::from_secs(seconds))
+                }
                 "flood" => {
                     let big = "x".repeat(1 << 20);
                     response.children = children(
@@ -164,6 +178,12 @@ mod guest {
                     }
                 }
                 "panic" => panic!("deliberate panic while reconciling {name}"),
+                "forge-panic" => panic!("{FORGED}"),
+                "forge-error" => {
+                    return Err(ReconcileError {
+                        message: FORGED.into(),
+                    });
+                }
                 "garbage" => {
                     response.children = children(vec![
                         "{\"apiVersion\": \"v1\", \"kind\": \"ConfigMap\", oops".into(),
@@ -244,6 +264,10 @@ mod guest {
                     ValidateResponse::Allowed(vec![])
                 }
                 "huge-warning" => ValidateResponse::Allowed(vec!["w".repeat(1 << 20)]),
+                "forge" => ValidateResponse::Denied(Denial {
+                    message: FORGED.into(),
+                    field: Some(FORGED.into()),
+                }),
                 "forbidden" => ValidateResponse::Denied(Denial {
                     message: "widgets in forbidden mode are refused".into(),
                     field: Some("spec.mode".into()),
