@@ -5,6 +5,7 @@
 //! binary prints it and exits non-zero.
 
 mod inspect;
+pub mod new;
 pub mod push;
 mod run;
 mod test;
@@ -43,6 +44,9 @@ pub enum Command {
     Push(push::Args),
     /// Print the CustomResourceDefinitions the host serves (YAML).
     Crdgen,
+    /// Scaffold a module project (skeleton, fixtures and golden file, k8s/ manifests, README)
+    /// that builds and passes `wasmop test` out of the box.
+    New(new::Args),
 }
 
 /// What can go wrong in a subcommand.
@@ -174,6 +178,7 @@ pub async fn run(cli: Cli) -> Result<ExitCode, CliError> {
         Command::Test(args) => off_runtime(move || test::run(args)).await,
         Command::Run(args) => run::run(*args).await,
         Command::Push(args) => push::run(args).await,
+        Command::New(args) => new::run(args),
         Command::Crdgen => {
             print!("{}", crate::crd::crds_yaml());
             Ok(ExitCode::SUCCESS)
