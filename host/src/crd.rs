@@ -576,7 +576,10 @@ mod tests {
             .filter_map(|line| line.trim().strip_prefix("format: "))
             .filter(|format| !known.contains(format))
             .collect();
-        assert!(unknown.is_empty(), "formats kubectl warns about: {unknown:?}");
+        assert!(
+            unknown.is_empty(),
+            "formats kubectl warns about: {unknown:?}"
+        );
         assert!(yaml.contains("maximum: 10000"), "the bounds stay");
     }
 
