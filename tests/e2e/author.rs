@@ -4,6 +4,9 @@
 //!   its own golden file out of the box, and its `k8s/` files (CRD, RBAC, WasmReconciler) are
 //!   enough for the host to reconcile the fixture's object on the cluster (the host impersonates
 //!   the generated ServiceAccount, so this proves the generated RBAC too).
+//! - Record and replay: a host with `record_failures` (what `wasmop run --record-failures`
+//!   sets) writes the request of every failed reconcile, names the file in the Warning Event,
+//!   keeps at most the bounded count, and `wasmop test --request` replays the failure offline.
 
 mod support;
 
@@ -230,6 +233,114 @@ async fn new_project_builds_passes_its_golden_test_and_reconciles_on_the_cluster
             Ok((ready && status_ok).then_some(()))
         }
     })
+    .await?;
+    Ok(())
+}
+
+/// The Warning Events of object `name` in `ns` whose note names a recording.
+async fn recorded_in(env: &TestEnv, name: &str) -> anyhow::Result<Option<PathBuf>> {
+    let all = events(&env.client, &env.namespace, "ModulePanicked").await?;
+    Ok(all
+        .into_iter()
+        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
+        .filter_map(|e| e.note)
+        .find_map(|note| {
+            note.split("; request recorded in ")
+                .nth(1)
+                .map(|p| PathBuf::from(p.trim()))
+        }))
+}
+
+#[tokio::test]
+async fn a_failed_reconcile_is_recorded_bounded_and_replays_offline() -> anyhow::Result<()> {
+    let env = TestEnv::get("author-record").await?;
+    let (_wr, _sha) =
+        widget_reconciler(&env, "misbehave", wasmop_test_modules::MISBEHAVE, json!({})).await?;
+    let dir = tempfile::tempdir()?;
+    let record_dir = dir.path().join("failures");
+    let host = start_host_with(&env, |o| {
+        o.record_failures = Some(wasmop::controller::record::RecordOptions {
+            dir: record_dir.clone(),
+            max_files: 2,
+            max_bytes: 1 << 20,
+            secrets: false,
+        });
+    })
+    .await?;
+    let widgets = widgets(&env.client, &env.namespace);
+    for (name, mode) in [("bad-a", "panic"), ("bad-b", "panic"), ("bad-c", "panic")] {
+        let w: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "test.wasmop.dev/v1", "kind": "Widget",
+            "metadata": {"name": name}, "spec": {"mode": mode}
+        }))?;
+        widgets
+            .patch(name, &PatchParams::apply("wasmop-e2e"), &Patch::Apply(&w))
+            .await?;
+    }
+    // The Warning Event names the file.
+    let file = eventually("a Warning Event naming the recording", WAIT, || {
+        let env = &env;
+        async move { recorded_in(env, "bad-c").await }
+    })
+    .await?;
+    anyhow::ensure!(
+        file.starts_with(&record_dir),
+        "the recording {} is outside {}",
+        file.display(),
+        record_dir.display()
+    );
+    // Bounded: three objects keep failing (and retrying), at most two files stay.
+    eventually("recordings of every object", WAIT, || {
+        let env = &env;
+        async move {
+            let a = recorded_in(env, "bad-a").await?;
+            let b = recorded_in(env, "bad-b").await?;
+            Ok(a.zip(b).map(|_| ()))
+        }
+    })
+    .await?;
+    // The host stops, so that no retry rotates the files while they are read.
+    host.shutdown().await?;
+    let count = std::fs::read_dir(&record_dir)?.count();
+    anyhow::ensure!(count <= 2, "{count} recordings in a directory bounded to 2");
+
+    // Replay the newest recording offline: the same failure, from the same request.
+    let newest = std::fs::read_dir(&record_dir)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .max()
+        .ok_or_else(|| anyhow::anyhow!("no recording left in {}", record_dir.display()))?;
+    let recorded = wasmop::controller::record::RecordedRequest::read(&newest)?;
+    anyhow::ensure!(
+        recorded.error.contains("deliberate panic"),
+        "the recording's error: {}",
+        recorded.error
+    );
+    anyhow::ensure!(recorded.primary["spec"]["mode"] == "panic");
+    let replay = wasmop(&[
+        "test",
+        wasmop_test_modules::MISBEHAVE,
+        "--request",
+        &newest.display().to_string(),
+    ])
+    .await;
+    anyhow::ensure!(
+        replay
+            .as_ref()
+            .is_err_and(|e| e.to_string().contains("deliberate panic")),
+        "replaying {} did not reproduce the panic: {replay:?}",
+        newest.display()
+    );
+    // A recording is a fixture like any other: edited (the primary back to the good mode), it
+    // replays to a success.
+    let text = std::fs::read_to_string(&newest)?.replace("mode: panic", "mode: good");
+    let edited = dir.path().join("edited.yaml");
+    std::fs::write(&edited, text)?;
+    wasmop(&[
+        "test",
+        wasmop_test_modules::MISBEHAVE,
+        "--request",
+        &edited.display().to_string(),
+    ])
     .await?;
     Ok(())
 }

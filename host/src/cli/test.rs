@@ -1,6 +1,10 @@
 //! `wasmop test MODULE.wasm --object CR.yaml [--observed FILE.yaml]... [--expect GOLDEN.yaml]`:
 //! run a module offline, validate its intents exactly as the host would, print them as YAML and
 //! compare them with a golden file.
+//!
+//! `wasmop test MODULE.wasm --request FILE` replays a request the host recorded
+//! (`wasmop run --record-failures`, see [`crate::controller::record`]): the same primary,
+//! children, related objects, config, trigger, attempt and time.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -13,6 +17,7 @@ use crate::contract::{
     Context, Gvk, KindObjects, Operation, ReconcileRequest, Trigger, ValidateRequest,
 };
 use crate::controller::intents::{self, Grant, ObservedChildren, Primary, Scopes, WellKnownScopes};
+use crate::controller::record::RecordedRequest;
 use crate::engine::Limits;
 
 /// Arguments of `test`.
@@ -21,8 +26,12 @@ pub struct Args {
     /// The module (a `.wasm` component).
     pub module: PathBuf,
     /// The primary object (YAML).
-    #[arg(long)]
-    pub object: PathBuf,
+    #[arg(long, required_unless_present = "request")]
+    pub object: Option<PathBuf>,
+    /// Replay a request the host recorded (`wasmop run --record-failures`) instead of
+    /// --object and --observed.
+    #[arg(long, conflicts_with_all = ["object", "observed", "validate", "config", "reconciler", "now_unix_ms"])]
+    pub request: Option<PathBuf>,
     /// Observed objects: owned children or related objects (YAML, several documents allowed).
     #[arg(long)]
     pub observed: Vec<PathBuf>,
@@ -94,14 +103,28 @@ pub(crate) fn run(args: Args) -> Result<ExitCode, CliError> {
             source,
         })?;
     let metadata = module.metadata().clone();
-    let primary_value = read_one(&args.object)?;
+    let recorded = args
+        .request
+        .as_deref()
+        .map(RecordedRequest::read)
+        .transpose()
+        .map_err(|e| CliError::Other(e.to_string()))?;
+    let object_path = args
+        .object
+        .clone()
+        .or(args.request.clone())
+        .unwrap_or_default();
+    let primary_value = match &recorded {
+        Some(r) => r.primary.clone(),
+        None => read_one(&object_path)?,
+    };
     let primary = Primary::from_object(&primary_value).map_err(|detail| CliError::Input {
-        path: args.object.clone(),
+        path: object_path.clone(),
         detail,
     })?;
     if primary.kind != metadata.primary {
         return Err(CliError::Input {
-            path: args.object.clone(),
+            path: object_path.clone(),
             detail: format!(
                 "the object is a {}, but module {} reconciles {}",
                 primary.kind, metadata.name, metadata.primary
@@ -167,6 +190,12 @@ pub(crate) fn run(args: Args) -> Result<ExitCode, CliError> {
                 group.objects.push(doc.to_string());
             }
         }
+        // A recorded request brings its own objects and context.
+        let replay = recorded.as_ref().map(RecordedRequest::to_request);
+        if let Some(r) = &replay {
+            owned.clone_from(&r.owned);
+            related.clone_from(&r.related);
+        }
         // The observed owned objects are this primary's children, as the host would see them.
         let children: ObservedChildren = owned
             .iter()
@@ -194,23 +223,28 @@ pub(crate) fn run(args: Args) -> Result<ExitCode, CliError> {
             primary: primary_value.to_string(),
             owned,
             related,
-            context: Context {
-                reconciler: args.reconciler.clone(),
-                trigger: Trigger::DryRun,
-                attempt: 1,
-                config: config.to_string(),
-                now_unix_ms: now,
+            context: match replay {
+                Some(r) => r.context,
+                None => Context {
+                    reconciler: args.reconciler.clone(),
+                    trigger: Trigger::DryRun,
+                    attempt: 1,
+                    config: config.to_string(),
+                    now_unix_ms: now,
+                },
             },
         };
+        let reconciler = request.context.reconciler.clone();
         let grant = Grant::from_metadata(&metadata);
-        let (done, response) = if args.finalize {
+        let finalize = args.finalize || recorded.as_ref().is_some_and(|r| r.finalize);
+        let (done, response) = if finalize {
             let (done, response) = module.finalize(request, &limits).result?.into_response();
             (Some(done), response)
         } else {
             (None, module.reconcile(request, &limits).result?)
         };
         let validated = intents::validate(
-            &args.reconciler,
+            &reconciler,
             &primary,
             &grant,
             &WellKnownScopes,
