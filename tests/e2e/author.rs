@@ -344,3 +344,97 @@ async fn a_failed_reconcile_is_recorded_bounded_and_replays_offline() -> anyhow:
     .await?;
     Ok(())
 }
+
+#[tokio::test]
+async fn capture_from_the_cluster_writes_what_the_host_hands_over_and_tests_it()
+-> anyhow::Result<()> {
+    let env = TestEnv::get("author-capture").await?;
+    let ns = env.namespace.clone();
+    let (wr, _sha) =
+        widget_reconciler(&env, "misbehave", wasmop_test_modules::MISBEHAVE, json!({})).await?;
+    let _host = start_host(&env, None).await?;
+    let w: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "test.wasmop.dev/v1", "kind": "Widget",
+        "metadata": {"name": "cap"}, "spec": {"mode": "good"}
+    }))?;
+    widgets(&env.client, &ns)
+        .patch("cap", &PatchParams::apply("wasmop-e2e"), &Patch::Apply(&w))
+        .await?;
+    // A ConfigMap the Widget does not control: the host would not hand it over.
+    let stranger: ConfigMap = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "stranger", "namespace": ns}
+    }))?;
+    let config_maps: Api<ConfigMap> = Api::namespaced(env.client.clone(), &ns);
+    config_maps
+        .patch(
+            "stranger",
+            &PatchParams::apply("wasmop-e2e"),
+            &Patch::Apply(&stranger),
+        )
+        .await?;
+    eventually("the Widget's child", WAIT, || {
+        let config_maps = config_maps.clone();
+        async move { Ok(config_maps.get_opt("cap-out").await?.map(|_| ())) }
+    })
+    .await?;
+
+    let work = tempfile::tempdir()?;
+    let out = work.path().join("cap");
+    let golden = work.path().join("expected.yaml");
+    let kubeconfig = env.kubeconfig().display().to_string();
+    wasmop(&[
+        "test",
+        wasmop_test_modules::MISBEHAVE,
+        "--from-cluster",
+        &format!("Widget/{ns}/cap"),
+        "--reconciler",
+        &wr,
+        "--out",
+        &out.display().to_string(),
+        "--kubeconfig",
+        &kubeconfig,
+        "--expect",
+        &golden.display().to_string(),
+        "--update",
+    ])
+    .await?;
+    let primary = yaml_docs(&out.join("cr.yaml"))?;
+    let live = widgets(&env.client, &ns).get("cap").await?;
+    anyhow::ensure!(
+        primary.len() == 1 && primary[0]["metadata"]["uid"] == json!(live.metadata.uid),
+        "cr.yaml is not the live Widget: {primary:?}"
+    );
+    let children = yaml_docs(&out.join("observed/configmap.yaml"))?;
+    let names: Vec<&str> = children
+        .iter()
+        .filter_map(|c| c["metadata"]["name"].as_str())
+        .collect();
+    anyhow::ensure!(
+        names == ["cap-out"],
+        "the captured children are {names:?}, not the Widget's one child"
+    );
+    anyhow::ensure!(
+        children[0]["kind"] == "ConfigMap",
+        "a captured child has no kind"
+    );
+    // The fixture directory replays as any fixture: the same intents as the golden file.
+    wasmop(&[
+        "test",
+        wasmop_test_modules::MISBEHAVE,
+        "--reconciler",
+        &wr,
+        "--object",
+        &out.join("cr.yaml").display().to_string(),
+        "--observed",
+        &out.join("observed/configmap.yaml").display().to_string(),
+        "--expect",
+        &golden.display().to_string(),
+    ])
+    .await?;
+    let intents = std::fs::read_to_string(&golden)?;
+    anyhow::ensure!(
+        intents.contains("cap-out"),
+        "the intents do not keep the child: {intents}"
+    );
+    Ok(())
+}

@@ -4,6 +4,7 @@
 //! Every subcommand returns a [`CliError`] whose text says what failed and what to do; the
 //! binary prints it and exits non-zero.
 
+mod capture;
 mod inspect;
 pub mod new;
 pub mod push;
@@ -175,7 +176,7 @@ pub(crate) async fn off_runtime<T: Send + 'static>(
 pub async fn run(cli: Cli) -> Result<ExitCode, CliError> {
     match cli.command {
         Command::Inspect(args) => off_runtime(move || inspect::run(args)).await,
-        Command::Test(args) => off_runtime(move || test::run(args)).await,
+        Command::Test(args) => test::run_with_capture(args).await,
         Command::Run(args) => run::run(*args).await,
         Command::Push(args) => push::run(args).await,
         Command::New(args) => new::run(args),

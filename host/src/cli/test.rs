@@ -26,8 +26,20 @@ pub struct Args {
     /// The module (a `.wasm` component).
     pub module: PathBuf,
     /// The primary object (YAML).
-    #[arg(long, required_unless_present = "request")]
+    #[arg(long, required_unless_present_any = ["request", "from_cluster"])]
     pub object: Option<PathBuf>,
+    /// Capture the case from a live cluster first (`KIND/NAMESPACE/NAME`, or `KIND/NAME` for a
+    /// cluster-scoped kind): the primary, its children and related objects as the host would
+    /// hand them over under WasmReconciler --reconciler, written as a fixture directory (--out),
+    /// then tested.
+    #[arg(long, conflicts_with_all = ["object", "request"], requires = "reconciler")]
+    pub from_cluster: Option<String>,
+    /// With --from-cluster: the fixture directory to write (default: fixtures/NAME).
+    #[arg(long, requires = "from_cluster")]
+    pub out: Option<PathBuf>,
+    /// With --from-cluster: the kubeconfig to use.
+    #[arg(long, env = "KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
     /// Replay a request the host recorded (`wasmop run --record-failures`) instead of
     /// --object and --observed.
     #[arg(long, conflicts_with_all = ["object", "observed", "validate", "config", "reconciler", "now_unix_ms"])]
@@ -44,7 +56,8 @@ pub struct Args {
     /// The reconciler config handed to the module (JSON).
     #[arg(long, default_value = "{}")]
     pub config: String,
-    /// The reconciler name (the value of the `wasmop.dev/reconciler` label).
+    /// The reconciler name (the value of the `wasmop.dev/reconciler` label); with
+    /// --from-cluster, the WasmReconciler whose grant decides what is captured.
     #[arg(long, default_value = "test")]
     pub reconciler: String,
     /// Run finalize instead of reconcile.
@@ -84,6 +97,43 @@ fn kind_of(v: &Value) -> Option<Gvk> {
         v.get("apiVersion")?.as_str()?,
         v.get("kind")?.as_str()?,
     ))
+}
+
+/// Runs `test`, capturing the case from the cluster first with --from-cluster.
+pub(crate) async fn run_with_capture(mut args: Args) -> Result<ExitCode, CliError> {
+    if let Some(from) = args.from_cluster.take() {
+        let module = args.module.clone();
+        let metadata = super::off_runtime(move || {
+            let bytes = std::fs::read(&module).map_err(CliError::read(&module))?;
+            let loaded = engine(true)?
+                .load(&bytes, &Limits::default())
+                .map_err(|source| CliError::Load {
+                    path: module.clone(),
+                    source,
+                })?;
+            Ok(loaded.metadata().clone())
+        })
+        .await?;
+        let spec = super::capture::CaptureSpec {
+            from,
+            reconciler: args.reconciler.clone(),
+            out: args.out.take(),
+            kubeconfig: args.kubeconfig.take(),
+        };
+        let captured = super::capture::capture(&spec, &metadata).await?;
+        eprintln!(
+            "captured {} into {} ({} observed files)",
+            spec.from,
+            captured.dir.display(),
+            captured.observed.len()
+        );
+        args.object = Some(captured.object);
+        args.observed.extend(captured.observed);
+        if args.config == "{}" {
+            args.config = captured.config;
+        }
+    }
+    super::off_runtime(move || run(args)).await
 }
 
 pub(crate) fn run(args: Args) -> Result<ExitCode, CliError> {
