@@ -438,3 +438,91 @@ async fn capture_from_the_cluster_writes_what_the_host_hands_over_and_tests_it()
     );
     Ok(())
 }
+
+#[tokio::test]
+async fn diff_previews_a_candidate_against_every_primary_without_writing() -> anyhow::Result<()> {
+    use wasmop::cli::diff::{Args, Outcome, preview};
+    let env = TestEnv::get("author-diff").await?;
+    let ns = env.namespace.clone();
+    let (wr, _sha) =
+        widget_reconciler(&env, "misbehave", wasmop_test_modules::MISBEHAVE, json!({})).await?;
+    let host = start_host(&env, None).await?;
+    let widgets = widgets(&env.client, &ns);
+    for (name, mode) in [
+        ("drifted", "good"),
+        ("steady", "good"),
+        ("refused", "undeclared"),
+        ("broken", "panic"),
+    ] {
+        let w: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "test.wasmop.dev/v1", "kind": "Widget",
+            "metadata": {"name": name}, "spec": {"mode": mode}
+        }))?;
+        widgets
+            .patch(name, &PatchParams::apply("wasmop-e2e"), &Patch::Apply(&w))
+            .await?;
+    }
+    for name in ["drifted", "steady"] {
+        eventually("a reconciled Widget", WAIT, || {
+            let widgets = widgets.clone();
+            async move {
+                let w = widgets.get(name).await?;
+                Ok((w.data["status"]["attempt"] == 1).then_some(()))
+            }
+        })
+        .await?;
+    }
+    // The host stops (nothing corrects drift any more); then one child drifts.
+    host.shutdown().await?;
+    let config_maps: Api<ConfigMap> = Api::namespaced(env.client.clone(), &ns);
+    config_maps
+        .patch(
+            "drifted-out",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"data": {"owner": "someone else"}})),
+        )
+        .await?;
+    let before = config_maps.get("drifted-out").await?;
+
+    let outcomes = preview(&Args {
+        module: PathBuf::from(wasmop_test_modules::MISBEHAVE),
+        reconciler: wr.clone(),
+        kubeconfig: Some(env.kubeconfig().to_path_buf()),
+    })
+    .await?;
+    let of = |name: &str| {
+        outcomes
+            .iter()
+            .find(|(shown, _)| shown == &format!("Widget {ns}/{name}"))
+            .map(|(_, o)| o.clone())
+    };
+    anyhow::ensure!(outcomes.len() == 4, "outcomes: {outcomes:?}");
+    anyhow::ensure!(
+        matches!(of("drifted"), Some(Outcome::Changed(c)) if c.iter().any(|c| c.contains("update ConfigMap") && c.contains("someone else"))),
+        "drifted: {:?}",
+        of("drifted")
+    );
+    anyhow::ensure!(
+        of("steady") == Some(Outcome::Unchanged),
+        "steady: {:?}",
+        of("steady")
+    );
+    anyhow::ensure!(
+        matches!(of("refused"), Some(Outcome::Refused(_))),
+        "refused: {:?}",
+        of("refused")
+    );
+    anyhow::ensure!(
+        matches!(of("broken"), Some(Outcome::Failed(e)) if e.contains("deliberate panic")),
+        "broken: {:?}",
+        of("broken")
+    );
+    // Read-only: the drifted child is as it was (dry runs write nothing).
+    let after = config_maps.get("drifted-out").await?;
+    anyhow::ensure!(
+        after.metadata.resource_version == before.metadata.resource_version,
+        "wasmop diff wrote {}",
+        "drifted-out"
+    );
+    Ok(())
+}

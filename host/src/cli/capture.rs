@@ -141,6 +141,58 @@ fn file_of(kind: &Gvk) -> String {
     }
 }
 
+fn value(o: &DynamicObject) -> Value {
+    serde_json::to_value(o).unwrap_or_default()
+}
+
+/// Objects of one kind.
+pub type KindValues = Vec<(Gvk, Vec<Value>)>;
+
+/// What the host would hand the module with `primary`: its children per owned kind of `fit`,
+/// and its related objects per related kind of `fit`, read from the cluster. `scope` is the
+/// primary's namespace when the primary is namespaced.
+///
+/// # Errors
+/// [`CliError::Other`] naming the kind that cannot be read.
+pub async fn observe(
+    client: &Client,
+    wr: &WasmReconciler,
+    fit: &Fit,
+    primary: &DynamicObject,
+    scope: Option<&str>,
+) -> Result<(KindValues, KindValues), CliError> {
+    let uid = primary.uid().unwrap_or_default();
+    let mut owned = Vec::new();
+    for kind in &fit.grant.owned {
+        let (api, _) = api(client, kind, scope).await?;
+        let children: Vec<Value> = list(&api, kind, None)
+            .await?
+            .iter()
+            .filter(|o| controlled_by(o, &uid))
+            .map(value)
+            .collect();
+        owned.push((kind.clone(), children));
+    }
+    let mut related = Vec::new();
+    for rk in &fit.related {
+        let labels = wr
+            .spec
+            .related
+            .iter()
+            .find(|g| g.gvk() == rk.kind)
+            .and_then(|g| g.selector.clone());
+        let (api, _) = api(client, &rk.kind, scope).await?;
+        let objects: Vec<Value> = list(&api, &rk.kind, labels.as_deref())
+            .await?
+            .iter()
+            .filter(|o| rk.selector.matches(o.labels()))
+            .map(value)
+            .collect();
+        related.push((rk.kind.clone(), objects));
+    }
+    Ok((owned, related))
+}
+
 /// Reads the case from the cluster and writes the fixture directory.
 ///
 /// # Errors
@@ -173,7 +225,6 @@ pub async fn capture(spec: &CaptureSpec, metadata: &ModuleMetadata) -> Result<Ca
         .get(&name)
         .await
         .map_err(other(format!("cannot read {}", spec.from)))?;
-    let uid = primary.uid().unwrap_or_default();
     let scope = if namespaced {
         namespace.as_deref()
     } else {
@@ -194,39 +245,12 @@ pub async fn capture(spec: &CaptureSpec, metadata: &ModuleMetadata) -> Result<Ca
             .to_string(),
         observed: Vec::new(),
     };
-    let value = |o: &DynamicObject| serde_json::to_value(o).unwrap_or_default();
     write(&captured.object, &[value(&primary)])?;
-    for kind in &fit.grant.owned {
-        let (api, _) = api(&client, kind, scope).await?;
-        let children: Vec<Value> = list(&api, kind, None)
-            .await?
-            .iter()
-            .filter(|o| controlled_by(o, &uid))
-            .map(value)
-            .collect();
-        if !children.is_empty() {
-            let path = dir.join("observed").join(file_of(kind));
-            write(&path, &children)?;
-            captured.observed.push(path);
-        }
-    }
-    for rk in &fit.related {
-        let labels = wr
-            .spec
-            .related
-            .iter()
-            .find(|g| g.gvk() == rk.kind)
-            .and_then(|g| g.selector.clone());
-        let (api, _) = api(&client, &rk.kind, scope).await?;
-        let objects: Vec<Value> = list(&api, &rk.kind, labels.as_deref())
-            .await?
-            .iter()
-            .filter(|o| rk.selector.matches(o.labels()))
-            .map(value)
-            .collect();
-        if !objects.is_empty() {
-            let path = dir.join("related").join(file_of(&rk.kind));
-            write(&path, &objects)?;
+    let (owned, related) = observe(&client, &wr, &fit, &primary, scope).await?;
+    for (folder, kinds) in [("observed", owned), ("related", related)] {
+        for (kind, objects) in kinds.iter().filter(|(_, objects)| !objects.is_empty()) {
+            let path = dir.join(folder).join(file_of(kind));
+            write(&path, objects)?;
             captured.observed.push(path);
         }
     }

@@ -5,6 +5,7 @@
 //! binary prints it and exits non-zero.
 
 mod capture;
+pub mod diff;
 mod inspect;
 pub mod new;
 pub mod push;
@@ -48,6 +49,9 @@ pub enum Command {
     /// Scaffold a module project (skeleton, fixtures and golden file, k8s/ manifests, README)
     /// that builds and passes `wasmop test` out of the box.
     New(new::Args),
+    /// Preview a swap: run a candidate module against every primary of a live WasmReconciler
+    /// (read-only; server-side dry-run applies) and print what it would change.
+    Diff(diff::Args),
 }
 
 /// What can go wrong in a subcommand.
@@ -180,6 +184,7 @@ pub async fn run(cli: Cli) -> Result<ExitCode, CliError> {
         Command::Run(args) => run::run(*args).await,
         Command::Push(args) => push::run(args).await,
         Command::New(args) => new::run(args),
+        Command::Diff(args) => diff::run(args).await,
         Command::Crdgen => {
             print!("{}", crate::crd::crds_yaml());
             Ok(ExitCode::SUCCESS)
