@@ -32,7 +32,7 @@ pub struct Args {
     /// cluster-scoped kind): the primary, its children and related objects as the host would
     /// hand them over under WasmReconciler --reconciler, written as a fixture directory (--out),
     /// then tested.
-    #[arg(long, conflicts_with_all = ["object", "request"], requires = "reconciler")]
+    #[arg(long, conflicts_with_all = ["object", "request"])]
     pub from_cluster: Option<String>,
     /// With --from-cluster: the fixture directory to write (default: fixtures/NAME).
     #[arg(long, requires = "from_cluster")]
