@@ -3,7 +3,10 @@
 # control-plane binaries into the cache), plus those in mk/*.mk (modules, benchmarks, ...).
 
 CARGO ?= cargo
-TESTENV := target/debug/testenv
+# The target directory as cargo sees it (honours CARGO_TARGET_DIR and .cargo/config.toml), the
+# same way scripts/demo.sh finds it; never a hard-coded `target/`.
+TARGET_DIR := $(shell $(CARGO) metadata --format-version 1 --no-deps 2>/dev/null | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])' 2>/dev/null || echo target)
+TESTENV := $(TARGET_DIR)/debug/testenv
 export CARGO_TERM_COLOR ?= never
 
 .PHONY: test lint fmt-check clippy unit prereqs provision cluster demo testenv

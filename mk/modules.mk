@@ -1,5 +1,5 @@
 # `make modules`: build every example and test guest for wasm32-wasip2 (release) into
-# target/wasm32-wasip2/release/*.wasm. The build script of tests/modules builds the same guests
+# $(TARGET_DIR)/wasm32-wasip2/release/*.wasm (cargo's target directory, CARGO_TARGET_DIR honoured). The build script of tests/modules builds the same guests
 # for tests (into its own target directory), so a bare `cargo test` needs no `make modules`.
 .PHONY: modules
 MODULE_PACKAGES := image-updater primary-replica configmap-propagator misbehave wrong-version
@@ -7,6 +7,6 @@ MODULE_PACKAGES := image-updater primary-replica configmap-propagator misbehave 
 modules: prereqs
 	$(CARGO) build --release --target wasm32-wasip2 $(addprefix -p ,$(MODULE_PACKAGES))
 	$(CARGO) build --release --target wasm32-wasip2 -p image-updater --features revision-annotation
-	cp target/wasm32-wasip2/release/image_updater.wasm target/wasm32-wasip2/release/image_updater_v2.wasm
+	cp $(TARGET_DIR)/wasm32-wasip2/release/image_updater.wasm $(TARGET_DIR)/wasm32-wasip2/release/image_updater_v2.wasm
 	$(CARGO) build --release --target wasm32-wasip2 -p image-updater
-	@ls -l target/wasm32-wasip2/release/*.wasm
+	@ls -l $(TARGET_DIR)/wasm32-wasip2/release/*.wasm

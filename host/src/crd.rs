@@ -90,6 +90,7 @@ pub fn is_finalizer_of(finalizer: &str, reconciler: &str) -> bool {
     )
 )]
 #[serde(rename_all = "camelCase")]
+#[schemars(transform = kubernetes_formats)]
 pub struct WasmReconcilerSpec {
     /// Where the module is.
     pub module: ModuleSource,
@@ -126,6 +127,26 @@ pub struct WasmReconcilerSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "preserve_unknown")]
     pub config: Option<serde_json::Value>,
+}
+
+/// Drops the integer formats schemars derives from unsigned Rust types (`uint16`, `uint32`,
+/// ...), which Kubernetes does not know: applying the CRD would print `Warning: unrecognized
+/// format "uint32"`. The bounds (`minimum`, `maximum`) stay, so nothing is lost.
+///
+/// # Guarantees
+/// Applied to a container type, it walks every subschema (kube inlines them), so no field keeps
+/// a format outside the set Kubernetes recognises.
+fn kubernetes_formats(schema: &mut schemars::Schema) {
+    if let Some(object) = schema.as_object_mut() {
+        let unsigned = object
+            .get("format")
+            .and_then(|format| format.as_str())
+            .is_some_and(|format| format.starts_with("uint"));
+        if unsigned {
+            object.remove("format");
+        }
+    }
+    schemars::transform::transform_subschemas(&mut kubernetes_formats, schema);
 }
 
 fn preserve_unknown(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
@@ -374,6 +395,7 @@ impl FailurePolicy {
 /// What the host reports.
 #[derive(Serialize, Deserialize, Debug, Clone, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
+#[schemars(transform = kubernetes_formats)]
 pub struct WasmReconcilerStatus {
     /// `Ready`, `ModuleLoaded`, `Degraded`.
     #[serde(default)]
@@ -543,6 +565,23 @@ pub type Labels = BTreeMap<String, String>;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn crd_schemas_use_only_formats_kubernetes_knows() {
+        // kubectl warns `unrecognized format "uint32"` for anything else.
+        let known = ["int32", "int64", "date-time", "byte", "double", "float"];
+        let yaml = crds_yaml();
+        let unknown: Vec<&str> = yaml
+            .lines()
+            .filter_map(|line| line.trim().strip_prefix("format: "))
+            .filter(|format| !known.contains(format))
+            .collect();
+        assert!(
+            unknown.is_empty(),
+            "formats kubectl warns about: {unknown:?}"
+        );
+        assert!(yaml.contains("maximum: 10000"), "the bounds stay");
+    }
 
     #[test]
     fn durations_and_quantities_parse_like_kubernetes() {

@@ -83,6 +83,9 @@ pub struct HostOptions {
     /// WasmReconcilers and admission; the sandbox pool holds this many instances. More calls
     /// wait in a fair queue, within their deadline.
     pub max_module_calls: u32,
+    /// Record the request of every failed reconcile here (bounded; Secrets redacted unless
+    /// allowed), to replay with `wasmop test --request`. Off when `None`.
+    pub record_failures: Option<crate::controller::record::RecordOptions>,
 }
 
 impl Default for HostOptions {
@@ -101,6 +104,7 @@ impl Default for HostOptions {
             leader: None,
             shutdown_grace: Duration::from_secs(30),
             max_module_calls: 256,
+            record_failures: None,
         }
     }
 }
@@ -236,6 +240,10 @@ impl Host {
             instance: options.instance.clone(),
             default_resync: options.resync,
             selector: options.selector.clone(),
+            failures: options
+                .record_failures
+                .clone()
+                .map(|o| Arc::new(crate::controller::record::FailureRecorder::new(o))),
         });
         let (stop, stop_rx) = watch::channel(false);
         // `/readyz` is false while the API server does not answer (see `api_health`).

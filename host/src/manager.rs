@@ -92,6 +92,8 @@ pub struct HostContext {
     pub default_resync: Duration,
     /// Serve only WasmReconcilers matching this label selector.
     pub selector: Option<String>,
+    /// Where failed requests are recorded (`--record-failures`), if anywhere.
+    pub failures: Option<Arc<crate::controller::record::FailureRecorder>>,
 }
 
 impl std::fmt::Debug for HostContext {
@@ -791,6 +793,7 @@ impl Supervisor {
             resync: resync.max(Duration::from_secs(1)),
             config: spec.config.clone().unwrap_or_else(|| json!({})).to_string(),
             service_account: spec.service_account.username(),
+            recorder: self.ctx.failures.clone(),
         };
         Ok((settings, candidate, (primary, primary_resolved)))
     }

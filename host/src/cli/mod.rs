@@ -4,7 +4,10 @@
 //! Every subcommand returns a [`CliError`] whose text says what failed and what to do; the
 //! binary prints it and exits non-zero.
 
+mod capture;
+pub mod diff;
 mod inspect;
+pub mod new;
 pub mod push;
 mod run;
 mod test;
@@ -43,6 +46,12 @@ pub enum Command {
     Push(push::Args),
     /// Print the CustomResourceDefinitions the host serves (YAML).
     Crdgen,
+    /// Scaffold a module project (skeleton, fixtures and golden file, k8s/ manifests, README)
+    /// that builds and passes `wasmop test` out of the box.
+    New(new::Args),
+    /// Preview a swap: run a candidate module against every primary of a live WasmReconciler
+    /// (read-only; server-side dry-run applies) and print what it would change.
+    Diff(diff::Args),
 }
 
 /// What can go wrong in a subcommand.
@@ -171,9 +180,11 @@ pub(crate) async fn off_runtime<T: Send + 'static>(
 pub async fn run(cli: Cli) -> Result<ExitCode, CliError> {
     match cli.command {
         Command::Inspect(args) => off_runtime(move || inspect::run(args)).await,
-        Command::Test(args) => off_runtime(move || test::run(args)).await,
+        Command::Test(args) => test::run_with_capture(args).await,
         Command::Run(args) => run::run(*args).await,
         Command::Push(args) => push::run(args).await,
+        Command::New(args) => new::run(args),
+        Command::Diff(args) => diff::run(args).await,
         Command::Crdgen => {
             print!("{}", crate::crd::crds_yaml());
             Ok(ExitCode::SUCCESS)

@@ -92,6 +92,23 @@ pub struct Args {
     #[arg(long, env = "WASMOP_MAX_MODULE_CALLS", default_value_t = 256,
           value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub max_module_calls: u32,
+    /// Record the exact request of every failed reconcile (module error or refused intents) as
+    /// a YAML file in this directory; the Warning Event names the file. Replay it with
+    /// `wasmop test MODULE --request FILE`. Off unless set.
+    #[arg(long, env = "WASMOP_RECORD_FAILURES")]
+    pub record_failures: Option<PathBuf>,
+    /// With --record-failures: the most files kept (the oldest are deleted first).
+    #[arg(long, default_value_t = 100, requires = "record_failures",
+          value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub record_max_files: u32,
+    /// With --record-failures: the largest recording (quantity); larger requests are not
+    /// recorded.
+    #[arg(long, default_value = "1Mi", requires = "record_failures")]
+    pub record_max_size: String,
+    /// With --record-failures: keep the data of Secrets among the objects instead of redacting
+    /// it. Only for clusters whose Secrets may be written to this disk.
+    #[arg(long, requires = "record_failures")]
+    pub record_secrets: bool,
 }
 
 /// `:8080` (every address), `127.0.0.1:0`, `[::1]:9443`, or `off`.
@@ -234,6 +251,17 @@ pub(crate) async fn run(args: Args) -> Result<ExitCode, CliError> {
         leader,
         shutdown_grace: grace,
         max_module_calls: args.max_module_calls,
+        record_failures: match &args.record_failures {
+            None => None,
+            Some(dir) => Some(crate::controller::record::RecordOptions {
+                dir: dir.clone(),
+                max_files: usize::try_from(args.record_max_files).unwrap_or(usize::MAX),
+                max_bytes: crate::crd::parse_quantity(&args.record_max_size)
+                    .map(|n| usize::try_from(n).unwrap_or(usize::MAX))
+                    .map_err(|e| CliError::Other(format!("--record-max-size: {e}")))?,
+                secrets: args.record_secrets,
+            }),
+        },
         ..HostOptions::default()
     };
     let mut host = Host::start(options)

@@ -1,6 +1,10 @@
 //! `wasmop test MODULE.wasm --object CR.yaml [--observed FILE.yaml]... [--expect GOLDEN.yaml]`:
 //! run a module offline, validate its intents exactly as the host would, print them as YAML and
 //! compare them with a golden file.
+//!
+//! `wasmop test MODULE.wasm --request FILE` replays a request the host recorded
+//! (`wasmop run --record-failures`, see [`crate::controller::record`]): the same primary,
+//! children, related objects, config, trigger, attempt and time.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -13,6 +17,7 @@ use crate::contract::{
     Context, Gvk, KindObjects, Operation, ReconcileRequest, Trigger, ValidateRequest,
 };
 use crate::controller::intents::{self, Grant, ObservedChildren, Primary, Scopes, WellKnownScopes};
+use crate::controller::record::RecordedRequest;
 use crate::engine::Limits;
 
 /// Arguments of `test`.
@@ -21,8 +26,24 @@ pub struct Args {
     /// The module (a `.wasm` component).
     pub module: PathBuf,
     /// The primary object (YAML).
-    #[arg(long)]
-    pub object: PathBuf,
+    #[arg(long, required_unless_present_any = ["request", "from_cluster"])]
+    pub object: Option<PathBuf>,
+    /// Capture the case from a live cluster first (`KIND/NAMESPACE/NAME`, or `KIND/NAME` for a
+    /// cluster-scoped kind): the primary, its children and related objects as the host would
+    /// hand them over under WasmReconciler --reconciler, written as a fixture directory (--out),
+    /// then tested.
+    #[arg(long, conflicts_with_all = ["object", "request"])]
+    pub from_cluster: Option<String>,
+    /// With --from-cluster: the fixture directory to write (default: fixtures/NAME).
+    #[arg(long, requires = "from_cluster")]
+    pub out: Option<PathBuf>,
+    /// With --from-cluster: the kubeconfig to use.
+    #[arg(long, env = "KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
+    /// Replay a request the host recorded (`wasmop run --record-failures`) instead of
+    /// --object and --observed.
+    #[arg(long, conflicts_with_all = ["object", "observed", "validate", "config", "reconciler", "now_unix_ms"])]
+    pub request: Option<PathBuf>,
     /// Observed objects: owned children or related objects (YAML, several documents allowed).
     #[arg(long)]
     pub observed: Vec<PathBuf>,
@@ -35,7 +56,8 @@ pub struct Args {
     /// The reconciler config handed to the module (JSON).
     #[arg(long, default_value = "{}")]
     pub config: String,
-    /// The reconciler name (the value of the `wasmop.dev/reconciler` label).
+    /// The reconciler name (the value of the `wasmop.dev/reconciler` label); with
+    /// --from-cluster, the WasmReconciler whose grant decides what is captured.
     #[arg(long, default_value = "test")]
     pub reconciler: String,
     /// Run finalize instead of reconcile.
@@ -77,6 +99,43 @@ fn kind_of(v: &Value) -> Option<Gvk> {
     ))
 }
 
+/// Runs `test`, capturing the case from the cluster first with --from-cluster.
+pub(crate) async fn run_with_capture(mut args: Args) -> Result<ExitCode, CliError> {
+    if let Some(from) = args.from_cluster.take() {
+        let module = args.module.clone();
+        let metadata = super::off_runtime(move || {
+            let bytes = std::fs::read(&module).map_err(CliError::read(&module))?;
+            let loaded = engine(true)?
+                .load(&bytes, &Limits::default())
+                .map_err(|source| CliError::Load {
+                    path: module.clone(),
+                    source,
+                })?;
+            Ok(loaded.metadata().clone())
+        })
+        .await?;
+        let spec = super::capture::CaptureSpec {
+            from,
+            reconciler: args.reconciler.clone(),
+            out: args.out.take(),
+            kubeconfig: args.kubeconfig.take(),
+        };
+        let captured = super::capture::capture(&spec, &metadata).await?;
+        eprintln!(
+            "captured {} into {} ({} observed files)",
+            spec.from,
+            captured.dir.display(),
+            captured.observed.len()
+        );
+        args.object = Some(captured.object);
+        args.observed.extend(captured.observed);
+        if args.config == "{}" {
+            args.config = captured.config;
+        }
+    }
+    super::off_runtime(move || run(args)).await
+}
+
 pub(crate) fn run(args: Args) -> Result<ExitCode, CliError> {
     let bytes = std::fs::read(&args.module).map_err(CliError::read(&args.module))?;
     let limits = Limits {
@@ -94,14 +153,28 @@ pub(crate) fn run(args: Args) -> Result<ExitCode, CliError> {
             source,
         })?;
     let metadata = module.metadata().clone();
-    let primary_value = read_one(&args.object)?;
+    let recorded = args
+        .request
+        .as_deref()
+        .map(RecordedRequest::read)
+        .transpose()
+        .map_err(|e| CliError::Other(e.to_string()))?;
+    let object_path = args
+        .object
+        .clone()
+        .or(args.request.clone())
+        .unwrap_or_default();
+    let primary_value = match &recorded {
+        Some(r) => r.primary.clone(),
+        None => read_one(&object_path)?,
+    };
     let primary = Primary::from_object(&primary_value).map_err(|detail| CliError::Input {
-        path: args.object.clone(),
+        path: object_path.clone(),
         detail,
     })?;
     if primary.kind != metadata.primary {
         return Err(CliError::Input {
-            path: args.object.clone(),
+            path: object_path.clone(),
             detail: format!(
                 "the object is a {}, but module {} reconciles {}",
                 primary.kind, metadata.name, metadata.primary
@@ -167,6 +240,12 @@ pub(crate) fn run(args: Args) -> Result<ExitCode, CliError> {
                 group.objects.push(doc.to_string());
             }
         }
+        // A recorded request brings its own objects and context.
+        let replay = recorded.as_ref().map(RecordedRequest::to_request);
+        if let Some(r) = &replay {
+            owned.clone_from(&r.owned);
+            related.clone_from(&r.related);
+        }
         // The observed owned objects are this primary's children, as the host would see them.
         let children: ObservedChildren = owned
             .iter()
@@ -194,23 +273,28 @@ pub(crate) fn run(args: Args) -> Result<ExitCode, CliError> {
             primary: primary_value.to_string(),
             owned,
             related,
-            context: Context {
-                reconciler: args.reconciler.clone(),
-                trigger: Trigger::DryRun,
-                attempt: 1,
-                config: config.to_string(),
-                now_unix_ms: now,
+            context: match replay {
+                Some(r) => r.context,
+                None => Context {
+                    reconciler: args.reconciler.clone(),
+                    trigger: Trigger::DryRun,
+                    attempt: 1,
+                    config: config.to_string(),
+                    now_unix_ms: now,
+                },
             },
         };
+        let reconciler = request.context.reconciler.clone();
         let grant = Grant::from_metadata(&metadata);
-        let (done, response) = if args.finalize {
+        let finalize = args.finalize || recorded.as_ref().is_some_and(|r| r.finalize);
+        let (done, response) = if finalize {
             let (done, response) = module.finalize(request, &limits).result?.into_response();
             (Some(done), response)
         } else {
             (None, module.reconcile(request, &limits).result?)
         };
         let validated = intents::validate(
-            &args.reconciler,
+            &reconciler,
             &primary,
             &grant,
             &WellKnownScopes,

@@ -35,6 +35,7 @@ pub mod apply;
 pub mod conditions;
 pub mod conflict;
 pub mod intents;
+pub mod record;
 pub mod release;
 pub mod watches;
 
@@ -134,6 +135,8 @@ pub struct Settings {
     pub config: String,
     /// The impersonated user (`system:serviceaccount:<ns>:<name>`).
     pub service_account: String,
+    /// Where failed requests are recorded (`--record-failures`), if anywhere.
+    pub recorder: Option<Arc<record::FailureRecorder>>,
 }
 
 #[derive(Debug, Default)]
@@ -974,6 +977,8 @@ async fn run_once(
         },
     };
     let limits = shared.settings.limits;
+    let recorder = shared.settings.recorder.as_deref();
+    let recorded = recorder.map(|_| request.clone());
     let call_module = module.clone();
     let outcome = tokio::task::spawn_blocking(move || {
         if deleting {
@@ -1007,12 +1012,20 @@ async fn run_once(
     let (done, response) = match result {
         Ok(r) => r,
         Err(e) => {
+            let error = e.to_string();
+            let recorded = record::note(
+                recorder,
+                recorded.as_ref(),
+                module.sha256(),
+                &error,
+                deleting,
+            );
             shared
                 .warn(
                     primary,
                     e.reason(),
                     format!(
-                        "module {} ({}): {e}",
+                        "module {} ({}): {e}{recorded}",
                         module.metadata().name,
                         &module.sha256()[..12]
                     ),
@@ -1041,11 +1054,19 @@ async fn run_once(
     ) {
         Ok(v) => v,
         Err(rejected) => {
+            let error = rejected.to_string();
+            let recorded = record::note(
+                recorder,
+                recorded.as_ref(),
+                module.sha256(),
+                &error,
+                deleting,
+            );
             shared
                 .warn(
                     primary,
                     "InvalidIntents",
-                    format!("module {}: {rejected}", module.metadata().name),
+                    format!("module {}: {rejected}{recorded}", module.metadata().name),
                 )
                 .await;
             return Err(rejected.into());

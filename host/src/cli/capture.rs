@@ -1,0 +1,258 @@
+//! `wasmop test MODULE.wasm --from-cluster KIND/NAMESPACE/NAME --reconciler WR [--out DIR]`:
+//! capture a real case from a live cluster as a fixture directory, then test it.
+//!
+//! What is captured is what the host would hand the module: the primary; its observed children
+//! (objects of the kinds both the module asks to own and the WasmReconciler grants, controlled
+//! by the primary, the host's own [`controlled_by`] filter); and its related objects (the
+//! granted related kinds, narrowed by the WasmReconciler's label selector and the module's own,
+//! in the primary's namespace when it is namespaced). The owned and related kinds come from the
+//! host's [`Fit::compute`] of the module's metadata and the grant.
+//!
+//! The directory is what `wasmop test` reads: `cr.yaml`, `observed/<kind>.yaml` per owned kind
+//! and `related/<kind>.yaml` per related kind.
+//!
+//! # Errors
+//! [`CliError::Other`] naming what could not be read from the cluster (and the RBAC to check),
+//! [`CliError::Io`] for a file that cannot be written.
+
+use std::path::{Path, PathBuf};
+
+use kube::api::{Api, DynamicObject, GroupVersionKind, ListParams, TypeMeta};
+use kube::{Client, ResourceExt};
+use serde_json::Value;
+
+use super::{CliError, to_yaml};
+use crate::contract::{Gvk, ModuleMetadata};
+use crate::controller::apply::controlled_by;
+use crate::crd::WasmReconciler;
+use crate::modules::slot::Fit;
+
+/// Where a capture comes from and goes to.
+#[derive(Debug, Clone)]
+pub struct CaptureSpec {
+    /// `Kind/namespace/name`, or `Kind/name` for a cluster-scoped primary.
+    pub from: String,
+    /// The WasmReconciler whose grant decides what the module sees.
+    pub reconciler: String,
+    /// The fixture directory to write.
+    pub out: Option<PathBuf>,
+    /// The kubeconfig.
+    pub kubeconfig: Option<PathBuf>,
+}
+
+/// The files a capture wrote.
+#[derive(Debug, Clone, Default)]
+pub struct Captured {
+    /// The fixture directory.
+    pub dir: PathBuf,
+    /// `cr.yaml`.
+    pub object: PathBuf,
+    /// The observed (owned and related) files.
+    pub observed: Vec<PathBuf>,
+    /// The WasmReconciler's config, as JSON text.
+    pub config: String,
+}
+
+fn other(what: String) -> impl FnOnce(kube::Error) -> CliError {
+    move |e| {
+        CliError::Other(format!(
+            "{what}: {e} (check the kubeconfig's RBAC: get and list)"
+        ))
+    }
+}
+
+fn parse_from(from: &str) -> Result<(String, Option<String>, String), CliError> {
+    let parts: Vec<&str> = from.split('/').collect();
+    match parts.as_slice() {
+        [kind, ns, name] if !kind.is_empty() && !ns.is_empty() && !name.is_empty() => {
+            Ok((kind.to_string(), Some(ns.to_string()), name.to_string()))
+        }
+        [kind, name] if !kind.is_empty() && !name.is_empty() => {
+            Ok((kind.to_string(), None, name.to_string()))
+        }
+        _ => Err(CliError::Other(format!(
+            "--from-cluster {from:?}: expected KIND/NAMESPACE/NAME (or KIND/NAME for a cluster-scoped kind), e.g. App/default/web"
+        ))),
+    }
+}
+
+/// An API for `kind`, namespaced to `namespace` when the kind is namespaced and one is given.
+async fn api(
+    client: &Client,
+    kind: &Gvk,
+    namespace: Option<&str>,
+) -> Result<(Api<DynamicObject>, bool), CliError> {
+    let gvk = GroupVersionKind::gvk(kind.group(), kind.version(), &kind.kind);
+    let (resource, caps) = kube::discovery::pinned_kind(client, &gvk)
+        .await
+        .map_err(other(format!("the cluster does not serve {kind}")))?;
+    let namespaced = caps.scope == kube::discovery::Scope::Namespaced;
+    let api = match (namespaced, namespace) {
+        (true, Some(ns)) => Api::namespaced_with(client.clone(), ns, &resource),
+        _ => Api::all_with(client.clone(), &resource),
+    };
+    Ok((api, namespaced))
+}
+
+async fn list(
+    api: &Api<DynamicObject>,
+    kind: &Gvk,
+    labels: Option<&str>,
+) -> Result<Vec<DynamicObject>, CliError> {
+    let mut params = ListParams::default();
+    if let Some(labels) = labels {
+        params = params.labels(labels);
+    }
+    let mut items = api
+        .list(&params)
+        .await
+        .map_err(other(format!("cannot list {kind}")))?
+        .items;
+    for o in &mut items {
+        // List items may come without their type; the host hands objects over with it.
+        o.types.get_or_insert_with(|| TypeMeta {
+            api_version: kind.api_version.clone(),
+            kind: kind.kind.clone(),
+        });
+    }
+    items.sort_by_key(|o| (o.namespace(), o.name_any()));
+    Ok(items)
+}
+
+fn write(path: &Path, docs: &[Value]) -> Result<(), CliError> {
+    let io = |source| CliError::Io {
+        action: "cannot write",
+        path: path.to_path_buf(),
+        source,
+    };
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent).map_err(io)?;
+    }
+    let text: Vec<String> = docs.iter().map(to_yaml).collect();
+    std::fs::write(path, text.join("---\n")).map_err(io)
+}
+
+fn file_of(kind: &Gvk) -> String {
+    let group = kind.group();
+    if group.is_empty() {
+        format!("{}.yaml", kind.kind.to_ascii_lowercase())
+    } else {
+        format!("{}.{group}.yaml", kind.kind.to_ascii_lowercase())
+    }
+}
+
+fn value(o: &DynamicObject) -> Value {
+    serde_json::to_value(o).unwrap_or_default()
+}
+
+/// Objects of one kind.
+pub type KindValues = Vec<(Gvk, Vec<Value>)>;
+
+/// What the host would hand the module with `primary`: its children per owned kind of `fit`,
+/// and its related objects per related kind of `fit`, read from the cluster. `scope` is the
+/// primary's namespace when the primary is namespaced.
+///
+/// # Errors
+/// [`CliError::Other`] naming the kind that cannot be read.
+pub async fn observe(
+    client: &Client,
+    wr: &WasmReconciler,
+    fit: &Fit,
+    primary: &DynamicObject,
+    scope: Option<&str>,
+) -> Result<(KindValues, KindValues), CliError> {
+    let uid = primary.uid().unwrap_or_default();
+    let mut owned = Vec::new();
+    for kind in &fit.grant.owned {
+        let (api, _) = api(client, kind, scope).await?;
+        let children: Vec<Value> = list(&api, kind, None)
+            .await?
+            .iter()
+            .filter(|o| controlled_by(o, &uid))
+            .map(value)
+            .collect();
+        owned.push((kind.clone(), children));
+    }
+    let mut related = Vec::new();
+    for rk in &fit.related {
+        let labels = wr
+            .spec
+            .related
+            .iter()
+            .find(|g| g.gvk() == rk.kind)
+            .and_then(|g| g.selector.clone());
+        let (api, _) = api(client, &rk.kind, scope).await?;
+        let objects: Vec<Value> = list(&api, &rk.kind, labels.as_deref())
+            .await?
+            .iter()
+            .filter(|o| rk.selector.matches(o.labels()))
+            .map(value)
+            .collect();
+        related.push((rk.kind.clone(), objects));
+    }
+    Ok((owned, related))
+}
+
+/// Reads the case from the cluster and writes the fixture directory.
+///
+/// # Errors
+/// See the module documentation.
+pub async fn capture(spec: &CaptureSpec, metadata: &ModuleMetadata) -> Result<Captured, CliError> {
+    let (kind, namespace, name) = parse_from(&spec.from)?;
+    let config = crate::host::kube_config(spec.kubeconfig.as_ref())
+        .await
+        .map_err(|e| CliError::Other(e.to_string()))?;
+    let client = Client::try_from(config).map_err(|e| CliError::Other(e.to_string()))?;
+    let wr = Api::<WasmReconciler>::all(client.clone())
+        .get(&spec.reconciler)
+        .await
+        .map_err(other(format!(
+            "cannot read WasmReconciler {}",
+            spec.reconciler
+        )))?;
+    let primary_kind = wr.spec.primary.gvk();
+    if primary_kind.kind != kind {
+        return Err(CliError::Other(format!(
+            "WasmReconciler {} reconciles {primary_kind}, not {kind}",
+            spec.reconciler
+        )));
+    }
+    let owned: Vec<Gvk> = wr.spec.owns.iter().map(|k| k.gvk()).collect();
+    let related: Vec<Gvk> = wr.spec.related.iter().map(|k| k.gvk()).collect();
+    let fit = Fit::compute(metadata, &primary_kind, &owned, &related).map_err(CliError::Other)?;
+    let (primaries, namespaced) = api(&client, &primary_kind, namespace.as_deref()).await?;
+    let primary = primaries
+        .get(&name)
+        .await
+        .map_err(other(format!("cannot read {}", spec.from)))?;
+    let scope = if namespaced {
+        namespace.as_deref()
+    } else {
+        None
+    };
+    let dir = spec
+        .out
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("fixtures").join(&name));
+    let mut captured = Captured {
+        object: dir.join("cr.yaml"),
+        dir: dir.clone(),
+        config: wr
+            .spec
+            .config
+            .clone()
+            .unwrap_or_else(|| serde_json::json!({}))
+            .to_string(),
+        observed: Vec::new(),
+    };
+    write(&captured.object, &[value(&primary)])?;
+    let (owned, related) = observe(&client, &wr, &fit, &primary, scope).await?;
+    for (folder, kinds) in [("observed", owned), ("related", related)] {
+        for (kind, objects) in kinds.iter().filter(|(_, objects)| !objects.is_empty()) {
+            let path = dir.join(folder).join(file_of(kind));
+            write(&path, objects)?;
+            captured.observed.push(path);
+        }
+    }
+    Ok(captured)
+}
