@@ -598,3 +598,136 @@ fn display_name(namespace: Option<&str>, name: &str) -> String {
 pub fn status_of(object: &DynamicObject) -> Option<&Value> {
     object.data.get("status")
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use http_body_util::BodyExt;
+    use kube::client::Body;
+    use kube::runtime::events::Reporter;
+    use serde_json::json;
+
+    use super::*;
+    use crate::controller::intents::{PreparedChild, PreparedSet};
+
+    /// Requests to ConfigMaps in flight now (also as a watch, for the gate), the most seen at
+    /// once, and how many there were.
+    struct InFlight {
+        now: tokio::sync::watch::Sender<usize>,
+        max: AtomicUsize,
+        total: AtomicUsize,
+    }
+
+    type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+    /// A fake API server that answers discovery, says every ConfigMap is new (404) and echoes
+    /// applies. Each ConfigMap request is held until `APPLY_CONCURRENCY` are in flight (or,
+    /// for the last few of the set, 2 s passed), so the maximum seen does not depend on timing.
+    async fn answer(
+        flight: Arc<InFlight>,
+        req: http::Request<Body>,
+    ) -> Result<http::Response<Body>, BoxError> {
+        let path = req.uri().path().to_string();
+        let patch = req.method() == http::Method::PATCH;
+        let body = req.into_body().collect().await?.to_bytes().to_vec();
+        if path == "/api/v1" {
+            let list = json!({"kind": "APIResourceList", "groupVersion": "v1", "resources": [
+                {"name": "configmaps", "singularName": "configmap", "namespaced": true,
+                 "kind": "ConfigMap", "verbs": ["get", "list", "patch"]}]});
+            return Ok(http::Response::builder()
+                .status(200)
+                .body(Body::from(serde_json::to_vec(&list)?))?);
+        }
+        let mut now = 0;
+        flight.now.send_modify(|n| {
+            *n += 1;
+            now = *n;
+        });
+        flight.max.fetch_max(now, Ordering::SeqCst);
+        flight.total.fetch_add(1, Ordering::SeqCst);
+        let mut gate = flight.now.subscribe();
+        let _ = tokio::time::timeout(
+            std::time::Duration::from_secs(2),
+            gate.wait_for(|n| *n >= APPLY_CONCURRENCY),
+        )
+        .await;
+        flight.now.send_modify(|n| *n -= 1);
+        if patch {
+            return Ok(http::Response::builder()
+                .status(200)
+                .body(Body::from(body))?);
+        }
+        let missing = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+            "reason": "NotFound", "code": 404, "message": "not found"});
+        Ok(http::Response::builder()
+            .status(404)
+            .body(Body::from(serde_json::to_vec(&missing)?))?)
+    }
+
+    /// A kube client over [`answer`] (the kube-rs mock-service pattern).
+    fn counting_client(flight: Arc<InFlight>) -> Client {
+        let service = tower::service_fn(move |req| answer(flight.clone(), req));
+        Client::new(service, "default")
+    }
+
+    #[tokio::test]
+    async fn fifty_children_are_applied_at_most_apply_concurrency_at_a_time() {
+        let flight = Arc::new(InFlight {
+            now: tokio::sync::watch::channel(0).0,
+            max: AtomicUsize::new(0),
+            total: AtomicUsize::new(0),
+        });
+        let client = counting_client(flight.clone());
+        let discovery = Discovery::new(client.clone());
+        let recorder = Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: "test".into(),
+                instance: None,
+            },
+        );
+        let applier = Applier::new(client.clone(), client, "t", discovery.clone(), recorder);
+        let kind = Gvk::new("v1", "ConfigMap");
+        let resolved = match discovery.resolve(&kind).await {
+            Ok(r) => r,
+            Err(e) => panic!("the fake discovery: {e}"),
+        };
+        let primary: DynamicObject = match serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "primary", "namespace": "ns", "uid": "u-1", "resourceVersion": "1"}
+        })) {
+            Ok(p) => p,
+            Err(e) => panic!("literal: {e}"),
+        };
+        let objects = (0..50)
+            .map(|i| PreparedChild {
+                namespace: Some("ns".into()),
+                name: format!("c{i}"),
+                object: json!({"apiVersion": "v1", "kind": "ConfigMap",
+                    "metadata": {"name": format!("c{i}"), "namespace": "ns"}}),
+            })
+            .collect();
+        let validated = Validated {
+            children: vec![PreparedSet {
+                kind,
+                namespaced: true,
+                objects,
+            }],
+            ..Validated::default()
+        };
+        let report = applier
+            .apply(&primary, &resolved, &[], validated, Applied::new())
+            .await;
+        assert!(report.failures.is_empty(), "{:?}", report.failures);
+        assert_eq!(report.applied, 50);
+        // Each new child costs a GET (is the name taken?) and an apply.
+        assert_eq!(flight.total.load(Ordering::SeqCst), 100);
+        assert_eq!(
+            flight.max.load(Ordering::SeqCst),
+            APPLY_CONCURRENCY,
+            "children must be written {APPLY_CONCURRENCY} at a time, no more (and no fewer)"
+        );
+    }
+}
