@@ -847,7 +847,7 @@ impl Shared {
                     .map(|o| (**o).clone())
                     .collect();
                 // The module sees them in a stable order.
-                objects.sort_by(|a, b| key_of(a).cmp(&key_of(b)));
+                objects.sort_by_key(key_of);
                 Observed {
                     kind: c.kind.clone(),
                     objects,
