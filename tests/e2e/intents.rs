@@ -110,6 +110,7 @@ async fn prunes_and_deletes_on_a_stale_observation_spare_an_object_recreated_und
                 }],
                 ..Validated::default()
             },
+            Default::default(),
         )
         .await;
     assert!(report.failures.is_empty(), "{:?}", report.failures);
@@ -150,6 +151,7 @@ async fn prunes_and_deletes_on_a_stale_observation_spare_an_object_recreated_und
                 }],
                 ..Validated::default()
             },
+            Default::default(),
         )
         .await;
     assert!(report.failures.is_empty(), "{:?}", report.failures);

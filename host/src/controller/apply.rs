@@ -1,8 +1,12 @@
 //! Applying a validated response to the cluster, with the module's own identity.
 //!
 //! Order: children (server-side apply, field manager `wasmop/<reconciler>`, forced), pruning of
-//! owned children missing from a complete set, actions in order, the status (a conditional
-//! replace of the /status subresource), then Events.
+//! owned children missing from a complete set, actions in order, the status (a server-side
+//! apply of the module's fields on the /status subresource, conditioned on the primary's
+//! resourceVersion), then Events.
+//!
+//! Children and status writes that would change nothing are not sent (see
+//! [`super::noop`]): a converged reconciler writes nothing.
 //!
 //! # Guarantees
 //! - Every request goes through the client it is given: the reconciler's impersonating client, so
@@ -16,16 +20,19 @@
 //!   `spec.limits.children` children) never opens more requests than that at once.
 //! - A failed write does not stop the others: every intent is attempted and every failure is
 //!   reported, classified (forbidden, conflict, invalid, transient).
-//! - The status is written only when it differs from the object's, conditioned on the primary's
-//!   resourceVersion: a stale write is a conflict, never a lost update.
+//! - The status is written only when it differs from the object's or from what this field
+//!   manager last applied, conditioned on the primary's resourceVersion: a stale write is a
+//!   conflict, never a lost update. Only the module's fields are applied (its own field
+//!   manager), so other writers' status fields are left alone.
+//! - An apply is skipped only when this field manager last applied exactly the same intent and
+//!   the observed object still holds all of it ([`super::noop::unchanged`]).
 
 use std::collections::BTreeSet;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::api::{
-    Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams, Preconditions,
-    PropagationPolicy,
+    Api, DeleteParams, DynamicObject, Patch, PatchParams, Preconditions, PropagationPolicy,
 };
 use kube::runtime::events::{Event as KubeEvent, EventType as KubeEventType, Recorder};
 use kube::{Client, ResourceExt};
@@ -33,6 +40,7 @@ use serde_json::Value;
 
 use crate::contract::{Action, EventType, Gvk, ObjectRef, Propagation};
 use crate::controller::intents::{Validated, status_object};
+use crate::controller::noop::{self, Applied, Target};
 use crate::discovery::{Discovery, Resolved};
 
 /// How a write failed.
@@ -70,6 +78,11 @@ impl std::fmt::Display for WriteFailure {
 pub struct ApplyReport {
     /// Children applied.
     pub applied: usize,
+    /// Children (and the status) not written because nothing would change.
+    pub unchanged: usize,
+    /// The fingerprints of what is now applied for this primary (see [`super::noop`]): the
+    /// previous memory, updated with this apply's successful writes.
+    pub remembered: Applied,
     /// Children pruned.
     pub pruned: usize,
     /// Actions carried out.
@@ -221,15 +234,20 @@ impl Applier {
     }
 
     /// Applies `validated` for `primary` (as read, with its resourceVersion), pruning against
-    /// `observed`.
+    /// `observed`. `applied` is what this field manager last applied for the primary; writes
+    /// that would change nothing are skipped (see [`super::noop`]).
     pub async fn apply(
         &self,
         primary: &DynamicObject,
         primary_resource: &Resolved,
         observed: &[Observed],
         validated: Validated,
+        applied: Applied,
     ) -> ApplyReport {
-        let mut report = ApplyReport::default();
+        let mut report = ApplyReport {
+            remembered: applied,
+            ..ApplyReport::default()
+        };
         let primary_uid = primary.uid().unwrap_or_default();
         let params = PatchParams::apply(&self.field_manager).force();
 
@@ -241,21 +259,34 @@ impl Applier {
             else {
                 continue;
             };
-            let ours: BTreeSet<(Option<String>, String)> = observed
-                .iter()
-                .filter(|o| o.kind == set.kind)
-                .flat_map(|o| o.objects.iter())
-                .filter(|o| controlled_by(o, &primary_uid))
-                .map(|o| (o.namespace(), o.name_any()))
-                .collect();
+            let ours: std::collections::BTreeMap<(Option<String>, String), &DynamicObject> =
+                observed
+                    .iter()
+                    .filter(|o| o.kind == set.kind)
+                    .flat_map(|o| o.objects.iter())
+                    .filter(|o| controlled_by(o, &primary_uid))
+                    .map(|o| ((o.namespace(), o.name_any()), o))
+                    .collect();
+            let remembered = &report.remembered;
             // Collected first: a stream over a closure-mapped iterator is not provably Send.
             let writes: Vec<_> = set.objects.iter().map(|child| {
                 let api = api_for(&self.client, &resolved, child.namespace.as_deref());
                 let reader = api_for(&self.reader, &resolved, child.namespace.as_deref());
                 let params = params.clone();
-                let known = ours.contains(&(child.namespace.clone(), child.name.clone()));
+                let current = ours.get(&(child.namespace.clone(), child.name.clone())).copied();
+                let known = current.is_some();
                 let primary_uid = primary_uid.clone();
+                let target: Target = (set.kind.clone(), child.namespace.clone(), child.name.clone());
+                let fingerprint = noop::fingerprint(&child.object);
+                let unchanged = remembered.get(&target) == Some(&fingerprint)
+                    && current.is_some_and(|c| {
+                        serde_json::to_value(c)
+                            .is_ok_and(|c| noop::covers_object(&child.object, &c))
+                    });
                 async move {
+                    if unchanged {
+                        return Ok((target, fingerprint, false));
+                    }
                     let intent = format!(
                         "apply {} {}",
                         set.kind,
@@ -290,17 +321,25 @@ impl Applier {
                     }
                     api.patch(&child.name, &params, &Patch::Apply(&child.object))
                         .await
-                        .map(|_| ())
+                        .map(|_| (target, fingerprint, true))
                         .map_err(|e| classify(intent, &e))
                 }
             }).collect();
-            let results: Vec<Result<(), WriteFailure>> = futures::stream::iter(writes)
-                .buffer_unordered(APPLY_CONCURRENCY)
-                .collect()
-                .await;
+            let results: Vec<Result<(Target, u64, bool), WriteFailure>> =
+                futures::stream::iter(writes)
+                    .buffer_unordered(APPLY_CONCURRENCY)
+                    .collect()
+                    .await;
             for result in results {
                 match result {
-                    Ok(()) => report.applied += 1,
+                    Ok((target, fingerprint, written)) => {
+                        if written {
+                            report.applied += 1;
+                        } else {
+                            report.unchanged += 1;
+                        }
+                        report.remembered.insert(target, fingerprint);
+                    }
                     Err(f) => report.failures.push(f),
                 }
             }
@@ -324,6 +363,9 @@ impl Applier {
                     display_name(namespace.as_deref(), &object.name_any())
                 );
                 let api = api_for(&self.client, &resolved, namespace.as_deref());
+                report
+                    .remembered
+                    .remove(&(set.kind.clone(), namespace.clone(), object.name_any()));
                 let params = DeleteParams {
                     preconditions: uid_precondition(object.uid()),
                     ..DeleteParams::background()
@@ -459,21 +501,55 @@ impl Applier {
             .round(k8s_openapi::jiff::Unit::Second)
             .unwrap_or_else(|_| k8s_openapi::jiff::Timestamp::now());
         let wanted = status_object(status, previous, generation, &now.to_string());
-        if previous == Some(&wanted) {
+        let Some(types) = primary.types.as_ref() else {
+            report.failures.push(WriteFailure {
+                intent: "status".into(),
+                kind: FailureKind::Invalid,
+                message: "the primary has no apiVersion and kind".into(),
+            });
+            return;
+        };
+        let target: Target = (
+            crate::contract::Gvk::new(&types.api_version, &types.kind),
+            primary.namespace(),
+            primary.name_any(),
+        );
+        let fingerprint = noop::fingerprint(&wanted);
+        let observed = previous.cloned().unwrap_or(Value::Null);
+        // Equal to what is there: nothing to write (whoever wrote it); remembered only when this
+        // field manager applied it, so a field the module drops is still removed by an apply.
+        let remembered = report.remembered.get(&target);
+        if (remembered == Some(&fingerprint) && noop::covers(&wanted, &observed))
+            || (remembered.is_none() && previous == Some(&wanted))
+        {
+            report.unchanged += 1;
             return;
         }
-        let mut object = primary.clone();
-        object.data["status"] = wanted;
+        // Only the module's fields, under this field manager; the resourceVersion makes a write
+        // based on a stale read a conflict.
+        let patch = serde_json::json!({
+            "apiVersion": types.api_version,
+            "kind": types.kind,
+            "metadata": {
+                "name": primary.name_any(),
+                "resourceVersion": primary.resource_version(),
+            },
+            "status": wanted,
+        });
         let intent = format!(
             "status of {}",
             display_name(primary.namespace().as_deref(), &primary.name_any())
         );
         let api = api_for(&self.client, resource, primary.namespace().as_deref());
+        let params = PatchParams::apply(&self.field_manager).force();
         match api
-            .replace_status(&primary.name_any(), &PostParams::default(), &object)
+            .patch_status(&primary.name_any(), &params, &Patch::Apply(&patch))
             .await
         {
-            Ok(_) => report.status_written = true,
+            Ok(_) => {
+                report.status_written = true;
+                report.remembered.insert(target, fingerprint);
+            }
             Err(e) => report.failures.push(classify(intent, &e)),
         }
     }
@@ -521,4 +597,137 @@ fn display_name(namespace: Option<&str>, name: &str) -> String {
 /// The status value of an object, if any (for tests and status comparison).
 pub fn status_of(object: &DynamicObject) -> Option<&Value> {
     object.data.get("status")
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use http_body_util::BodyExt;
+    use kube::client::Body;
+    use kube::runtime::events::Reporter;
+    use serde_json::json;
+
+    use super::*;
+    use crate::controller::intents::{PreparedChild, PreparedSet};
+
+    /// Requests to ConfigMaps in flight now (also as a watch, for the gate), the most seen at
+    /// once, and how many there were.
+    struct InFlight {
+        now: tokio::sync::watch::Sender<usize>,
+        max: AtomicUsize,
+        total: AtomicUsize,
+    }
+
+    type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+    /// A fake API server that answers discovery, says every ConfigMap is new (404) and echoes
+    /// applies. Each ConfigMap request is held until `APPLY_CONCURRENCY` are in flight (or,
+    /// for the last few of the set, 2 s passed), so the maximum seen does not depend on timing.
+    async fn answer(
+        flight: Arc<InFlight>,
+        req: http::Request<Body>,
+    ) -> Result<http::Response<Body>, BoxError> {
+        let path = req.uri().path().to_string();
+        let patch = req.method() == http::Method::PATCH;
+        let body = req.into_body().collect().await?.to_bytes().to_vec();
+        if path == "/api/v1" {
+            let list = json!({"kind": "APIResourceList", "groupVersion": "v1", "resources": [
+                {"name": "configmaps", "singularName": "configmap", "namespaced": true,
+                 "kind": "ConfigMap", "verbs": ["get", "list", "patch"]}]});
+            return Ok(http::Response::builder()
+                .status(200)
+                .body(Body::from(serde_json::to_vec(&list)?))?);
+        }
+        let mut now = 0;
+        flight.now.send_modify(|n| {
+            *n += 1;
+            now = *n;
+        });
+        flight.max.fetch_max(now, Ordering::SeqCst);
+        flight.total.fetch_add(1, Ordering::SeqCst);
+        let mut gate = flight.now.subscribe();
+        let _ = tokio::time::timeout(
+            std::time::Duration::from_secs(2),
+            gate.wait_for(|n| *n >= APPLY_CONCURRENCY),
+        )
+        .await;
+        flight.now.send_modify(|n| *n -= 1);
+        if patch {
+            return Ok(http::Response::builder()
+                .status(200)
+                .body(Body::from(body))?);
+        }
+        let missing = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+            "reason": "NotFound", "code": 404, "message": "not found"});
+        Ok(http::Response::builder()
+            .status(404)
+            .body(Body::from(serde_json::to_vec(&missing)?))?)
+    }
+
+    /// A kube client over [`answer`] (the kube-rs mock-service pattern).
+    fn counting_client(flight: Arc<InFlight>) -> Client {
+        let service = tower::service_fn(move |req| answer(flight.clone(), req));
+        Client::new(service, "default")
+    }
+
+    #[tokio::test]
+    async fn fifty_children_are_applied_at_most_apply_concurrency_at_a_time() {
+        let flight = Arc::new(InFlight {
+            now: tokio::sync::watch::channel(0).0,
+            max: AtomicUsize::new(0),
+            total: AtomicUsize::new(0),
+        });
+        let client = counting_client(flight.clone());
+        let discovery = Discovery::new(client.clone());
+        let recorder = Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: "test".into(),
+                instance: None,
+            },
+        );
+        let applier = Applier::new(client.clone(), client, "t", discovery.clone(), recorder);
+        let kind = Gvk::new("v1", "ConfigMap");
+        let resolved = match discovery.resolve(&kind).await {
+            Ok(r) => r,
+            Err(e) => panic!("the fake discovery: {e}"),
+        };
+        let primary: DynamicObject = match serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "primary", "namespace": "ns", "uid": "u-1", "resourceVersion": "1"}
+        })) {
+            Ok(p) => p,
+            Err(e) => panic!("literal: {e}"),
+        };
+        let objects = (0..50)
+            .map(|i| PreparedChild {
+                namespace: Some("ns".into()),
+                name: format!("c{i}"),
+                object: json!({"apiVersion": "v1", "kind": "ConfigMap",
+                    "metadata": {"name": format!("c{i}"), "namespace": "ns"}}),
+            })
+            .collect();
+        let validated = Validated {
+            children: vec![PreparedSet {
+                kind,
+                namespaced: true,
+                objects,
+            }],
+            ..Validated::default()
+        };
+        let report = applier
+            .apply(&primary, &resolved, &[], validated, Applied::new())
+            .await;
+        assert!(report.failures.is_empty(), "{:?}", report.failures);
+        assert_eq!(report.applied, 50);
+        // Each new child costs a GET (is the name taken?) and an apply.
+        assert_eq!(flight.total.load(Ordering::SeqCst), 100);
+        assert_eq!(
+            flight.max.load(Ordering::SeqCst),
+            APPLY_CONCURRENCY,
+            "children must be written {APPLY_CONCURRENCY} at a time, no more (and no fewer)"
+        );
+    }
 }

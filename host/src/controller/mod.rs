@@ -26,17 +26,31 @@
 //! [`ReconcileError`] is what one reconcile can fail with; the controller itself only stops
 //! when told to.
 //!
-//! Its parts: [`watches`] (the caches and what they report), [`access`] (what the module's
-//! identity may read), [`intents`] (the checks of a response), [`apply`] (the writes),
+//! Its parts: [`watches`] (the caches and what they report), [`cache`] (indexes over the
+//! caches), [`access`] (what the module's identity may read), [`intents`] (the checks of a
+//! response), [`apply`] (the writes), [`noop`] (writes that would change nothing),
+//! [`predicate`] (which primary changes call for a reconcile), [`resync`] (jittered resyncs),
 //! [`conditions`], [`conflict`] and [`release`] (one reconciler per primary, and letting go).
+//!
+//! # Scale
+//! What one reconcile costs depends on its own primary, not on the cluster: children are found
+//! through an index by controller uid, related objects through an index by namespace, and a
+//! related change with `AllPrimaries` enqueues only the primaries of its namespace (for a
+//! namespaced primary). Cached objects carry no `managedFields`. A converged reconciler writes
+//! nothing: unchanged applies and status writes are skipped ([`noop`]), the host's own status
+//! writes do not trigger reconciles ([`predicate`]), and resyncs are spread out ([`resync`]).
 
 pub mod access;
 pub mod apply;
+pub mod cache;
 pub mod conditions;
 pub mod conflict;
 pub mod intents;
+pub mod noop;
+pub mod predicate;
 pub mod record;
 pub mod release;
+pub mod resync;
 pub mod watches;
 
 use std::collections::{BTreeMap, HashMap};
@@ -48,12 +62,13 @@ use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
 use kube::runtime::events::{Event as KubeEvent, EventType as KubeEventType, Recorder};
 use kube::runtime::reflector::{ObjectRef as KubeRef, Store, store::Writer};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::{WatchStreamExt, utils::PredicateConfig, watcher};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 use tracing::{Instrument, info_span};
 
-use self::apply::{Applier, FailureKind, Observed, controlled_by, object_reference};
+use self::apply::{Applier, FailureKind, Observed, object_reference};
+use self::cache::Index;
 use self::intents::{Grant, Primary, RECONCILER_LABEL, Rejected};
 use self::watches::WatchErrors;
 use crate::contract::{
@@ -146,6 +161,8 @@ struct ObjectState {
     last_module: Option<String>,
     pending: Option<Trigger>,
     scheduled: Option<(Instant, Trigger)>,
+    /// What this reconciler's field manager last applied for the primary (see [`noop`]).
+    applied: noop::Applied,
 }
 
 /// What the controller tells the manager (for the WasmReconciler's status).
@@ -191,8 +208,8 @@ pub struct Shared {
     host_events: Recorder,
     impersonated: Client,
     discovery: Discovery,
-    owned: Vec<(Gvk, Store<DynamicObject>)>,
-    related: Vec<(Gvk, Store<DynamicObject>)>,
+    owned: Vec<Cached>,
+    related: Vec<Cached>,
     objects: Arc<Mutex<HashMap<Key, ObjectState>>>,
     health: Arc<Health>,
     queue: Queue,
@@ -213,6 +230,21 @@ enum Gate {
 
 /// An object's key: namespace (None for cluster-scoped) and name.
 type Key = (Option<String>, String);
+
+/// One watched kind's cache, with its index (children by controller uid, related objects by
+/// namespace).
+struct Cached {
+    kind: Gvk,
+    resource: kube::api::ApiResource,
+    store: Store<DynamicObject>,
+    index: Arc<Index>,
+}
+
+/// Drops from a cached object what the host never reads: `managedFields` (often several
+/// times the size of the rest).
+fn strip(o: &mut DynamicObject) {
+    o.metadata.managed_fields = None;
+}
 
 impl std::fmt::Debug for Shared {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -430,12 +462,23 @@ pub fn start(
         queue.clone(),
         health.clone(),
     );
+    // Primaries by namespace: a related change with `AllPrimaries` enqueues only its namespace's.
+    let primary_index = Index::new(cache::namespace);
+    let pi = primary_index.clone();
     let primary_stream = watcher(primary_api, watcher::Config::default())
         .default_backoff()
+        .modify(strip)
         .inspect(move |e| h.watched(&k, e))
         .reflect(primary_writer)
+        .inspect(move |e| {
+            if let Ok(e) = e {
+                pi.record(e);
+            }
+        })
         .inspect(move |e| forget_gone(e, &o, &all, &h2, &q2))
         .applied_objects()
+        // The host's own status writes (and anyone's status-only changes) call for no reconcile.
+        .predicate_filter(predicate::outside_status, PredicateConfig::default())
         .inspect(move |o| {
             if let Ok(o) = o {
                 q.requested(key_text(&key_of(o)));
@@ -460,10 +503,18 @@ pub fn start(
         let store = writer.as_reader();
         let api = api_for(&client, resolved, &settings.namespaces);
         let (h, k) = (health.clone(), kind.clone());
+        let index = Index::new(cache::controller_uid);
+        let ix = index.clone();
         let stream = watcher(api, watcher::Config::default().labels(&label))
             .default_backoff()
+            .modify(strip)
             .inspect(move |e| h.watched(&k, e))
             .reflect(writer)
+            .inspect(move |e| {
+                if let Ok(e) = e {
+                    ix.record(e);
+                }
+            })
             .touched_objects();
         let (primary_kind, primary_ar, objects, child_kind, q) = (
             primary_kind.clone(),
@@ -493,7 +544,12 @@ pub fn start(
             resolved.resource.clone(),
         );
         stores.push(store.clone());
-        owned.push((kind.clone(), store));
+        owned.push(Cached {
+            kind: kind.clone(),
+            resource: resolved.resource.clone(),
+            store,
+            index,
+        });
     }
 
     let mut related = Vec::new();
@@ -514,18 +570,27 @@ pub fn start(
             _ => watcher::Config::default(),
         };
         let (h, k) = (health.clone(), kind.clone());
+        let index = Index::new(cache::namespace);
+        let ix = index.clone();
         let stream = watcher(api, wc)
             .default_backoff()
+            .modify(strip)
             .inspect(move |e| h.watched(&k, e))
             .reflect(writer)
+            .inspect(move |e| {
+                if let Ok(e) = e {
+                    ix.record(e);
+                }
+            })
             .touched_objects();
-        let (primary_ar, objects, kind2, primaries, slot, q) = (
+        let (primary_ar, objects, kind2, primaries, slot, q, primary_index) = (
             primary_ar.clone(),
             objects.clone(),
             kind.clone(),
             primaries.clone(),
             slot.clone(),
             queue.clone(),
+            primary_index.clone(),
         );
         controller = controller.watches_stream_with(
             stream,
@@ -541,6 +606,9 @@ pub fn start(
                     .filter(|r| r.kind == kind2 && r.selector.matches(&labels))
                 {
                     match &rk.maps_to {
+                        // A namespaced primary sees related objects of its own namespace only.
+                        Mapping::AllPrimaries if namespaced => targets
+                            .extend(primary_index.keys(&other.namespace().unwrap_or_default())),
                         Mapping::AllPrimaries => {
                             targets.extend(primaries.state().iter().map(|p| key_of(p)))
                         }
@@ -568,7 +636,12 @@ pub fn start(
             resolved.resource.clone(),
         );
         stores.push(store.clone());
-        related.push((kind.clone(), store));
+        related.push(Cached {
+            kind: kind.clone(),
+            resource: resolved.resource.clone(),
+            store,
+            index,
+        });
     }
 
     let applier = Applier::new(
@@ -699,6 +772,24 @@ impl Shared {
         (trigger, attempt)
     }
 
+    /// What this reconciler last applied for `key` (empty when nothing is remembered).
+    fn applied(&self, key: &Key) -> noop::Applied {
+        self.objects
+            .lock()
+            .ok()
+            .and_then(|o| o.get(key).map(|st| st.applied.clone()))
+            .unwrap_or_default()
+    }
+
+    /// Remembers what is now applied for `key` (not for a primary forgotten meanwhile).
+    fn remember(&self, key: &Key, applied: noop::Applied) {
+        if let Ok(mut objects) = self.objects.lock()
+            && let Some(st) = objects.get_mut(key)
+        {
+            st.applied = applied;
+        }
+    }
+
     fn succeeded(&self, key: &Key, next: Option<(Duration, Trigger)>) {
         // `get_mut`: a primary deleted meanwhile was forgotten and stays so.
         if let Ok(mut objects) = self.objects.lock()
@@ -745,19 +836,25 @@ impl Shared {
         }
     }
 
-    /// The observed children controlled by `uid`, of every owned kind the module may own.
+    /// The observed children controlled by `uid`, of every owned kind the module may own
+    /// (through the index: the cost is the primary's children, not the cache's size).
     fn observed(&self, uid: &str, grant: &Grant) -> Vec<Observed> {
         self.owned
             .iter()
-            .filter(|(kind, _)| grant.owned.contains(kind))
-            .map(|(kind, store)| Observed {
-                kind: kind.clone(),
-                objects: store
-                    .state()
+            .filter(|c| grant.owned.contains(&c.kind))
+            .map(|c| {
+                let mut objects: Vec<DynamicObject> = c
+                    .index
+                    .objects(&c.store, &c.resource, uid)
                     .iter()
-                    .filter(|o| controlled_by(o, uid))
                     .map(|o| (**o).clone())
-                    .collect(),
+                    .collect();
+                // The module sees them in a stable order.
+                objects.sort_by_key(key_of);
+                Observed {
+                    kind: c.kind.clone(),
+                    objects,
+                }
             })
             .collect()
     }
@@ -772,9 +869,11 @@ impl Shared {
                 objects: self
                     .related
                     .iter()
-                    .filter(|(k, _)| *k == rk.kind)
-                    .flat_map(|(_, store)| store.state())
-                    .filter(|o| namespace.is_none() || o.namespace().as_deref() == namespace)
+                    .filter(|c| c.kind == rk.kind)
+                    .flat_map(|c| match namespace {
+                        Some(ns) => c.index.objects(&c.store, &c.resource, ns),
+                        None => c.store.state(),
+                    })
                     .filter(|o| rk.selector.matches(o.labels()))
                     .filter_map(|o| serde_json::to_string(&*o).ok())
                     .collect(),
@@ -1073,10 +1172,18 @@ async fn run_once(
         }
     };
     let requeue = validated.requeue_after;
+    let applied = shared.applied(&key);
     let report = shared
         .applier
-        .apply(&current, &shared.settings.primary.1, &observed, validated)
+        .apply(
+            &current,
+            &shared.settings.primary.1,
+            &observed,
+            validated,
+            applied,
+        )
         .await;
+    shared.remember(&key, report.remembered.clone());
     let forbidden: Vec<String> = report
         .of(FailureKind::Forbidden)
         .map(ToString::to_string)
@@ -1127,7 +1234,7 @@ async fn run_once(
         shared.forget(&key);
         return Ok(Action::await_change());
     }
-    let resync = shared.settings.resync;
+    let resync = resync::jittered(shared.settings.resync);
     let next = match requeue {
         Some(d) if d < resync => (d, Trigger::Requeue),
         _ => (resync, Trigger::Resync),

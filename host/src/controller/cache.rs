@@ -1,0 +1,239 @@
+//! Indexes over the controller's caches: which cached objects belong to one primary.
+//!
+//! kube-runtime's reflector [`Store`] finds an object by name; a reconcile needs the children of
+//! one primary and the related objects of one namespace. Scanning (and cloning) the whole store
+//! for that makes one reconcile O(N) and one resync of N primaries O(N^2). An [`Index`] keeps
+//! the keys of a store's objects grouped by a property (the controller owner's uid, the
+//! namespace), fed by the same watch events as the store, so a lookup costs what it returns.
+//!
+//! # Guarantees
+//! - The index follows its watch stream: applied objects are (re)grouped, deleted ones dropped,
+//!   and a relist replaces the whole index when it completes, as the store does.
+//! - A lookup returns only objects the store holds at that moment (an index entry whose object
+//!   the store no longer has is skipped), so it never returns more than a scan would; an object
+//!   the store took a moment before the index is seen by the reconcile its own event triggers.
+//!
+//! # Errors
+//! Nothing here fails; a poisoned lock yields empty lookups.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+
+use kube::ResourceExt;
+use kube::api::{ApiResource, DynamicObject};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::watcher;
+
+/// An object's key: namespace (None for cluster-scoped) and name.
+pub type Key = (Option<String>, String);
+
+/// The property an index groups by (None: the object is not indexed).
+pub type GroupBy = fn(&DynamicObject) -> Option<String>;
+
+/// The uid of an object's controller ownerReference.
+pub fn controller_uid(o: &DynamicObject) -> Option<String> {
+    o.metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .find(|r| r.controller == Some(true))
+        .map(|r| r.uid.clone())
+}
+
+/// An object's namespace, `""` for cluster-scoped objects.
+pub fn namespace(o: &DynamicObject) -> Option<String> {
+    Some(o.namespace().unwrap_or_default())
+}
+
+#[derive(Debug, Default)]
+struct Groups {
+    members: HashMap<String, HashSet<Key>>,
+    group_of: HashMap<Key, String>,
+}
+
+impl Groups {
+    fn insert(&mut self, key: Key, group: Option<String>) {
+        self.remove(&key);
+        if let Some(group) = group {
+            self.members
+                .entry(group.clone())
+                .or_default()
+                .insert(key.clone());
+            self.group_of.insert(key, group);
+        }
+    }
+
+    fn remove(&mut self, key: &Key) {
+        if let Some(old) = self.group_of.remove(key)
+            && let Some(m) = self.members.get_mut(&old)
+        {
+            m.remove(key);
+            if m.is_empty() {
+                self.members.remove(&old);
+            }
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct State {
+    live: Groups,
+    /// A relist in progress: replaces `live` when it completes.
+    next: Option<Groups>,
+}
+
+/// The keys of one store's objects, grouped by a property.
+#[derive(Debug)]
+pub struct Index {
+    by: GroupBy,
+    state: Mutex<State>,
+}
+
+fn key_of(o: &DynamicObject) -> Key {
+    (o.namespace(), o.name_any())
+}
+
+impl Index {
+    /// An empty index grouping by `by`.
+    pub fn new(by: GroupBy) -> Arc<Self> {
+        Arc::new(Index {
+            by,
+            state: Mutex::default(),
+        })
+    }
+
+    /// Follows one event of the watch stream that feeds the store.
+    pub fn record(&self, event: &watcher::Event<DynamicObject>) {
+        let Ok(mut state) = self.state.lock() else {
+            return;
+        };
+        match event {
+            watcher::Event::Init => state.next = Some(Groups::default()),
+            watcher::Event::InitApply(o) => {
+                let group = (self.by)(o);
+                state
+                    .next
+                    .get_or_insert_with(Groups::default)
+                    .insert(key_of(o), group);
+            }
+            watcher::Event::InitDone => {
+                if let Some(next) = state.next.take() {
+                    state.live = next;
+                }
+            }
+            watcher::Event::Apply(o) => {
+                let group = (self.by)(o);
+                state.live.insert(key_of(o), group);
+            }
+            watcher::Event::Delete(o) => state.live.remove(&key_of(o)),
+        }
+    }
+
+    /// The keys in `group`.
+    pub fn keys(&self, group: &str) -> Vec<Key> {
+        self.state
+            .lock()
+            .map(|s| {
+                s.live
+                    .members
+                    .get(group)
+                    .map(|m| m.iter().cloned().collect())
+                    .unwrap_or_default()
+            })
+            .unwrap_or_default()
+    }
+
+    /// The objects of `store` in `group` (`resource` names the store's kind).
+    pub fn objects(
+        &self,
+        store: &Store<DynamicObject>,
+        resource: &ApiResource,
+        group: &str,
+    ) -> Vec<Arc<DynamicObject>> {
+        self.keys(group)
+            .into_iter()
+            .filter_map(|(ns, name)| {
+                let r = ObjectRef::new_with(&name, resource.clone());
+                let r = match ns {
+                    Some(ns) => r.within(&ns),
+                    None => r,
+                };
+                store.get(&r)
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn child(name: &str, owner: Option<&str>) -> DynamicObject {
+        let refs = owner.map(|uid| {
+            json!([{"apiVersion": "v1", "kind": "App", "name": "a", "uid": uid, "controller": true}])
+        });
+        serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": name, "namespace": "ns", "ownerReferences": refs}
+        }))
+        .unwrap_or_else(|e| panic!("literal: {e}"))
+    }
+
+    fn names(index: &Index, group: &str) -> Vec<String> {
+        let mut n: Vec<String> = index.keys(group).into_iter().map(|k| k.1).collect();
+        n.sort();
+        n
+    }
+
+    #[test]
+    fn children_are_grouped_by_their_controller_and_follow_changes() {
+        let index = Index::new(controller_uid);
+        index.record(&watcher::Event::Init);
+        index.record(&watcher::Event::InitApply(child("a1", Some("u1"))));
+        index.record(&watcher::Event::InitApply(child("a2", Some("u1"))));
+        index.record(&watcher::Event::InitApply(child("b1", Some("u2"))));
+        index.record(&watcher::Event::InitApply(child("free", None)));
+        assert!(names(&index, "u1").is_empty(), "a relist shows when done");
+        index.record(&watcher::Event::InitDone);
+        assert_eq!(names(&index, "u1"), ["a1", "a2"]);
+        assert_eq!(names(&index, "u2"), ["b1"]);
+
+        // An owner change moves the child; a delete drops it.
+        index.record(&watcher::Event::Apply(child("a2", Some("u2"))));
+        index.record(&watcher::Event::Delete(child("b1", Some("u2"))));
+        assert_eq!(names(&index, "u1"), ["a1"]);
+        assert_eq!(names(&index, "u2"), ["a2"]);
+
+        // A relist replaces everything: what it does not list is gone.
+        index.record(&watcher::Event::Init);
+        index.record(&watcher::Event::InitApply(child("a1", Some("u1"))));
+        index.record(&watcher::Event::InitDone);
+        assert_eq!(names(&index, "u1"), ["a1"]);
+        assert!(names(&index, "u2").is_empty());
+    }
+
+    #[test]
+    fn objects_come_from_the_store_and_only_those_it_holds() {
+        let ar = ApiResource::erase::<k8s_openapi::api::core::v1::ConfigMap>(&());
+        let mut writer = kube::runtime::reflector::store::Writer::new(ar.clone());
+        let store = writer.as_reader();
+        let index = Index::new(namespace);
+        for e in [
+            watcher::Event::Init,
+            watcher::Event::InitApply(child("a1", None)),
+            watcher::Event::InitApply(child("a2", None)),
+            watcher::Event::InitDone,
+        ] {
+            writer.apply_watcher_event(&e);
+            index.record(&e);
+        }
+        assert_eq!(index.objects(&store, &ar, "ns").len(), 2);
+        // The store dropped one before the index heard of it: it is not returned.
+        writer.apply_watcher_event(&watcher::Event::Delete(child("a2", None)));
+        let got = index.objects(&store, &ar, "ns");
+        assert_eq!(got.len(), 1);
+        assert_eq!(got[0].name_any(), "a1");
+        assert!(index.objects(&store, &ar, "other").is_empty());
+    }
+}
