@@ -467,7 +467,7 @@ async fn diff_previews_a_candidate_against_every_primary_without_writing() -> an
             let widgets = widgets.clone();
             async move {
                 let w = widgets.get(name).await?;
-                Ok((w.data["status"]["attempt"] == 1).then_some(()))
+                Ok((w.data["status"]["reconciled"] == true).then_some(()))
             }
         })
         .await?;

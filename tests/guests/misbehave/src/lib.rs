@@ -221,14 +221,13 @@ mod guest {
                 }
                 _ => {}
             }
-            let attempt = request.context.attempt;
             response.children = children(vec![config_map(
                 &format!("{name}-out"),
                 None,
                 serde_json::json!({ "owner": name }),
             )]);
             response.status = Some(Status {
-                fields: serde_json::json!({ "attempt": attempt }).to_string(),
+                fields: serde_json::json!({ "reconciled": true }).to_string(),
                 conditions: vec![Condition {
                     type_: "Ready".into(),
                     status: ConditionStatus::True,
