@@ -25,7 +25,7 @@ fn widget(mode: &str) -> ReconcileRequest {
         primary: serde_json::json!({
             "apiVersion": "test.wasmop.dev/v1", "kind": "Widget",
             "metadata": {"name": format!("w-{mode}"), "namespace": "ns", "uid": "u"},
-            "spec": {"mode": mode}
+            "spec": {"mode": mode, "echoAttempt": true}
         })
         .to_string(),
         owned: vec![KindObjects {

@@ -221,13 +221,18 @@ mod guest {
                 }
                 _ => {}
             }
+            // The attempt only when asked: a status that changes with retries is not steady.
+            let mut fields = serde_json::json!({ "reconciled": true });
+            if primary.pointer("/spec/echoAttempt") == Some(&serde_json::Value::Bool(true)) {
+                fields["attempt"] = request.context.attempt.into();
+            }
             response.children = children(vec![config_map(
                 &format!("{name}-out"),
                 None,
                 serde_json::json!({ "owner": name }),
             )]);
             response.status = Some(Status {
-                fields: serde_json::json!({ "reconciled": true }).to_string(),
+                fields: fields.to_string(),
                 conditions: vec![Condition {
                     type_: "Ready".into(),
                     status: ConditionStatus::True,
