@@ -664,12 +664,7 @@ async fn hostile_durations_refuse_their_reconciler_and_the_host_goes_on() -> any
         &Patch::Merge(json!({"spec": {"limits": {"deadline": "2s"}}})),
     )
     .await?;
-    eventually(&format!("{long} Ready"), WAIT, || async {
-        Ok(wr_condition(&env.client, &long, "Ready")
-            .await?
-            .filter(|(status, _, _)| status == "True"))
-    })
-    .await?;
+    wait_wr_ready(&env.client, &long).await?;
     let apps = apps(&env.client, &env.namespace);
     let app: DynamicObject = serde_json::from_value(json!({
         "apiVersion": "example.wasmop.dev/v1", "kind": "App", "metadata": {"name": "web"},

@@ -472,12 +472,7 @@ async fn a_busy_host_defers_the_self_check_and_swaps_once_a_sandbox_is_free() ->
     .await?;
     let host = start_host_with(&env, |o| o.max_module_calls = 1).await?;
     for wr in [&apps_wr, &sleeper] {
-        eventually(&format!("{wr} Ready"), WAIT, || async {
-            Ok(wr_condition(&env.client, wr, "Ready")
-                .await?
-                .filter(|(status, _, _)| status == "True"))
-        })
-        .await?;
+        wait_wr_ready(&env.client, wr).await?;
     }
     let apps = apps(&env.client, &env.namespace);
     let app: DynamicObject = serde_json::from_value(json!({

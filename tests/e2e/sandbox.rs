@@ -76,12 +76,7 @@ async fn one_reconcilers_endless_loops_cannot_make_another_reconciler_fail() -> 
     })
     .await?;
     for wr in [&looper, &good] {
-        eventually(&format!("{wr} Ready"), WAIT, || async {
-            Ok(wr_condition(&env.client, wr, "Ready")
-                .await?
-                .filter(|(status, _, _)| status == "True"))
-        })
-        .await?;
+        wait_wr_ready(&env.client, wr).await?;
     }
 
     let widgets = widgets(&env.client, &env.namespace);

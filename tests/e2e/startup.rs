@@ -346,12 +346,7 @@ async fn a_host_that_may_not_list_namespaces_says_so_and_prunes_nothing() -> any
 
     // Granted: the watch recovers, the reconciler is Ready and reconciles, nothing is lost.
     grant_host(&env, &user, true).await?;
-    eventually("Ready=True again", WAIT, || async {
-        Ok(wr_condition(&env.client, &wr, "Ready")
-            .await?
-            .filter(|(status, _, _)| status == "True"))
-    })
-    .await?;
+    wait_wr_ready(&env.client, &wr).await?;
     eventually("a reconcile once the watch recovered", WAIT, || async {
         Ok((metric("wasmop_reconcile_total", &wr)? > reconciles).then_some(()))
     })
@@ -471,12 +466,7 @@ async fn a_reconciler_whose_service_account_may_not_read_a_related_kind_is_refus
         r.push(json!({"apiGroups": [""], "resources": ["secrets"], "verbs": ["list", "watch"]}));
     }
     service_account(&env.client, &env.namespace, "secrets", rules).await?;
-    eventually("Ready=True once the reads are granted", WAIT, || async {
-        Ok(wr_condition(&env.client, &wr, "Ready")
-            .await?
-            .filter(|(status, _, _)| status == "True"))
-    })
-    .await?;
+    wait_wr_ready(&env.client, &wr).await?;
     host.shutdown().await?;
     Ok(())
 }

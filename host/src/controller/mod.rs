@@ -1108,17 +1108,20 @@ async fn run_once(
         memory_peak = stats.memory_peak,
         "module call"
     );
+    // A failed reconcile's request is recorded (when asked); the Warning names the file.
+    let note_failure = |error: &str| {
+        record::note(
+            recorder,
+            recorded.as_ref(),
+            module.sha256(),
+            error,
+            deleting,
+        )
+    };
     let (done, response) = match result {
         Ok(r) => r,
         Err(e) => {
-            let error = e.to_string();
-            let recorded = record::note(
-                recorder,
-                recorded.as_ref(),
-                module.sha256(),
-                &error,
-                deleting,
-            );
+            let recorded = note_failure(&e.to_string());
             shared
                 .warn(
                     primary,
@@ -1153,14 +1156,7 @@ async fn run_once(
     ) {
         Ok(v) => v,
         Err(rejected) => {
-            let error = rejected.to_string();
-            let recorded = record::note(
-                recorder,
-                recorded.as_ref(),
-                module.sha256(),
-                &error,
-                deleting,
-            );
+            let recorded = note_failure(&rejected.to_string());
             shared
                 .warn(
                     primary,

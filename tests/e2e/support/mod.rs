@@ -442,3 +442,14 @@ pub async fn apply_rbac(env: &TestEnv, example_name: &str) -> anyhow::Result<Str
     }
     sa_name.ok_or_else(|| anyhow::anyhow!("{example_name}/k8s/rbac.yaml has no ServiceAccount"))
 }
+
+/// Waits (up to [`WAIT`]) until WasmReconciler `wr` reports `Ready=True`.
+pub async fn wait_wr_ready(client: &Client, wr: &str) -> anyhow::Result<()> {
+    eventually(&format!("{wr} Ready"), WAIT, || async {
+        Ok(wr_condition(client, wr, "Ready")
+            .await?
+            .filter(|(status, _, _)| status == "True")
+            .map(|_| ()))
+    })
+    .await
+}
