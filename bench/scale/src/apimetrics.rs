@@ -110,7 +110,8 @@ impl Requests {
                     }
             })
             .map(|(_, v)| v)
-            .sum()
+            // (An empty f64 sum is -0.0.)
+            .fold(0.0, |a, b| a + b)
     }
 
     /// The writes of [`Requests::controller_writes`], by `VERB resource[/sub]`.

@@ -91,12 +91,13 @@ fn run_dir(contender: Contender, n: usize, tuning: Tuning) -> PathBuf {
     ))
 }
 
-/// Waits until no controller write happened for 6 s (at most 60 s).
-async fn settle(client: &kube::Client) -> Result<()> {
+/// Waits until no controller write happened for 6 s, at most `cap` (a controller that writes
+/// on every resync never goes quiet for long).
+async fn settle(client: &kube::Client, cap: Duration) -> Result<()> {
     let began = Instant::now();
     let mut last = Requests::read(client).await?.controller_writes();
     let mut quiet = 0;
-    while quiet < 3 && began.elapsed() < Duration::from_secs(60) {
+    while quiet < 3 && began.elapsed() < cap {
         tokio::time::sleep(Duration::from_secs(2)).await;
         let now = Requests::read(client).await?.controller_writes();
         quiet = if now == last { quiet + 1 } else { 0 };
@@ -153,7 +154,13 @@ pub async fn measure(
         converge.as_secs_f64(),
         idle.as_secs()
     );
-    settle(&client).await?;
+    settle(
+        &client,
+        tuning
+            .resync
+            .clamp(Duration::from_secs(10), Duration::from_secs(60)),
+    )
+    .await?;
     let idle_start = stat(contender, &mut running)?;
     let idle_before = Requests::read(&client).await?;
     tokio::time::sleep(idle).await;
