@@ -95,7 +95,7 @@ pub enum Running {
     /// wasmop's host.
     Host(Box<wasmop_testenv::HostProcess>),
     /// A child that printed READY.
-    Child(child::Child),
+    Child(Box<child::Child>),
 }
 
 impl Running {
@@ -153,7 +153,7 @@ pub async fn start(
             dir,
         )
         .await
-        .map(Running::Child),
+        .map(|c| Running::Child(Box::new(c))),
         Contender::ControllerRuntime => child::Child::start(
             contender.name(),
             &binaries.controller_runtime,
@@ -166,7 +166,7 @@ pub async fn start(
             dir,
         )
         .await
-        .map(Running::Child),
+        .map(|c| Running::Child(Box::new(c))),
         Contender::Floor => child::Child::start(
             contender.name(),
             &binaries.floor,
@@ -175,6 +175,6 @@ pub async fn start(
             dir,
         )
         .await
-        .map(Running::Child),
+        .map(|c| Running::Child(Box::new(c))),
     }
 }
