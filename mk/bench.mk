@@ -9,3 +9,13 @@ bench-dispatch: prereqs
 ## is `hotswap p50 ms: N`. WASMOP_BENCH_SWAPS sets the swaps per series (default 20).
 bench-hotswap: prereqs provision
 	$(CARGO) bench -p wasmop-testenv --bench hotswap
+
+.PHONY: bench-scale
+## N image-updater Apps converged by wasmop, native kube-rs, controller-runtime (Go) and the
+## API server's write floor, each on a fresh local control plane; one table per N, last lines
+## `scale N=<n> wasmop/floor: X.XX wasmop/kube-rs: Y.YY wasmop/controller-runtime: Z.ZZ`.
+## WASMOP_BENCH_N (default 1000,10000), WASMOP_BENCH_CONTENDERS (default all),
+## WASMOP_BENCH_RESYNC (seconds, default 30); see bench/scale/src/settings.rs for the rest.
+bench-scale: prereqs provision
+	$(CARGO) build --profile bench --workspace --bin wasmop
+	$(CARGO) bench --workspace --bench scale

@@ -175,6 +175,11 @@ impl HostProcess {
         self.metrics
     }
 
+    /// The process id of the current run (for /proc measurements), if it is running.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().and_then(tokio::process::Child::id)
+    }
+
     /// `GET /readyz`: (status, body).
     ///
     /// # Errors

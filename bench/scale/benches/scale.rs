@@ -1,0 +1,72 @@
+//! `make bench-scale`: N image-updater Apps on a fresh local control plane per contender
+//! (wasmop, native kube-rs, controller-runtime, the write floor); one table per N, then one
+//! line per N: `scale N=<n> wasmop/floor: X.XX wasmop/kube-rs: Y.YY wasmop/controller-runtime: Z.ZZ`.
+//! Settings: see `wasmop_bench_scale::settings` (`WASMOP_BENCH_N`, `WASMOP_BENCH_CONTENDERS`, ...).
+
+use wasmop_bench_scale::contenders::{Binaries, Contender, Tuning};
+use wasmop_bench_scale::report;
+use wasmop_bench_scale::run::measure;
+use wasmop_bench_scale::settings::Settings;
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let settings = Settings::from_env("1000,10000")?;
+    let binaries = Binaries {
+        wasmop: wasmop_bench_scale::wasmop_binary().await?,
+        module: wasmop_test_modules::IMAGE_UPDATER.into(),
+        kube_rs: env!("CARGO_BIN_EXE_scale-kube-rs").into(),
+        controller_runtime: if settings.contenders.contains(&Contender::ControllerRuntime) {
+            tokio::task::spawn_blocking(wasmop_bench_scale::contenders::gobuild::operator).await??
+        } else {
+            Default::default()
+        },
+        floor: env!("CARGO_BIN_EXE_scale-floor").into(),
+    };
+    println!(
+        "bench-scale: N={:?}, contenders {:?}, resync {:?}, idle window {:?}, concurrency {}, floor concurrency {:?}",
+        settings.sizes,
+        settings
+            .contenders
+            .iter()
+            .map(|c| c.name())
+            .collect::<Vec<_>>(),
+        settings.resync,
+        settings.idle,
+        settings.concurrency,
+        settings.floor_concurrency
+    );
+    let mut lines = Vec::new();
+    for &n in &settings.sizes {
+        let mut rows = Vec::new();
+        for &contender in &settings.contenders {
+            let tried = if contender == Contender::Floor {
+                settings.floor_concurrency.clone()
+            } else {
+                vec![settings.concurrency]
+            };
+            for concurrency in tried {
+                let tuning = Tuning {
+                    concurrency,
+                    resync: settings.resync,
+                };
+                let m = measure(
+                    contender,
+                    n,
+                    tuning,
+                    &binaries,
+                    settings.idle,
+                    settings.timeout(n),
+                )
+                .await?;
+                eprintln!("{}", report::table(n, std::slice::from_ref(&m)));
+                rows.push(m);
+            }
+        }
+        println!("{}", report::table(n, &rows));
+        lines.push(report::final_line(n, &rows));
+    }
+    for line in lines {
+        println!("{line}");
+    }
+    Ok(())
+}

@@ -1,0 +1,157 @@
+//! A fresh local control plane for one contender, with the App CRD and namespace `demo`.
+//!
+//! # Guarantees
+//! - Every contender gets a control plane started with the same [`wasmop_testenv::Options`].
+//! - [`Cluster::apply_yaml`] applies a user's manifests as `kubectl apply --server-side` would
+//!   (kinds resolved by discovery) and waits until applied CRDs are Established.
+//!
+//! # Errors
+//! [`Error::ControlPlane`] if it does not start; [`Error::Kube`] / [`Error::Other`] for
+//! manifests that cannot be read or applied.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, DynamicObject, GroupVersionKind, Patch, PatchParams};
+use kube::discovery::Scope;
+use kube::{Client, ResourceExt};
+use serde_json::Value;
+use wasmop_testenv::{ControlPlane, Options};
+
+use crate::{Error, Result};
+
+/// The namespace the Apps live in (the example's).
+pub const NAMESPACE: &str = "demo";
+
+/// A running control plane and an admin client.
+pub struct Cluster {
+    /// The control plane (dropped: torn down).
+    pub plane: ControlPlane,
+    /// An admin client.
+    pub client: Client,
+}
+
+/// The repository root.
+pub fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// Reads the YAML documents of a file.
+///
+/// # Errors
+/// If it cannot be read or is not YAML.
+pub fn yaml_docs(path: &Path) -> Result<Vec<Value>> {
+    let text = std::fs::read_to_string(path).map_err(Error::io("reading", path))?;
+    Ok(serde_saphyr::from_str_multiple::<Value, Vec<Value>>(&text)
+        .map_err(|e| Error::Other(format!("{}: {e}", path.display())))?
+        .into_iter()
+        .filter(|d| !d.is_null())
+        .collect())
+}
+
+impl std::fmt::Debug for Cluster {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cluster")
+            .field("plane", &self.plane)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Cluster {
+    /// Starts a fresh control plane, installs the App CRD and creates namespace `demo`.
+    ///
+    /// # Errors
+    /// See the module docs.
+    pub async fn start() -> Result<Self> {
+        let plane = ControlPlane::start(Options::default()).await?;
+        let client = plane.client().await?;
+        let cluster = Cluster { plane, client };
+        cluster
+            .apply_yaml(&repo().join("examples/image-updater/k8s/crd.yaml"))
+            .await?;
+        cluster
+            .apply(vec![serde_json::json!({
+                "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}
+            })])
+            .await?;
+        Ok(cluster)
+    }
+
+    /// The admin kubeconfig.
+    pub fn kubeconfig(&self) -> &Path {
+        self.plane.kubeconfig()
+    }
+
+    /// Applies every document of a YAML file.
+    ///
+    /// # Errors
+    /// See the module docs.
+    pub async fn apply_yaml(&self, path: &Path) -> Result<()> {
+        self.apply(yaml_docs(path)?).await
+    }
+
+    /// Applies objects (server-side, field manager `wasmop-bench`), waiting for CRDs.
+    ///
+    /// # Errors
+    /// See the module docs.
+    pub async fn apply(&self, docs: Vec<Value>) -> Result<()> {
+        for doc in docs {
+            let object: DynamicObject = serde_json::from_value(doc)
+                .map_err(|e| Error::Other(format!("not a Kubernetes object: {e}")))?;
+            let types = object.types.clone().ok_or_else(|| {
+                Error::Other(format!("{} has no apiVersion/kind", object.name_any()))
+            })?;
+            let gvk = GroupVersionKind::try_from(&types)
+                .map_err(|e| Error::Other(format!("{}: {e}", object.name_any())))?;
+            let (resource, caps) = kube::discovery::pinned_kind(&self.client, &gvk)
+                .await
+                .map_err(Error::kube(format!("discovering {}", types.kind)))?;
+            let api: Api<DynamicObject> = match (&caps.scope, object.namespace()) {
+                (Scope::Namespaced, Some(ns)) => {
+                    Api::namespaced_with(self.client.clone(), &ns, &resource)
+                }
+                (Scope::Namespaced, None) => {
+                    Api::namespaced_with(self.client.clone(), "default", &resource)
+                }
+                (Scope::Cluster, _) => Api::all_with(self.client.clone(), &resource),
+            };
+            let name = object.name_any();
+            api.patch(
+                &name,
+                &PatchParams::apply("wasmop-bench").force(),
+                &Patch::Apply(&object),
+            )
+            .await
+            .map_err(Error::kube(format!("applying {} {name}", types.kind)))?;
+            if types.kind == "CustomResourceDefinition" {
+                self.established(&name).await?;
+            }
+        }
+        Ok(())
+    }
+
+    async fn established(&self, name: &str) -> Result<()> {
+        let crds: Api<CustomResourceDefinition> = Api::all(self.client.clone());
+        wasmop_testenv::eventually(
+            &format!("CRD {name} Established"),
+            Duration::from_secs(60),
+            || {
+                let crds = crds.clone();
+                async move {
+                    let crd = crds.get(name).await?;
+                    Ok(crd
+                        .status
+                        .and_then(|s| s.conditions)
+                        .is_some_and(|cs| {
+                            cs.iter()
+                                .any(|c| c.type_ == "Established" && c.status == "True")
+                        })
+                        .then_some(()))
+                }
+            },
+        )
+        .await
+        .map_err(|e| Error::Other(format!("{e:#}")))
+    }
+}

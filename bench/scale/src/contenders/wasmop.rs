@@ -1,0 +1,148 @@
+//! wasmop as a user runs it: the WasmReconciler CRD, the example's RBAC, `wasmop push` of the
+//! image-updater module, the example's WasmReconciler (with the bench's resync period and
+//! concurrency), and `wasmop run` as a child process.
+//!
+//! # Guarantees
+//! - [`start`] returns once the host's `/readyz` answers 200 (every reconciler's module loaded
+//!   and caches synced).
+//!
+//! # Errors
+//! [`Error::Controller`] when a step fails, with the host's log.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use wasmop_testenv::HostProcess;
+
+use super::{Binaries, Running, Tuning};
+use crate::cluster::{Cluster, NAMESPACE, repo, yaml_docs};
+use crate::{Error, Result};
+
+fn failed(detail: String) -> Error {
+    Error::Controller {
+        contender: "wasmop".into(),
+        detail,
+    }
+}
+
+/// Registers the module and starts the host.
+///
+/// # Errors
+/// See the module docs.
+pub async fn start(
+    cluster: &Cluster,
+    binaries: &Binaries,
+    tuning: Tuning,
+    dir: &Path,
+) -> Result<Running> {
+    let example = repo().join("examples/image-updater/k8s");
+    cluster
+        .apply_yaml(&repo().join("deploy/crds/wasmreconciler.yaml"))
+        .await?;
+    cluster.apply_yaml(&example.join("rbac.yaml")).await?;
+    let kubeconfig = cluster.kubeconfig().display().to_string();
+    let push = tokio::process::Command::new(&binaries.wasmop)
+        .arg("push")
+        .arg(&binaries.module)
+        .args([
+            "--name",
+            "image-updater",
+            "-n",
+            NAMESPACE,
+            "--kubeconfig",
+            &kubeconfig,
+        ])
+        .output()
+        .await
+        .map_err(Error::io("running", &binaries.wasmop))?;
+    if !push.status.success() {
+        return Err(failed(format!(
+            "wasmop push failed ({}): {}",
+            push.status,
+            String::from_utf8_lossy(&push.stderr)
+        )));
+    }
+    let mut docs = yaml_docs(&example.join("wasmreconciler.yaml"))?;
+    for doc in &mut docs {
+        doc["spec"]["resyncPeriod"] = json!(format!("{}ms", tuning.resync.as_millis()));
+        doc["spec"]["limits"]["concurrency"] = json!(tuning.concurrency);
+    }
+    cluster.apply(docs).await?;
+    let args = [
+        "--log-format",
+        "json",
+        "run",
+        "--kubeconfig",
+        &kubeconfig,
+        "--metrics-addr",
+        "127.0.0.1:0",
+        "--webhook-addr",
+        "off",
+        "--cache-dir",
+        &dir.join("compiled").display().to_string(),
+    ]
+    .map(str::to_string)
+    .to_vec();
+    let host = HostProcess::start(&binaries.wasmop, args, "info", dir)
+        .await
+        .map_err(|e| failed(format!("{e:#}")))?;
+    let began = Instant::now();
+    loop {
+        if let Ok((200, _)) = host.readyz().await {
+            return Ok(Running::Host(Box::new(host)));
+        }
+        if began.elapsed() > Duration::from_secs(120) {
+            return Err(failed(format!(
+                "/readyz not 200 within 120 s; log:\n{}",
+                host.log_text()
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The `wasmop` binary of the same build profile as the running benchmark or test (`cargo build`
+/// into the same target directory; a no-op when it is fresh): `--profile bench` for `cargo
+/// bench`, the dev profile for `cargo test`.
+///
+/// # Errors
+/// If cargo cannot be run or the build fails.
+pub async fn binary() -> Result<std::path::PathBuf> {
+    // <target>/<profile dir>/deps/<binary>
+    let exe = std::env::current_exe().map_err(Error::io("finding", "the running binary"))?;
+    let (Some(profile_dir), Some(target)) = (exe.ancestors().nth(2), exe.ancestors().nth(3)) else {
+        return Err(Error::Other(format!(
+            "unexpected binary path {}",
+            exe.display()
+        )));
+    };
+    let dir_name = profile_dir
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let mut command = tokio::process::Command::new(&cargo);
+    command.arg("build");
+    if dir_name == "release" {
+        // As `make bench-scale` builds it (workspace features, so nothing is built twice).
+        command.args(["--profile", "bench", "--workspace"]);
+    } else {
+        // As the e2e tests build it (tests/e2e/faults.rs).
+        command.args(["-p", "wasmop"]);
+    }
+    command
+        .args(["--bin", "wasmop", "--target-dir"])
+        .arg(target)
+        .current_dir(repo());
+    let status = command
+        .status()
+        .await
+        .map_err(Error::io("running", cargo.clone()))?;
+    if !status.success() {
+        return Err(Error::Other(format!(
+            "cargo build -p wasmop failed: {status}"
+        )));
+    }
+    Ok(profile_dir.join("wasmop"))
+}

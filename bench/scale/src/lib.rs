@@ -1,0 +1,40 @@
+//! `make bench-scale`: how long N image-updater Apps take to converge, and what the controller
+//! costs, for wasmop and for what users would pick instead, each on a fresh local control plane.
+//!
+//! Contenders ([`contenders::Contender`]):
+//! - `wasmop`: `wasmop run` as a child process with the image-updater module, registered by the
+//!   example's WasmReconciler.
+//! - `kube-rs`: the same logic (the image-updater crate as an rlib, called through
+//!   `wasmop_sdk::Reconciler`) driven by kube-runtime's `Controller` (the `scale-kube-rs` binary).
+//! - `controller-runtime`: the same logic as a small Go operator (bench/controller-runtime),
+//!   built once and cached under `~/.cache/wasmop/bin`.
+//! - `floor`: a bare client that applies the N Deployments and N Services and writes the N
+//!   statuses (the `scale-floor` binary), the best of a few concurrency settings.
+//!
+//! For each: time from the first create to convergence (seen through watches of Apps,
+//! Deployments and Services), peak RSS and CPU seconds of the controller process (from /proc),
+//! API requests by verb and resource during convergence and while idle (from the API server's
+//! `apiserver_request_total`).
+//!
+//! - [`settings`]: what the environment asks for.
+//! - [`native`]: the image-updater logic called natively, shared by the kube-rs and floor binaries.
+//! - [`cluster`]: a fresh control plane with the App CRD and namespace.
+//! - [`apimetrics`]: the API server's request counters.
+//! - [`procstat`]: peak RSS and CPU seconds of a process.
+//! - [`converge`]: creating Apps and watching them converge.
+//! - [`contenders`]: starting each controller.
+//! - [`run`]: one contender's run, and [`report`]: the tables and the final line.
+
+pub mod apimetrics;
+pub mod cluster;
+pub mod contenders;
+pub mod converge;
+pub mod error;
+pub mod native;
+pub mod procstat;
+pub mod report;
+pub mod run;
+pub mod settings;
+
+pub use contenders::wasmop::binary as wasmop_binary;
+pub use error::{Error, Result};
