@@ -83,6 +83,8 @@ pub struct HostOptions {
     /// WasmReconcilers and admission; the sandbox pool holds this many instances. More calls
     /// wait in a fair queue, within their deadline.
     pub max_module_calls: u32,
+    /// Where OCI modules' pull Secrets and CA ConfigMaps are read, and how large a module may be.
+    pub oci: crate::modules::oci::OciOptions,
 }
 
 impl Default for HostOptions {
@@ -101,6 +103,7 @@ impl Default for HostOptions {
             leader: None,
             shutdown_grace: Duration::from_secs(30),
             max_module_calls: 256,
+            oci: crate::modules::oci::OciOptions::default(),
         }
     }
 }
@@ -236,6 +239,7 @@ impl Host {
             instance: options.instance.clone(),
             default_resync: options.resync,
             selector: options.selector.clone(),
+            oci: options.oci.clone(),
         });
         let (stop, stop_rx) = watch::channel(false);
         // `/readyz` is false while the API server does not answer (see `api_health`).

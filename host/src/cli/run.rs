@@ -92,6 +92,10 @@ pub struct Args {
     #[arg(long, env = "WASMOP_MAX_MODULE_CALLS", default_value_t = 256,
           value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub max_module_calls: u32,
+    /// The largest module pulled from an OCI registry, in bytes (default 64 MiB).
+    #[arg(long, env = "WASMOP_MAX_MODULE_BYTES", default_value_t = crate::modules::oci::DEFAULT_MAX_MODULE_BYTES,
+          value_parser = clap::value_parser!(u64).range(1..=(4u64 << 30)))]
+    pub max_module_bytes: u64,
 }
 
 /// `:8080` (every address), `127.0.0.1:0`, `[::1]:9443`, or `off`.
@@ -234,6 +238,10 @@ pub(crate) async fn run(args: Args) -> Result<ExitCode, CliError> {
         leader,
         shutdown_grace: grace,
         max_module_calls: args.max_module_calls,
+        oci: crate::modules::oci::OciOptions {
+            namespace: args.namespace.clone(),
+            max_module_bytes: args.max_module_bytes,
+        },
         ..HostOptions::default()
     };
     let mut host = Host::start(options)
