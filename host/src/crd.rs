@@ -156,15 +156,93 @@ fn preserve_unknown(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
     })
 }
 
-/// Where a module comes from: a key of a ConfigMap (`binaryData`), optionally gzip-compressed.
+/// Where a module comes from: exactly one of a key of a ConfigMap (`binaryData`, optionally
+/// gzip-compressed) or an OCI artifact in a registry.
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [{
+    "rule": "has(self.configMap) != has(self.oci)",
+    "message": "spec.module names exactly one of configMap or oci"
+}]))]
 pub struct ModuleSource {
     /// The ConfigMap holding the module.
-    pub config_map: ConfigMapKey,
-    /// If set, only a module with this sha256 (hex) is accepted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config_map: Option<ConfigMapKey>,
+    /// The OCI artifact holding the module (CNCF Wasm artifact layout: config
+    /// `application/vnd.wasm.config.v0+json`, one `application/wasm` layer).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub oci: Option<OciModule>,
+    /// If set, only a module with this sha256 (hex, of the module bytes) is accepted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sha256: Option<String>,
+}
+
+/// Which of its sources a [`ModuleSource`] names.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum SourceKind<'a> {
+    /// A ConfigMap key.
+    ConfigMap(&'a ConfigMapKey),
+    /// An OCI artifact.
+    Oci(&'a OciModule),
+}
+
+impl ModuleSource {
+    /// The one source named.
+    ///
+    /// # Errors
+    /// A message for the status when none or both are named.
+    pub fn kind(&self) -> Result<SourceKind<'_>, String> {
+        match (&self.config_map, &self.oci) {
+            (Some(cm), None) => Ok(SourceKind::ConfigMap(cm)),
+            (None, Some(oci)) => Ok(SourceKind::Oci(oci)),
+            (None, None) => Err("spec.module names no source: set configMap or oci".into()),
+            (Some(_), Some(_)) => {
+                Err("spec.module names both configMap and oci: keep exactly one".into())
+            }
+        }
+    }
+
+    /// A namespace to fall back on for the host's module copy: the ConfigMap's, else `default`.
+    pub fn fallback_namespace(&self) -> String {
+        self.config_map
+            .as_ref()
+            .map(|c| c.namespace.clone())
+            .unwrap_or_else(|| "default".into())
+    }
+}
+
+/// A module in an OCI registry.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Hash, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct OciModule {
+    /// `registry/repository@sha256:<digest>` (pinned), or `registry/repository:<tag>` together
+    /// with `digest`.
+    pub reference: String,
+    /// The manifest digest (`sha256:<hex>`) a tag reference must resolve to; required with a
+    /// tag, and must agree with a pinned reference.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub digest: Option<String>,
+    /// A `kubernetes.io/dockerconfigjson` Secret in the host's namespace with the pull
+    /// credentials (anonymous pulls without it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pull_secret: Option<String>,
+    /// PEM CA certificates trusted for the registry, besides the system roots.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_bundle: Option<String>,
+    /// A ConfigMap key (in the host's namespace) holding PEM CA certificates trusted for the
+    /// registry, besides the system roots.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_config_map: Option<LocalKey>,
+}
+
+/// A key of a ConfigMap or Secret in the host's namespace.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Hash, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LocalKey {
+    /// The object's name.
+    pub name: String,
+    /// The key.
+    pub key: String,
 }
 
 /// A key of a ConfigMap.
@@ -435,6 +513,10 @@ pub struct ActiveModule {
     pub loaded_at: Time,
     /// `compiled` or `cache`.
     pub source: String,
+    /// Where the module came from: `configMap <namespace>/<name>` or
+    /// `oci <repository>@<manifest digest>`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub origin: Option<String>,
 }
 
 /// The longest `spec.limits.deadline` accepted: a module call is meant to be short, and a longer

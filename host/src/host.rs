@@ -86,6 +86,8 @@ pub struct HostOptions {
     /// Record the request of every failed reconcile here (bounded; Secrets redacted unless
     /// allowed), to replay with `wasmop test --request`. Off when `None`.
     pub record_failures: Option<crate::controller::record::RecordOptions>,
+    /// Where OCI modules' pull Secrets and CA ConfigMaps are read, and how large a module may be.
+    pub oci: crate::modules::oci::OciOptions,
 }
 
 impl Default for HostOptions {
@@ -105,6 +107,7 @@ impl Default for HostOptions {
             shutdown_grace: Duration::from_secs(30),
             max_module_calls: 256,
             record_failures: None,
+            oci: crate::modules::oci::OciOptions::default(),
         }
     }
 }
@@ -244,6 +247,7 @@ impl Host {
                 .record_failures
                 .clone()
                 .map(|o| Arc::new(crate::controller::record::FailureRecorder::new(o))),
+            oci: options.oci.clone(),
         });
         let (stop, stop_rx) = watch::channel(false);
         // `/readyz` is false while the API server does not answer (see `api_health`).

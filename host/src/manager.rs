@@ -58,11 +58,12 @@ use crate::controller::release::{Releaser, Which};
 use crate::controller::watches::WATCH_FAILED;
 use crate::controller::{self, Clients, Health, Running, Settings};
 use crate::crd::{
-    ActiveModule, MAX_DEADLINE, MAX_RESYNC, RECONCILER_FINALIZER, WasmReconciler,
+    ActiveModule, MAX_DEADLINE, MAX_RESYNC, RECONCILER_FINALIZER, SourceKind, WasmReconciler,
     WasmReconcilerStatus, parse_bounded_duration, parse_quantity,
 };
 use crate::discovery::{Discovery, Resolved};
 use crate::engine::{CallError, Compiled, Engine, Limits, Module, sha256_hex};
+use crate::modules::oci;
 use crate::modules::slot::{Active, Fit, ModuleSlot};
 use crate::modules::source::{self, ModuleBytes};
 use crate::{controller::conditions, controller::conflict, modules::copy};
@@ -92,8 +93,8 @@ pub struct HostContext {
     pub default_resync: Duration,
     /// Serve only WasmReconcilers matching this label selector.
     pub selector: Option<String>,
-    /// Where failed requests are recorded (`--record-failures`), if anywhere.
-    pub failures: Option<Arc<crate::controller::record::FailureRecorder>>,
+    /// OCI module sources.
+    pub oci: crate::modules::oci::OciOptions,
 }
 
 impl std::fmt::Debug for HostContext {
@@ -130,7 +131,24 @@ struct Supervised {
     wr: WasmReconciler,
     generation: Option<i64>,
     stop: Option<oneshot::Sender<()>>,
+    /// New generations that change only the OCI module reference: handed to the running
+    /// supervisor, which hot-swaps (the old module keeps serving if the new one cannot load).
+    updates: Updates,
     task: tokio::task::JoinHandle<()>,
+}
+
+type Updates = futures::channel::mpsc::UnboundedSender<WasmReconciler>;
+type UpdatesRx = futures::channel::mpsc::UnboundedReceiver<WasmReconciler>;
+
+/// Whether `new` differs from `old` only in its OCI module reference, so that the running
+/// supervisor can swap the module instead of restarting.
+fn only_oci_module_changed(old: &WasmReconciler, new: &WasmReconciler) -> bool {
+    if old.spec.module.oci.is_none() || new.spec.module.oci.is_none() {
+        return false;
+    }
+    let mut same = new.spec.clone();
+    same.module = old.spec.module.clone();
+    same == old.spec
 }
 
 impl Supervised {
@@ -204,6 +222,15 @@ pub async fn run(
                     .get(&name)
                     .is_some_and(|s| s.generation == generation)
                 {
+                    continue;
+                }
+                if let Some(s) = running.get_mut(&name)
+                    && only_oci_module_changed(&s.wr, &wr)
+                    && s.updates.unbounded_send(wr.clone()).is_ok()
+                {
+                    tracing::info!(reconciler = %name, "the WasmReconciler's OCI module changed; swapping it");
+                    s.wr = wr;
+                    s.generation = generation;
                     continue;
                 }
                 if let Some(old) = running.remove(&name) {
@@ -430,6 +457,7 @@ async fn release_deleted_once(
 
 fn spawn_supervisor(ctx: Arc<HostContext>, wr: WasmReconciler) -> Supervised {
     let (tx, rx) = oneshot::channel();
+    let (updates, updates_rx) = futures::channel::mpsc::unbounded();
     let generation = wr.metadata.generation;
     let name = wr.name_any();
     let component = controller::readiness_component(&name);
@@ -438,7 +466,7 @@ fn spawn_supervisor(ctx: Arc<HostContext>, wr: WasmReconciler) -> Supervised {
     let task = tokio::spawn(async move {
         let mut sup = Supervisor::new(ctx, wr);
         // A bug must not stop a reconciler silently: report the panic on the WasmReconciler.
-        let outcome = std::panic::AssertUnwindSafe(sup.run(rx))
+        let outcome = std::panic::AssertUnwindSafe(sup.run(rx, updates_rx))
             .catch_unwind()
             .await;
         if let Err(panic) = outcome {
@@ -454,6 +482,7 @@ fn spawn_supervisor(ctx: Arc<HostContext>, wr: WasmReconciler) -> Supervised {
         wr: spawned,
         generation,
         stop: Some(tx),
+        updates,
         task,
     }
 }
@@ -475,6 +504,8 @@ struct Supervisor {
     kept: Vec<(String, Arc<Vec<u8>>)>,
     /// Whether the primaries outside `spec.namespaces` were released.
     narrowed: bool,
+    /// Where the modules in `kept` came from (for `status.activeModule.origin`), by sha256.
+    origins: Vec<(String, String)>,
 }
 
 /// A module read and checked, not yet in service.
@@ -484,6 +515,8 @@ struct Candidate {
     bytes: ModuleBytes,
     /// Read from the host's copy because the ConfigMap holds a rolled-back module.
     from_copy: bool,
+    /// Where it came from: `configMap <ns>/<name>` or `oci <repository>@<digest>`.
+    origin: String,
 }
 
 /// Why a new module was not swapped in.
@@ -493,6 +526,9 @@ enum SwapError {
     Refused(SetupError),
     /// The cluster or the host is at fault: retried with backoff.
     Deferred(String),
+    /// The module cannot be read now (registry unreachable, credentials refused): reported,
+    /// and retried with backoff.
+    Unavailable(SetupError),
 }
 
 /// The reason of a setup that failed because the host had no sandbox (or cache) to spare:
@@ -556,6 +592,19 @@ impl std::fmt::Display for CheckFailure {
     }
 }
 
+/// Whether a failure to read a module may pass without the spec changing (a registry outage,
+/// credentials being fixed).
+fn is_transient(reason: &str) -> bool {
+    matches!(
+        reason,
+        "RegistryUnreachable"
+            | "RegistryUnauthorized"
+            | "RegistryCredentialsInvalid"
+            | "RegistryError"
+            | "ModuleNotFound"
+    )
+}
+
 /// The self-check's retry delay after `attempts` deferrals: 1 s doubling to 60 s.
 fn deferral_backoff(attempts: u32) -> Duration {
     Duration::from_secs(1u64 << attempts.min(6)).min(Duration::from_secs(60))
@@ -563,7 +612,8 @@ fn deferral_backoff(attempts: u32) -> Duration {
 
 /// A swap waiting for its retry.
 struct Deferred {
-    cm: ConfigMap,
+    /// The ConfigMap offered, or None for the OCI module the spec names.
+    cm: Option<ConfigMap>,
     at: tokio::time::Instant,
     attempts: u32,
 }
@@ -598,6 +648,7 @@ impl Supervisor {
             host_events,
             kept: Vec::new(),
             narrowed: false,
+            origins: Vec::new(),
         }
     }
 
@@ -620,9 +671,13 @@ impl Supervisor {
         })
     }
 
-    async fn run(&mut self, mut stop: oneshot::Receiver<()>) {
+    async fn run(&mut self, mut stop: oneshot::Receiver<()>, mut updates: UpdatesRx) {
         let mut delay = Duration::from_secs(1);
         loop {
+            // A newer module reference replaces the one that could not be set up.
+            while let Ok(wr) = updates.try_recv() {
+                self.wr = wr;
+            }
             let ready = match self.refuse_if_conflicting().await {
                 Ok(()) => {
                     self.release_outside_namespaces().await;
@@ -632,7 +687,8 @@ impl Supervisor {
             };
             match ready {
                 Ok((settings, candidate, resolved)) => {
-                    self.serve(settings, candidate, resolved, &mut stop).await;
+                    self.serve(settings, candidate, resolved, &mut stop, &mut updates)
+                        .await;
                     return;
                 }
                 Err(e) => {
@@ -641,7 +697,15 @@ impl Supervisor {
                     tracing::warn!(reconciler = %self.name(), reason = e.reason, error = %e.message, "cannot start; retrying");
                     let loaded = !matches!(
                         e.reason,
-                        "ModuleUnavailable" | "ModuleInvalid" | "DigestMismatch" | "ModuleMismatch"
+                        "ModuleUnavailable"
+                            | "ModuleInvalid"
+                            | "DigestMismatch"
+                            | "ModuleMismatch"
+                            | "ModuleNotFound"
+                            | "RegistryUnreachable"
+                            | "RegistryUnauthorized"
+                            | "RegistryCredentialsInvalid"
+                            | "RegistryError"
                     );
                     self.condition("Ready", false, e.reason, &e.message);
                     if !loaded {
@@ -655,6 +719,11 @@ impl Supervisor {
             tokio::select! {
                 _ = &mut stop => return,
                 _ = tokio::time::sleep(delay) => {}
+                Some(wr) = updates.next() => {
+                    self.wr = wr;
+                    delay = Duration::from_secs(1);
+                    continue;
+                }
             }
             delay = (delay * 2).min(Duration::from_secs(60));
         }
@@ -798,21 +867,96 @@ impl Supervisor {
         Ok((settings, candidate, (primary, primary_resolved)))
     }
 
-    /// Reads the module (from `cm` if given, else from the cluster), checks and loads it.
-    async fn candidate(&self, cm: Option<&ConfigMap>) -> Result<Candidate, SetupError> {
-        let spec = &self.wr.spec;
-        let source = &spec.module.config_map;
-        let mut bytes = match cm {
-            Some(cm) => source::from_config_map(cm, source),
-            None => source::fetch(&self.ctx.client, source).await,
+    /// Where the spec's module is, for messages: `ConfigMap <ns>/<name>` or `OCI artifact <ref>`.
+    fn source_label(&self) -> String {
+        let m = &self.wr.spec.module;
+        match (&m.config_map, &m.oci) {
+            (Some(c), _) => format!("ConfigMap {}/{}", c.namespace, c.name),
+            (None, Some(o)) => format!("OCI artifact {}", o.reference),
+            (None, None) => "spec.module".into(),
         }
-        .map_err(|e| SetupError {
-            reason: "ModuleUnavailable",
-            message: e.to_string(),
-        })?;
+    }
+
+    /// Reads the module the spec names: from the ConfigMap (`cm` if given, else from the
+    /// cluster), or from the registry.
+    async fn read_module(
+        &self,
+        cm: Option<&ConfigMap>,
+    ) -> Result<(ModuleBytes, String), SetupError> {
+        let invalid = |message: String| SetupError {
+            reason: "InvalidSpec",
+            message,
+        };
+        match self.wr.spec.module.kind().map_err(invalid)? {
+            SourceKind::ConfigMap(source) => {
+                let bytes = match cm {
+                    Some(cm) => source::from_config_map(cm, source),
+                    None => source::fetch(&self.ctx.client, source).await,
+                }
+                .map_err(|e| SetupError {
+                    reason: "ModuleUnavailable",
+                    message: e.to_string(),
+                })?;
+                let origin = format!("configMap {}/{}", source.namespace, source.name);
+                Ok((bytes, origin))
+            }
+            SourceKind::Oci(spec) => {
+                let pulled = oci::fetch(&self.ctx.client, &self.ctx.oci, spec)
+                    .await
+                    .map_err(|e| SetupError {
+                        reason: e.reason(),
+                        message: e.to_string(),
+                    })?;
+                let origin = pulled.origin;
+                let bytes = ModuleBytes {
+                    bytes: pulled.bytes,
+                    key: pulled.layer_digest,
+                    resource_version: pulled.manifest_digest,
+                };
+                Ok((bytes, origin))
+            }
+        }
+    }
+
+    /// At setup, when the registry cannot serve the module the status records as active (same
+    /// origin), the host's copy of it: an outage does not stop a module across host restarts.
+    async fn active_from_copy(&self, e: &SetupError) -> Option<(ModuleBytes, String)> {
+        let spec = self.wr.spec.module.oci.as_ref()?;
+        if !matches!(e.reason, "RegistryUnreachable" | "RegistryError") {
+            return None;
+        }
+        let origin = oci::pin(spec).ok()?.origin();
+        let active = self.status.active_module.as_ref()?;
+        if active.origin.as_deref() != Some(origin.as_str()) {
+            return None;
+        }
+        let copy = self.status.module_copy.as_ref()?;
+        let mut bytes = copy::load(&self.ctx.client, copy, &active.sha256)
+            .await
+            .ok()?;
+        tracing::warn!(reconciler = %self.name(), error = %e.message, "the registry cannot serve the active module; loading the host's copy of it");
+        bytes.resource_version = oci::pin(spec).ok()?.digest;
+        Some((bytes, origin))
+    }
+
+    /// Reads the module (from `given` if already read, else from its source), checks and loads
+    /// it.
+    async fn candidate(
+        &self,
+        given: Option<(ModuleBytes, String)>,
+    ) -> Result<Candidate, SetupError> {
+        let spec = &self.wr.spec;
+        let at_setup = given.is_none();
+        let (mut bytes, origin) = match given {
+            Some(read) => read,
+            None => match self.read_module(None).await {
+                Ok(read) => read,
+                Err(e) => self.active_from_copy(&e).await.ok_or(e)?,
+            },
+        };
         let mut sha = sha256_hex(&bytes.bytes);
         let mut from_copy = false;
-        if cm.is_none() && self.status.rejected_sha256.as_deref() == Some(sha.as_str()) {
+        if at_setup && self.status.rejected_sha256.as_deref() == Some(sha.as_str()) {
             bytes = self.last_good(&sha).await?;
             sha = sha256_hex(&bytes.bytes);
             from_copy = true;
@@ -823,8 +967,8 @@ impl Supervisor {
             return Err(SetupError {
                 reason: "DigestMismatch",
                 message: format!(
-                    "ConfigMap {}/{} holds a module with sha256 {sha}, but spec.module.sha256 pins {pin}",
-                    source.namespace, source.name
+                    "{} holds a module with sha256 {sha}, but spec.module.sha256 pins {pin}",
+                    self.source_label()
                 ),
             });
         }
@@ -848,6 +992,22 @@ impl Supervisor {
                     source.namespace, source.name, bytes.key
                 ),
             })?;
+        // The bytes move into the compile task and back: the module is never held twice.
+        let raw = std::mem::take(&mut bytes.bytes);
+        let (loaded, raw) = tokio::task::spawn_blocking(move || {
+            let loaded = engine.load(&raw, &limits);
+            (loaded, raw)
+        })
+        .await
+        .map_err(|e| SetupError {
+            reason: "ModuleInvalid",
+            message: format!("loading was interrupted: {e}"),
+        })?;
+        bytes.bytes = raw;
+        let module = loaded.map_err(|e| SetupError {
+            reason: "ModuleInvalid",
+            message: format!("{} key {}: {e}", self.source_label(), bytes.key),
+        })?;
         let owned: Vec<Gvk> = spec.owns.iter().map(|k| k.gvk()).collect();
         let related: Vec<Gvk> = spec.related.iter().map(|k| k.gvk()).collect();
         let mut fit = Fit::compute(module.metadata(), &spec.primary.gvk(), &owned, &related)
@@ -863,6 +1023,7 @@ impl Supervisor {
             fit,
             bytes,
             from_copy,
+            origin,
         })
     }
 
@@ -918,6 +1079,7 @@ impl Supervisor {
         first: Candidate,
         primary: (Gvk, Resolved),
         stop: &mut oneshot::Receiver<()>,
+        updates: &mut UpdatesRx,
     ) {
         let clients = match self.clients() {
             Ok(c) => c,
@@ -932,7 +1094,7 @@ impl Supervisor {
             first.fit.clone(),
             first.bytes.resource_version.clone(),
         ));
-        self.keep(first.module.sha256(), &first.bytes.bytes);
+        self.keep(first.module.sha256(), first.bytes.bytes, &first.origin);
         if !first.from_copy {
             // The ConfigMap holds another module than the one rolled back.
             self.status.rejected_sha256 = None;
@@ -959,14 +1121,20 @@ impl Supervisor {
         )
         .await;
 
-        let source = self.wr.spec.module.config_map.clone();
-        let cms: Api<ConfigMap> = Api::namespaced(self.ctx.client.clone(), &source.namespace);
-        let mut cm_events = watcher(
-            cms,
-            watcher::Config::default().fields(&format!("metadata.name={}", source.name)),
-        )
-        .default_backoff()
-        .boxed();
+        // A ConfigMap source is watched; an OCI reference changes with the spec (`updates`).
+        let mut cm_events = match self.wr.spec.module.config_map.clone() {
+            Some(source) => {
+                let cms: Api<ConfigMap> =
+                    Api::namespaced(self.ctx.client.clone(), &source.namespace);
+                watcher(
+                    cms,
+                    watcher::Config::default().fields(&format!("metadata.name={}", source.name)),
+                )
+                .default_backoff()
+                .boxed()
+            }
+            None => futures::stream::pending().boxed(),
+        };
         let mut state = SwapState::default();
         let mut tick = tokio::time::interval(Duration::from_millis(100));
         // The self-check samples primaries in the reconciler's own scope: its first namespace
@@ -994,7 +1162,16 @@ impl Supervisor {
                     };
                     // A newer ConfigMap replaces a deferred one.
                     state.deferred = None;
-                    self.offer(cm, 0, &serving, &mut state).await;
+                    self.offer(Some(cm), 0, &serving, &mut state).await;
+                }
+                Some(wr) = updates.next() => {
+                    // A new OCI reference replaces a deferred one.
+                    self.wr = wr;
+                    state.deferred = None;
+                    state.refused_version = None;
+                    self.offer(None, 0, &serving, &mut state).await;
+                    // Records the generation seen even when the module is unchanged.
+                    self.write_status().await;
                 }
                 _ = tick.tick() => {
                     if let Some(d) = state.deferred.take_if(|d| d.at <= tokio::time::Instant::now()) {
@@ -1007,23 +1184,40 @@ impl Supervisor {
         running.stop().await;
     }
 
-    /// Offers the module in `cm` (after `attempts` deferred tries) for a swap.
+    /// Offers the module in `cm`, or the OCI module the spec names when `None` (after
+    /// `attempts` deferred tries), for a swap.
     async fn offer(
         &mut self,
-        cm: ConfigMap,
+        cm: Option<ConfigMap>,
         attempts: u32,
         serving: &Serving<'_>,
         state: &mut SwapState,
     ) {
-        let version = cm.resource_version().unwrap_or_default();
+        let version = match (&cm, &self.wr.spec.module.oci) {
+            (Some(cm), _) => cm.resource_version().unwrap_or_default(),
+            (None, Some(spec)) => match oci::pin(spec) {
+                Ok(pinned) => pinned.digest,
+                Err(e) => {
+                    let e = SetupError {
+                        reason: e.reason(),
+                        message: e.to_string(),
+                    };
+                    self.refused(None, &e).await;
+                    return;
+                }
+            },
+            (None, None) => return,
+        };
         let active = serving.slot.active();
-        if version == active.source_version
+        // An OCI reference is always checked again (its tag or signature may have changed, and
+        // an earlier refusal must be cleared): only a ConfigMap version seen is skipped.
+        if (cm.is_some() && version == active.source_version)
             || state.refused_version.as_deref() == Some(&version)
             || state.rejected.as_ref().is_some_and(|(_, v)| *v == version)
         {
             return;
         }
-        match self.swap(&cm, serving).await {
+        match self.swap(cm.as_ref(), serving).await {
             Ok(Some(sha)) => {
                 let _ = serving.changed.unbounded_send(());
                 state.refused_version = None;
@@ -1031,10 +1225,28 @@ impl Supervisor {
                 self.status.rejected_sha256 = None;
                 state.watching = (self.wr.spec.rollout.watch_reconciles > 0).then_some(sha);
             }
+            Ok(None) if cm.is_none() => {
+                // The spec names the module already serving: clear an earlier refusal.
+                let message = format!("{} is the module serving", self.source_label());
+                self.condition("ModuleLoaded", true, "ModuleUnchanged", &message);
+            }
             Ok(None) => {}
             Err(SwapError::Refused(e)) => {
                 state.refused_version = Some(version);
-                self.refused(&cm, &e).await;
+                self.refused(cm.as_ref(), &e).await;
+            }
+            Err(SwapError::Unavailable(e)) => {
+                let delay = deferral_backoff(attempts);
+                let e = SetupError {
+                    reason: e.reason,
+                    message: format!("{}; retrying in {delay:?}", e.message),
+                };
+                self.refused(cm.as_ref(), &e).await;
+                state.deferred = Some(Deferred {
+                    cm,
+                    at: tokio::time::Instant::now() + delay,
+                    attempts: attempts.saturating_add(1),
+                });
             }
             Err(SwapError::Deferred(why)) => {
                 let delay = deferral_backoff(attempts);
@@ -1087,15 +1299,21 @@ impl Supervisor {
         }
     }
 
-    /// Checks, compiles and dry-runs the module in `cm`, then swaps it in. Ok(None) when the
-    /// ConfigMap changed but holds the module already serving, or one rolled back before.
+    /// Checks, compiles and dry-runs the module in `cm` (or the OCI module the spec names),
+    /// then swaps it in. Ok(None) when the source changed but holds the module already serving,
+    /// or one rolled back before.
     async fn swap(
         &mut self,
-        cm: &ConfigMap,
+        cm: Option<&ConfigMap>,
         serving: &Serving<'_>,
     ) -> Result<Option<String>, SwapError> {
         let slot = serving.slot;
-        let candidate = self.candidate(Some(cm)).await?;
+        let read = match self.read_module(cm).await {
+            Ok(read) => read,
+            Err(e) if is_transient(e.reason) => return Err(SwapError::Unavailable(e)),
+            Err(e) => return Err(SwapError::Refused(e)),
+        };
+        let candidate = self.candidate(Some(read)).await?;
         let old = slot.active();
         if candidate.module.sha256() == old.module.sha256() {
             metrics::global().hotswap(&self.name(), "unchanged");
@@ -1127,7 +1345,7 @@ impl Supervisor {
             old.module.metadata().version,
             short(old.module.sha256())
         );
-        self.keep(&sha, &candidate.bytes.bytes);
+        self.keep(&sha, candidate.bytes.bytes, &candidate.origin);
         slot.activate(Active::new(
             candidate.module,
             candidate.fit,
@@ -1217,12 +1435,18 @@ impl Supervisor {
         Ok(())
     }
 
-    /// Keeps `bytes` (module `sha`) for the copy; only the last two activated are kept.
-    fn keep(&mut self, sha: &str, bytes: &[u8]) {
+    /// Keeps `bytes` (module `sha`, from `origin`) for the copy; only the last two activated
+    /// are kept.
+    fn keep(&mut self, sha: &str, bytes: Vec<u8>, origin: &str) {
         self.kept.retain(|(s, _)| s != sha);
-        self.kept.push((sha.to_string(), Arc::new(bytes.to_vec())));
+        self.kept.push((sha.to_string(), Arc::new(bytes)));
         while self.kept.len() > 2 {
             self.kept.remove(0);
+        }
+        self.origins.retain(|(s, _)| s != sha);
+        self.origins.push((sha.to_string(), origin.to_string()));
+        while self.origins.len() > 2 {
+            self.origins.remove(0);
         }
     }
 
@@ -1232,7 +1456,11 @@ impl Supervisor {
         let Some((_, bytes)) = self.kept.iter().find(|(s, _)| s == sha) else {
             return;
         };
-        let at = copy::location(&self.name(), &self.wr.spec.module.config_map);
+        let fallback = match &self.wr.spec.module.config_map {
+            Some(c) => c.namespace.clone(),
+            None => self.ctx.oci.namespace(),
+        };
+        let at = copy::location(&self.name(), &fallback);
         let version = module.metadata().version.clone();
         match copy::save(&self.ctx.client, &at, &self.name(), bytes, sha, &version).await {
             Ok(()) => self.status.module_copy = Some(at),
@@ -1255,6 +1483,11 @@ impl Supervisor {
                 Compiled::Fresh => "compiled".into(),
                 Compiled::FromCache => "cache".into(),
             },
+            origin: self
+                .origins
+                .iter()
+                .find(|(s, _)| s == m.sha256())
+                .map(|(_, o)| o.clone()),
         });
         self.status.ungranted = active.fit.ungranted.clone();
         self.save_copy(m).await;
@@ -1269,7 +1502,7 @@ impl Supervisor {
             .await;
     }
 
-    async fn refused(&mut self, cm: &ConfigMap, e: &SetupError) {
+    async fn refused(&mut self, cm: Option<&ConfigMap>, e: &SetupError) {
         metrics::global().hotswap(&self.name(), "refused");
         let message = format!("{}; the previous module keeps serving", e.message);
         tracing::warn!(reconciler = %self.name(), reason = e.reason, "{message}");
@@ -1277,6 +1510,9 @@ impl Supervisor {
         self.write_status().await;
         self.event_on_wr(KubeEventType::Warning, e.reason, &message)
             .await;
+        let Some(cm) = cm else {
+            return;
+        };
         let r = cm.object_ref(&());
         let event = KubeEvent {
             type_: KubeEventType::Warning,

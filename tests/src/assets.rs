@@ -101,6 +101,35 @@ const KWOK: Component = Component {
     binaries: &[("kwok", "sigs.k8s.io/kwok/cmd/kwok")],
 };
 
+/// The pinned OCI registry (distribution/distribution, `cmd/registry`).
+pub const REGISTRY_VERSION: &str = "v3.1.2";
+
+const REGISTRY: Component = Component {
+    name: "registry",
+    version: REGISTRY_VERSION,
+    binaries: &[(
+        "registry",
+        "github.com/distribution/distribution/v3/cmd/registry",
+    )],
+};
+
+/// Finds, or builds, the OCI registry binary (same order as the control plane's binaries).
+///
+/// # Errors
+/// As [`Assets::provide`].
+pub fn registry_binary() -> Result<PathBuf> {
+    let found = provide_component(&cache_dir(), REGISTRY)?;
+    found
+        .into_iter()
+        .next()
+        .ok_or_else(|| Error::MissingBinary {
+            binary: "registry".into(),
+            version: REGISTRY_VERSION.into(),
+            reason: "the build produced nothing".into(),
+            cache: cache_dir(),
+        })
+}
+
 /// The cache directory: `$WASMOP_CACHE`, else `$XDG_CACHE_HOME/wasmop`, else `~/.cache/wasmop`.
 pub fn cache_dir() -> PathBuf {
     if let Some(dir) = std::env::var_os("WASMOP_CACHE").filter(|v| !v.is_empty()) {

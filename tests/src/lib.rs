@@ -9,6 +9,7 @@
 //! - [`TestEnv`] shares one cluster between the tests of a test binary, a namespace per test.
 //! - [`faults`] kills and restarts components and compacts etcd; [`HostProcess`] runs `wasmop
 //!   run` as a child process that a test can SIGKILL and restart.
+//! - [`Registry`] runs a real OCI registry (TLS, basic auth) that a test can stop and restart.
 //!
 //! The `testenv` binary offers the same to people: `testenv cluster` (what `make cluster` runs).
 
@@ -19,6 +20,7 @@ pub mod faults;
 pub mod host_process;
 pub mod pki;
 pub mod process;
+pub mod registry;
 pub mod shared;
 pub mod wait;
 
@@ -26,5 +28,6 @@ pub use assets::Assets;
 pub use controlplane::{ControlPlane, Options};
 pub use error::{Error, Result};
 pub use host_process::HostProcess;
+pub use registry::Registry;
 pub use shared::{TestEnv, shared};
 pub use wait::eventually;

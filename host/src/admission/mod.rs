@@ -200,22 +200,31 @@ impl Webhook {
         {
             return Ok(m.clone());
         }
-        let source = &wr.spec.module.config_map;
-        let mut bytes = source::fetch(&self.client, source).await?;
-        let mut found = sha256_hex(&bytes.bytes);
-        if !found.eq_ignore_ascii_case(&active) {
-            // The ConfigMap holds a module that is not serving: the leader's copy holds the one
-            // that is.
-            let Some(copy) = wr.status.as_ref().and_then(|s| s.module_copy.as_ref()) else {
-                return Err(ModuleUnavailable::Digest {
-                    cm: format!("{}/{}", source.namespace, source.name),
-                    found,
-                    active,
-                });
-            };
-            bytes = crate::modules::copy::load(&self.client, copy, &active).await?;
-            found = sha256_hex(&bytes.bytes);
-        }
+        let copy = wr.status.as_ref().and_then(|s| s.module_copy.as_ref());
+        let bytes = match (&wr.spec.module.config_map, copy) {
+            (Some(source), copy) => {
+                let bytes = source::fetch(&self.client, source).await?;
+                let found = sha256_hex(&bytes.bytes);
+                if found.eq_ignore_ascii_case(&active) {
+                    bytes
+                } else {
+                    // The ConfigMap holds a module that is not serving: the leader's copy holds
+                    // the one that is.
+                    let Some(copy) = copy else {
+                        return Err(ModuleUnavailable::Digest {
+                            cm: format!("{}/{}", source.namespace, source.name),
+                            found,
+                            active,
+                        });
+                    };
+                    crate::modules::copy::load(&self.client, copy, &active).await?
+                }
+            }
+            // An OCI module is read from the leader's copy, not pulled by every follower.
+            (None, Some(copy)) => crate::modules::copy::load(&self.client, copy, &active).await?,
+            (None, None) => return Err(ModuleUnavailable::NotActive(name.clone())),
+        };
+        let found = sha256_hex(&bytes.bytes);
         let (engine, limits) = (self.engine.clone(), Self::limits(wr));
         let module = tokio::task::spawn_blocking(move || engine.load(&bytes.bytes, &limits))
             .await

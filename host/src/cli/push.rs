@@ -1,4 +1,6 @@
-//! `wasmop push MODULE.wasm --name NAME [-n NAMESPACE] [--dry-run]`: put a module in a ConfigMap.
+//! `wasmop push MODULE.wasm --name NAME [-n NAMESPACE] [--dry-run]`: put a module in a ConfigMap;
+//! `wasmop push MODULE.wasm --oci REGISTRY/REPOSITORY:TAG`: push it to an OCI registry as a Wasm
+//! artifact, and print the reference by digest to pin in `spec.module.oci.reference`.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -9,7 +11,7 @@ use kube::api::{Api, Patch, PatchParams};
 use super::{CliError, engine, to_yaml};
 use crate::engine::Limits;
 use crate::host::kube_config;
-use crate::modules::source;
+use crate::modules::{oci, source};
 
 /// Arguments of `push`.
 #[derive(Debug, clap::Args)]
@@ -17,8 +19,25 @@ pub struct Args {
     /// The module (a `.wasm` component).
     pub module: PathBuf,
     /// The ConfigMap's name.
-    #[arg(long)]
-    pub name: String,
+    #[arg(long, required_unless_present = "oci")]
+    pub name: Option<String>,
+    /// Push to this OCI reference (`registry/repository:tag`) instead of a ConfigMap.
+    #[arg(long, conflicts_with_all = ["name", "dry_run"])]
+    pub oci: Option<String>,
+    /// The registry user name (with --oci; anonymous without it).
+    #[arg(long, env = "WASMOP_REGISTRY_USERNAME", requires = "oci")]
+    pub registry_username: Option<String>,
+    /// The registry password.
+    #[arg(
+        long,
+        env = "WASMOP_REGISTRY_PASSWORD",
+        hide_env_values = true,
+        requires = "oci"
+    )]
+    pub registry_password: Option<String>,
+    /// A PEM file of CA certificates to trust for the registry, besides the system roots.
+    #[arg(long, requires = "oci")]
+    pub ca_bundle: Option<PathBuf>,
     /// The ConfigMap's namespace.
     #[arg(short, long, default_value = "default")]
     pub namespace: String,
@@ -54,8 +73,12 @@ pub(crate) async fn run(args: Args) -> Result<ExitCode, CliError> {
         m.primary,
         module.sha256()
     );
+    if let Some(reference) = &args.oci {
+        return push_oci(&args, reference, bytes, &module).await;
+    }
+    let name = args.name.clone().unwrap_or_default();
     let cm = source::to_config_map(
-        &args.name,
+        &name,
         &args.namespace,
         &bytes,
         &m.name,
@@ -85,10 +108,10 @@ pub(crate) async fn run(args: Args) -> Result<ExitCode, CliError> {
     let api: Api<ConfigMap> = Api::namespaced(client, &args.namespace);
     eprintln!(
         "writing ConfigMap {}/{} ({stored} bytes stored)...",
-        args.namespace, args.name
+        args.namespace, name
     );
     api.patch(
-        &args.name,
+        &name,
         &PatchParams::apply("wasmop-push").force(),
         &Patch::Apply(&cm),
     )
@@ -96,13 +119,59 @@ pub(crate) async fn run(args: Args) -> Result<ExitCode, CliError> {
     .map_err(|e| {
         CliError::Other(format!(
             "cannot write ConfigMap {}/{}: {e}",
-            args.namespace, args.name
+            args.namespace, name
         ))
     })?;
-    println!(
-        "configmap/{} pushed (sha256 {})",
-        args.name,
-        module.sha256()
-    );
+    println!("configmap/{} pushed (sha256 {})", name, module.sha256());
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Pushes the module to `reference` and prints the reference by digest.
+async fn push_oci(
+    args: &Args,
+    reference: &str,
+    bytes: Vec<u8>,
+    module: &crate::engine::Module,
+) -> Result<ExitCode, CliError> {
+    let auth = match (&args.registry_username, &args.registry_password) {
+        (Some(u), Some(p)) => Some((u.clone(), p.clone())),
+        (None, None) => None,
+        _ => {
+            return Err(CliError::Other(
+                "--registry-username and --registry-password go together".into(),
+            ));
+        }
+    };
+    let ca_pem = match &args.ca_bundle {
+        Some(path) => Some(std::fs::read_to_string(path).map_err(CliError::read(path))?),
+        None => None,
+    };
+    let m = module.metadata();
+    let annotations = std::collections::BTreeMap::from([
+        ("org.opencontainers.image.title".to_string(), m.name.clone()),
+        (
+            "org.opencontainers.image.version".to_string(),
+            m.version.clone(),
+        ),
+        (
+            "dev.wasmop.module.sha256".to_string(),
+            module.sha256().to_string(),
+        ),
+    ]);
+    eprintln!("pushing to {reference}...");
+    let access = oci::Access { auth, ca_pem };
+    let digest = oci::push(reference, bytes, annotations, &access)
+        .await
+        .map_err(|e| CliError::Other(e.to_string()))?;
+    let repository = reference
+        .rsplit_once('@')
+        .map(|(r, _)| r)
+        .unwrap_or(reference);
+    let repository = match repository.rsplit_once(':') {
+        Some((r, tag)) if !tag.contains('/') => r,
+        _ => repository,
+    };
+    eprintln!("pushed; pin it in spec.module.oci.reference:");
+    println!("{repository}@{digest}");
     Ok(ExitCode::SUCCESS)
 }

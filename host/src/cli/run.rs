@@ -109,6 +109,10 @@ pub struct Args {
     /// it. Only for clusters whose Secrets may be written to this disk.
     #[arg(long, requires = "record_failures")]
     pub record_secrets: bool,
+    /// The largest module pulled from an OCI registry, in bytes (default 64 MiB).
+    #[arg(long, env = "WASMOP_MAX_MODULE_BYTES", default_value_t = crate::modules::oci::DEFAULT_MAX_MODULE_BYTES,
+          value_parser = clap::value_parser!(u64).range(1..=(4u64 << 30)))]
+    pub max_module_bytes: u64,
 }
 
 /// `:8080` (every address), `127.0.0.1:0`, `[::1]:9443`, or `off`.
@@ -261,6 +265,10 @@ pub(crate) async fn run(args: Args) -> Result<ExitCode, CliError> {
                     .map_err(|e| CliError::Other(format!("--record-max-size: {e}")))?,
                 secrets: args.record_secrets,
             }),
+        },
+        oci: crate::modules::oci::OciOptions {
+            namespace: args.namespace.clone(),
+            max_module_bytes: args.max_module_bytes,
         },
         ..HostOptions::default()
     };

@@ -73,7 +73,7 @@ pub enum CopyError {
 }
 
 /// The host's namespace when it runs in a pod.
-fn host_namespace() -> Option<String> {
+pub(crate) fn host_namespace() -> Option<String> {
     std::env::var("POD_NAMESPACE")
         .ok()
         .or_else(|| std::fs::read_to_string(crate::operations::leader::SA_NAMESPACE_FILE).ok())
@@ -90,10 +90,11 @@ pub fn name_for(reconciler: &str) -> String {
     format!("wasmop-module.{}", &sha256_hex(reconciler.as_bytes())[..32])
 }
 
-/// Where reconciler `reconciler`'s copy goes, given its module ConfigMap `source`.
-pub fn location(reconciler: &str, source: &ConfigMapKey) -> ConfigMapKey {
+/// Where reconciler `reconciler`'s copy goes: the host's namespace, else `fallback_namespace` (the
+/// module ConfigMap's).
+pub fn location(reconciler: &str, fallback_namespace: &str) -> ConfigMapKey {
     ConfigMapKey {
-        namespace: host_namespace().unwrap_or_else(|| source.namespace.clone()),
+        namespace: host_namespace().unwrap_or_else(|| fallback_namespace.to_string()),
         name: name_for(reconciler),
         key: None,
     }

@@ -2,9 +2,11 @@
 //! of it that keeps rollbacks and followers independent of the author's source.
 //!
 //! - [`source`]: reading a module from its ConfigMap.
+//! - [`oci`]: pulling a module from an OCI registry (and pushing one).
 //! - [`slot`]: the swappable active module of one reconciler.
 //! - [`copy`]: the host-owned copy of the active module (`wasmop-module.<reconciler>`).
 
 pub mod copy;
+pub mod oci;
 pub mod slot;
 pub mod source;

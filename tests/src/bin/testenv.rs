@@ -54,6 +54,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             let start = Instant::now();
             let assets = tokio::task::spawn_blocking(Assets::provide).await??;
             println!("{assets:#?}");
+            let registry =
+                tokio::task::spawn_blocking(wasmop_testenv::assets::registry_binary).await??;
+            println!("registry: {}", registry.display());
             eprintln!("provisioned in {:.1}s", start.elapsed().as_secs_f64());
         }
         Cmd::Which { binary } => {

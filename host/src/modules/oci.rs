@@ -1,0 +1,756 @@
+//! A module's OCI artifact: pulling a module out of a registry, and pushing one.
+//!
+//! The artifact follows the CNCF Wasm OCI layout: an image manifest whose config has media type
+//! [`WASM_CONFIG`] and whose only layer has media type [`WASM_LAYER`] (the older
+//! `application/vnd.wasm.content.layer.v1+wasm` layer and `application/vnd.wasm.config.v1+json`
+//! config, which oci-client's own wasm example writes, are accepted too).
+//!
+//! # Guarantees
+//! - A module is pulled by manifest digest only: a tag reference must come with the digest it
+//!   is required to resolve to ([`OciModule::digest`]), and the manifest served must hash to it.
+//! - The layer is streamed into one buffer, refused as soon as it passes the cap, and its
+//!   sha256 is checked against the manifest while it streams (oci-client's verifying stream):
+//!   the module is never held twice.
+//! - Each pull builds its own client, so a changed pull Secret or CA bundle takes effect on the
+//!   next try.
+//!
+//! # Errors
+//! [`OciError`]: each variant says which reference and what to do, and maps to the condition
+//! reason the WasmReconciler reports ([`OciError::reason`]).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use base64::Engine as _;
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use kube::{Api, Client};
+use oci_client::client::{ClientConfig, ClientProtocol, Config, ImageLayer};
+use oci_client::manifest::{OciDescriptor, OciImageManifest, OciManifest};
+use oci_client::secrets::RegistryAuth;
+use oci_client::{Reference, errors::OciDistributionError};
+
+use crate::crd::OciModule;
+
+/// The config media type of a Wasm artifact.
+pub const WASM_CONFIG: &str = "application/vnd.wasm.config.v0+json";
+/// The layer media type of a Wasm artifact.
+pub const WASM_LAYER: &str = "application/wasm";
+/// Media types written by older tools, still accepted.
+const LEGACY_LAYER: &str = oci_client::manifest::WASM_LAYER_MEDIA_TYPE;
+const LEGACY_CONFIG: &str = oci_client::manifest::WASM_CONFIG_MEDIA_TYPE;
+
+/// The default cap on a module pulled from a registry.
+pub const DEFAULT_MAX_MODULE_BYTES: u64 = 64 << 20;
+
+/// How long a registry may take to accept a connection, and to send the next bytes.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+const READ_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The host-wide settings of OCI module sources.
+#[derive(Debug, Clone)]
+pub struct OciOptions {
+    /// The host's namespace, where pull Secrets and CA ConfigMaps are read (default: the pod's
+    /// namespace, else `default`).
+    pub namespace: Option<String>,
+    /// The largest module pulled.
+    pub max_module_bytes: u64,
+}
+
+impl Default for OciOptions {
+    fn default() -> Self {
+        OciOptions {
+            namespace: None,
+            max_module_bytes: DEFAULT_MAX_MODULE_BYTES,
+        }
+    }
+}
+
+impl OciOptions {
+    /// The namespace pull Secrets and CA ConfigMaps are read from.
+    pub fn namespace(&self) -> String {
+        self.namespace
+            .clone()
+            .or_else(crate::modules::copy::host_namespace)
+            .unwrap_or_else(|| "default".into())
+    }
+}
+
+/// A module could not be pulled (or pushed).
+#[derive(Debug, thiserror::Error)]
+pub enum OciError {
+    /// The reference or the digest policy is invalid.
+    #[error("spec.module.oci: {0}")]
+    InvalidSpec(String),
+    /// The pull Secret or the CA bundle cannot be used.
+    #[error("{what}: {detail}")]
+    Credentials {
+        /// Which object.
+        what: String,
+        /// What is wrong, and what to do.
+        detail: String,
+    },
+    /// The registry did not answer, or answered with a server error.
+    #[error(
+        "registry {registry} is unreachable for {reference}: {detail} (the active module keeps serving; retrying)"
+    )]
+    Unreachable {
+        /// The registry host.
+        registry: String,
+        /// The reference.
+        reference: String,
+        /// What went wrong.
+        detail: String,
+    },
+    /// The registry refused the credentials.
+    #[error(
+        "registry {registry} refused the credentials for {reference}: {detail} (check spec.module.oci.pullSecret)"
+    )]
+    Unauthorized {
+        /// The registry host.
+        registry: String,
+        /// The reference.
+        reference: String,
+        /// What the registry said.
+        detail: String,
+    },
+    /// The manifest or the layer does not exist.
+    #[error("{reference}: not found in the registry: {detail} (push it with `wasmop push --oci`)")]
+    NotFound {
+        /// The reference.
+        reference: String,
+        /// What the registry said.
+        detail: String,
+    },
+    /// The content does not match its pinned digest.
+    #[error("{reference}: digest mismatch: {detail}")]
+    DigestMismatch {
+        /// The reference.
+        reference: String,
+        /// Expected and found.
+        detail: String,
+    },
+    /// The artifact is not a Wasm artifact.
+    #[error(
+        "{reference} is not a Wasm module artifact: {detail} (expected config {WASM_CONFIG} and one {WASM_LAYER} layer, as `wasmop push --oci` writes)"
+    )]
+    NotWasm {
+        /// The reference.
+        reference: String,
+        /// What is wrong.
+        detail: String,
+    },
+    /// The layer is larger than the cap.
+    #[error(
+        "{reference}: the module is {size} bytes, more than the host's cap of {cap} bytes (raise --max-module-bytes)"
+    )]
+    TooLarge {
+        /// The reference.
+        reference: String,
+        /// Its size (or a lower bound).
+        size: u64,
+        /// The cap.
+        cap: u64,
+    },
+    /// Something else failed talking to the registry.
+    #[error("{reference}: {detail}")]
+    Registry {
+        /// The reference.
+        reference: String,
+        /// What failed.
+        detail: String,
+    },
+}
+
+impl OciError {
+    /// The condition reason this failure is reported with.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            OciError::InvalidSpec(_) => "InvalidSpec",
+            OciError::Credentials { .. } => "RegistryCredentialsInvalid",
+            OciError::Unreachable { .. } => "RegistryUnreachable",
+            OciError::Unauthorized { .. } => "RegistryUnauthorized",
+            OciError::NotFound { .. } => "ModuleNotFound",
+            OciError::DigestMismatch { .. } => "DigestMismatch",
+            OciError::NotWasm { .. } | OciError::TooLarge { .. } => "ModuleInvalid",
+            OciError::Registry { .. } => "RegistryError",
+        }
+    }
+
+    /// Whether trying again later may succeed without the spec changing (the registry comes
+    /// back, the Secret or the repository is fixed).
+    pub fn is_transient(&self) -> bool {
+        matches!(
+            self,
+            OciError::Unreachable { .. }
+                | OciError::Unauthorized { .. }
+                | OciError::NotFound { .. }
+                | OciError::Credentials { .. }
+                | OciError::Registry { .. }
+        )
+    }
+}
+
+/// A reference resolved against its digest policy: the repository and the manifest digest to
+/// pull.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pinned {
+    /// The reference by digest (`registry/repository@sha256:...`).
+    pub reference: Reference,
+    /// The manifest digest (`sha256:<hex>`).
+    pub digest: String,
+}
+
+impl Pinned {
+    /// Where the module came from, for the status: `oci <registry/repository>@<digest>`.
+    pub fn origin(&self) -> String {
+        format!(
+            "oci {}/{}@{}",
+            self.reference.registry(),
+            self.reference.repository(),
+            self.digest
+        )
+    }
+}
+
+/// Resolves `spec` to the reference by digest that is pulled.
+///
+/// # Errors
+/// [`OciError::InvalidSpec`]: an unparsable reference or digest, a tag without a digest, or a
+/// pinned reference whose digest disagrees with `digest`.
+pub fn pin(spec: &OciModule) -> Result<Pinned, OciError> {
+    let reference: Reference = spec.reference.parse().map_err(|e| {
+        OciError::InvalidSpec(format!(
+            "reference {:?} cannot be parsed: {e}",
+            spec.reference
+        ))
+    })?;
+    if let Some(d) = &spec.digest {
+        check_digest(d)?;
+    }
+    let digest = match (reference.digest(), &spec.digest) {
+        (Some(pinned), Some(d)) if pinned != d => {
+            return Err(OciError::InvalidSpec(format!(
+                "reference {} pins {pinned} but digest says {d}: keep one",
+                spec.reference
+            )));
+        }
+        (Some(pinned), _) => pinned.to_string(),
+        (None, Some(d)) => d.clone(),
+        (None, None) => {
+            return Err(OciError::InvalidSpec(format!(
+                "reference {} names a tag without a digest: pin it as repository@sha256:<digest>, or set spec.module.oci.digest to the digest the tag must resolve to",
+                spec.reference
+            )));
+        }
+    };
+    check_digest(&digest)?;
+    Ok(Pinned {
+        reference: reference.clone_with_digest(digest.clone()),
+        digest,
+    })
+}
+
+fn check_digest(digest: &str) -> Result<(), OciError> {
+    let ok = digest.strip_prefix("sha256:").is_some_and(|hex| {
+        hex.len() == 64
+            && hex
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    });
+    if ok {
+        Ok(())
+    } else {
+        Err(OciError::InvalidSpec(format!(
+            "digest {digest:?} is not sha256:<64 lowercase hex digits>"
+        )))
+    }
+}
+
+/// How to reach and trust a registry.
+#[derive(Debug, Clone, Default)]
+pub struct Access {
+    /// Credentials (anonymous when `None`).
+    pub auth: Option<(String, String)>,
+    /// Extra PEM CA certificates to trust.
+    pub ca_pem: Option<String>,
+}
+
+impl Access {
+    fn registry_auth(&self) -> RegistryAuth {
+        match &self.auth {
+            Some((user, password)) => RegistryAuth::Basic(user.clone(), password.clone()),
+            None => RegistryAuth::Anonymous,
+        }
+    }
+
+    fn client(&self) -> oci_client::Client {
+        // reqwest is built without a crypto provider of its own: use the host's (ring).
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let extra_root_certificates = self
+            .ca_pem
+            .iter()
+            .map(|pem| oci_client::client::Certificate {
+                encoding: oci_client::client::CertificateEncoding::Pem,
+                data: pem.as_bytes().to_vec(),
+            })
+            .collect();
+        oci_client::Client::new(ClientConfig {
+            protocol: ClientProtocol::Https,
+            extra_root_certificates,
+            connect_timeout: Some(CONNECT_TIMEOUT),
+            read_timeout: Some(READ_TIMEOUT),
+            ..ClientConfig::default()
+        })
+    }
+}
+
+/// Reads the pull credentials and CA bundle `spec` names, from namespace `namespace` (the
+/// host's).
+///
+/// # Errors
+/// [`OciError::Credentials`] when a named object is missing or malformed, or cannot be read.
+pub async fn access(
+    client: &Client,
+    namespace: &str,
+    spec: &OciModule,
+    registry: &str,
+) -> Result<Access, OciError> {
+    let mut access = Access {
+        ca_pem: spec.ca_bundle.clone(),
+        ..Access::default()
+    };
+    if let Some(name) = &spec.pull_secret {
+        let what = format!("pull Secret {namespace}/{name}");
+        let bad = |detail: String| OciError::Credentials {
+            what: what.clone(),
+            detail,
+        };
+        let secret = Api::<Secret>::namespaced(client.clone(), namespace)
+            .get_opt(name)
+            .await
+            .map_err(|e| {
+                bad(format!(
+                    "cannot be read: {e} (the host needs get on secrets in its namespace)"
+                ))
+            })?
+            .ok_or_else(|| {
+                bad("does not exist: create it with `kubectl create secret docker-registry`".into())
+            })?;
+        let data = secret
+            .data
+            .as_ref()
+            .and_then(|d| d.get(".dockerconfigjson"))
+            .ok_or_else(|| {
+                bad("has no .dockerconfigjson key (type kubernetes.io/dockerconfigjson)".into())
+            })?;
+        access.auth = Some(docker_config_auth(&data.0, registry).map_err(bad)?);
+    }
+    if let Some(key) = &spec.ca_config_map {
+        let what = format!("CA ConfigMap {namespace}/{}", key.name);
+        let bad = |detail: String| OciError::Credentials {
+            what: what.clone(),
+            detail,
+        };
+        let cm = Api::<ConfigMap>::namespaced(client.clone(), namespace)
+            .get_opt(&key.name)
+            .await
+            .map_err(|e| bad(format!("cannot be read: {e}")))?
+            .ok_or_else(|| bad("does not exist".into()))?;
+        let pem = cm
+            .data
+            .as_ref()
+            .and_then(|d| d.get(&key.key))
+            .ok_or_else(|| bad(format!("has no data key {}", key.key)))?;
+        let mut all = access.ca_pem.take().unwrap_or_default();
+        all.push('\n');
+        all.push_str(pem);
+        access.ca_pem = Some(all);
+    }
+    Ok(access)
+}
+
+/// The user name and password for `registry` in a `.dockerconfigjson` document.
+///
+/// # Errors
+/// A message saying what is missing or malformed.
+pub fn docker_config_auth(json: &[u8], registry: &str) -> Result<(String, String), String> {
+    #[derive(serde::Deserialize)]
+    struct DockerConfig {
+        #[serde(default)]
+        auths: BTreeMap<String, Entry>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Entry {
+        username: Option<String>,
+        password: Option<String>,
+        auth: Option<String>,
+    }
+    let config: DockerConfig = serde_json::from_slice(json)
+        .map_err(|e| format!(".dockerconfigjson is not valid JSON: {e}"))?;
+    let matches = |key: &str| {
+        let host = key
+            .trim_start_matches("https://")
+            .trim_start_matches("http://");
+        host.split('/').next() == Some(registry)
+    };
+    let entry = config
+        .auths
+        .iter()
+        .find(|(k, _)| matches(k))
+        .map(|(_, e)| e)
+        .ok_or_else(|| {
+            format!(
+                ".dockerconfigjson has no entry for registry {registry} (it has: {})",
+                config.auths.keys().cloned().collect::<Vec<_>>().join(", ")
+            )
+        })?;
+    if let (Some(u), Some(p)) = (&entry.username, &entry.password) {
+        return Ok((u.clone(), p.clone()));
+    }
+    let encoded = entry.auth.as_ref().ok_or_else(|| {
+        format!("the entry for {registry} has neither username/password nor auth")
+    })?;
+    let decoded = base64::engine::general_purpose::STANDARD
+        .decode(encoded.trim())
+        .map_err(|e| format!("the auth of {registry} is not base64: {e}"))?;
+    let text =
+        String::from_utf8(decoded).map_err(|_| format!("the auth of {registry} is not UTF-8"))?;
+    let (u, p) = text
+        .split_once(':')
+        .ok_or_else(|| format!("the auth of {registry} is not user:password"))?;
+    Ok((u.to_string(), p.to_string()))
+}
+
+/// The module pulled, with its manifest.
+#[derive(Debug)]
+pub struct Pulled {
+    /// The module.
+    pub bytes: Vec<u8>,
+    /// The layer's digest (`sha256:<hex>`, the module's sha256).
+    pub layer_digest: String,
+    /// The manifest digest.
+    pub manifest_digest: String,
+    /// Where it came from, for the status ([`Pinned::origin`]).
+    pub origin: String,
+}
+
+/// Pulls the module `spec` names, with the credentials and trust it names (read from the
+/// host's namespace) and the host's cap.
+///
+/// # Guarantees
+/// With a tag and a digest policy, the tag is resolved first and must point at the digest.
+///
+/// # Errors
+/// See [`OciError`].
+pub async fn fetch(
+    client: &Client,
+    options: &OciOptions,
+    spec: &OciModule,
+) -> Result<Pulled, OciError> {
+    let pinned = pin(spec)?;
+    let registry = pinned.reference.resolve_registry().to_string();
+    let access = access(client, &options.namespace(), spec, &registry).await?;
+    let tagged: Reference = spec
+        .reference
+        .parse()
+        .map_err(|e| OciError::InvalidSpec(format!("reference {:?}: {e}", spec.reference)))?;
+    if tagged.digest().is_none() {
+        let resolved = access
+            .client()
+            .fetch_manifest_digest(&tagged, &access.registry_auth())
+            .await
+            .map_err(|e| classify(&tagged, e))?;
+        if resolved != pinned.digest {
+            return Err(OciError::DigestMismatch {
+                reference: spec.reference.clone(),
+                detail: format!(
+                    "the tag resolves to {resolved}, but spec.module.oci.digest requires {}",
+                    pinned.digest
+                ),
+            });
+        }
+    }
+    pull(&pinned, &access, options.max_module_bytes).await
+}
+
+/// Pulls the module `pinned` names, refusing layers over `cap` bytes.
+///
+/// # Errors
+/// See [`OciError`].
+pub async fn pull(pinned: &Pinned, access: &Access, cap: u64) -> Result<Pulled, OciError> {
+    let client = access.client();
+    let reference = &pinned.reference;
+    let (manifest, digest) = client
+        .pull_manifest(reference, &access.registry_auth())
+        .await
+        .map_err(|e| classify(reference, e))?;
+    if digest != pinned.digest {
+        return Err(OciError::DigestMismatch {
+            reference: reference.whole(),
+            detail: format!(
+                "the registry served manifest {digest}, the reference pins {}",
+                pinned.digest
+            ),
+        });
+    }
+    let layer = wasm_layer(reference, &manifest)?;
+    if layer.size < 0 || layer.size as u64 > cap {
+        return Err(OciError::TooLarge {
+            reference: reference.whole(),
+            size: layer.size.max(0) as u64,
+            cap,
+        });
+    }
+    let mut stream = client
+        .pull_blob_stream(reference, &layer)
+        .await
+        .map_err(|e| classify(reference, e))?;
+    let mut bytes = Vec::with_capacity(layer.size as usize);
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(|e| stream_error(reference, &layer, e))?;
+        if (bytes.len() + chunk.len()) as u64 > cap.min(layer.size as u64) {
+            return Err(OciError::DigestMismatch {
+                reference: reference.whole(),
+                detail: format!(
+                    "layer {} is longer than the {} bytes its manifest declares",
+                    layer.digest, layer.size
+                ),
+            });
+        }
+        bytes.extend_from_slice(&chunk);
+    }
+    let found = format!("sha256:{}", crate::engine::sha256_hex(&bytes));
+    if found != layer.digest {
+        return Err(OciError::DigestMismatch {
+            reference: reference.whole(),
+            detail: format!("layer {} hashes to {found}", layer.digest),
+        });
+    }
+    Ok(Pulled {
+        bytes,
+        layer_digest: layer.digest,
+        manifest_digest: digest,
+        origin: pinned.origin(),
+    })
+}
+
+/// The manifest's one Wasm layer.
+fn wasm_layer(reference: &Reference, manifest: &OciManifest) -> Result<OciDescriptor, OciError> {
+    let not_wasm = |detail: String| OciError::NotWasm {
+        reference: reference.whole(),
+        detail,
+    };
+    let OciManifest::Image(image) = manifest else {
+        return Err(not_wasm(
+            "it is an image index, not an image manifest".into(),
+        ));
+    };
+    if image.config.media_type != WASM_CONFIG && image.config.media_type != LEGACY_CONFIG {
+        return Err(not_wasm(format!(
+            "its config has media type {}",
+            image.config.media_type
+        )));
+    }
+    match image.layers.as_slice() {
+        [layer] if layer.media_type == WASM_LAYER || layer.media_type == LEGACY_LAYER => {
+            Ok(layer.clone())
+        }
+        [layer] => Err(not_wasm(format!(
+            "its layer has media type {}",
+            layer.media_type
+        ))),
+        layers => Err(not_wasm(format!("it has {} layers", layers.len()))),
+    }
+}
+
+fn stream_error(reference: &Reference, layer: &OciDescriptor, e: std::io::Error) -> OciError {
+    let text = e.to_string();
+    if text.to_ascii_lowercase().contains("digest") {
+        OciError::DigestMismatch {
+            reference: reference.whole(),
+            detail: format!("layer {}: {text}", layer.digest),
+        }
+    } else {
+        OciError::Unreachable {
+            registry: reference.resolve_registry().to_string(),
+            reference: reference.whole(),
+            detail: format!("reading layer {}: {text}", layer.digest),
+        }
+    }
+}
+
+/// Maps an oci-client error onto what the user can act on.
+fn classify(reference: &Reference, e: OciDistributionError) -> OciError {
+    let registry = reference.resolve_registry().to_string();
+    let whole = reference.whole();
+    match e {
+        OciDistributionError::UnauthorizedError { .. }
+        | OciDistributionError::AuthenticationFailure(_) => OciError::Unauthorized {
+            registry,
+            reference: whole,
+            detail: e.to_string(),
+        },
+        OciDistributionError::ServerError { code, .. } if code == 401 || code == 403 => {
+            OciError::Unauthorized {
+                registry,
+                reference: whole,
+                detail: e.to_string(),
+            }
+        }
+        OciDistributionError::ServerError { code, .. } if code >= 500 => OciError::Unreachable {
+            registry,
+            reference: whole,
+            detail: e.to_string(),
+        },
+        OciDistributionError::ServerError { code: 404, .. }
+        | OciDistributionError::ImageManifestNotFoundError(_) => OciError::NotFound {
+            reference: whole,
+            detail: e.to_string(),
+        },
+        OciDistributionError::RegistryError { ref envelope, .. } => {
+            let codes: Vec<String> = envelope
+                .errors
+                .iter()
+                .map(|x| format!("{:?}", x.code))
+                .collect();
+            let text = e.to_string();
+            if codes.iter().any(|c| c == "Unauthorized" || c == "Denied") {
+                OciError::Unauthorized {
+                    registry,
+                    reference: whole,
+                    detail: text,
+                }
+            } else if codes.iter().any(|c| c.contains("Unknown")) {
+                OciError::NotFound {
+                    reference: whole,
+                    detail: text,
+                }
+            } else {
+                OciError::Registry {
+                    reference: whole,
+                    detail: text,
+                }
+            }
+        }
+        OciDistributionError::DigestError(_) => OciError::DigestMismatch {
+            reference: whole,
+            detail: e.to_string(),
+        },
+        OciDistributionError::RequestError(ref r) => OciError::Unreachable {
+            registry,
+            reference: whole,
+            detail: format!("{e}{}", source_chain(r)),
+        },
+        other => OciError::Registry {
+            reference: whole,
+            detail: other.to_string(),
+        },
+    }
+}
+
+/// The causes of `e`, for messages (reqwest's own message says little: "error sending request").
+fn source_chain(e: &dyn std::error::Error) -> String {
+    let mut out = String::new();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        out.push_str(": ");
+        out.push_str(&c.to_string());
+        cause = c.source();
+    }
+    out
+}
+
+/// Pushes `module` to `reference` as a Wasm artifact and returns the manifest digest to pin.
+///
+/// # Errors
+/// See [`OciError`].
+pub async fn push(
+    reference: &str,
+    module: Vec<u8>,
+    annotations: BTreeMap<String, String>,
+    access: &Access,
+) -> Result<String, OciError> {
+    let reference: Reference = reference
+        .parse()
+        .map_err(|e| OciError::InvalidSpec(format!("reference {reference:?}: {e}")))?;
+    let client = access.client();
+    let layer = ImageLayer::new(module, WASM_LAYER.to_string(), None);
+    let config = Config::new(b"{}".to_vec(), WASM_CONFIG.to_string(), None);
+    let mut manifest = OciImageManifest::build(std::slice::from_ref(&layer), &config, None);
+    manifest.artifact_type = None;
+    manifest.annotations = Some(annotations);
+    let response = client
+        .push(
+            &reference,
+            &[layer],
+            config,
+            &access.registry_auth(),
+            Some(manifest),
+        )
+        .await
+        .map_err(|e| classify(&reference, e))?;
+    tracing::debug!(url = %response.manifest_url, "pushed");
+    client
+        .fetch_manifest_digest(&reference, &access.registry_auth())
+        .await
+        .map_err(|e| classify(&reference, e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(reference: &str, digest: Option<&str>) -> OciModule {
+        OciModule {
+            reference: reference.into(),
+            digest: digest.map(Into::into),
+            pull_secret: None,
+            ca_bundle: None,
+            ca_config_map: None,
+        }
+    }
+
+    const D: &str = "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+
+    #[test]
+    fn a_tag_needs_a_digest() {
+        let err = pin(&spec("127.0.0.1:5000/mods/a:v1", None)).err();
+        assert!(
+            matches!(err, Some(OciError::InvalidSpec(m)) if m.contains("tag without a digest"))
+        );
+        let pinned = pin(&spec("127.0.0.1:5000/mods/a:v1", Some(D))).ok();
+        assert_eq!(pinned.map(|p| p.digest), Some(D.to_string()));
+    }
+
+    #[test]
+    fn a_pinned_reference_must_agree_with_digest() {
+        let r = format!("127.0.0.1:5000/mods/a@{D}");
+        assert_eq!(pin(&spec(&r, None)).ok().map(|p| p.digest), Some(D.into()));
+        let other = D.replace("0123", "4567");
+        assert!(matches!(
+            pin(&spec(&r, Some(&other))),
+            Err(OciError::InvalidSpec(_))
+        ));
+        assert!(matches!(
+            pin(&spec("127.0.0.1:5000/a:v1", Some("sha256:XYZ"))),
+            Err(OciError::InvalidSpec(_))
+        ));
+    }
+
+    #[test]
+    fn docker_config_entries() {
+        let json = br#"{"auths":{"https://reg.example:5000":{"username":"u","password":"p"},
+            "other":{"auth":"dXNlcjpwYXNz"}}}"#;
+        assert_eq!(
+            docker_config_auth(json, "reg.example:5000"),
+            Ok(("u".into(), "p".into()))
+        );
+        assert_eq!(
+            docker_config_auth(json, "other"),
+            Ok(("user".into(), "pass".into()))
+        );
+        assert!(docker_config_auth(json, "missing").is_err());
+        assert!(docker_config_auth(b"nope", "x").is_err());
+    }
+}
