@@ -105,3 +105,30 @@ fn the_tenant_component_matches_its_golden_files() {
     let text = succeed("wasmop test --validate", validate);
     assert!(text.contains("below the current usage 6Gi"), "{text}");
 }
+
+#[test]
+fn inspect_shows_what_the_python_component_needs_and_a_too_small_memory_cap_is_refused_at_load() {
+    let wasm = tenant_wasm();
+    let inspect = wasmop()
+        .arg("inspect")
+        .arg(wasm)
+        .output()
+        .expect("runs wasmop");
+    let text = succeed("wasmop inspect", inspect);
+    // componentize-py 0.25.1: CPython, libc, the WASI adapter and shims, one ~12.7 MiB memory.
+    assert!(text.contains("needs:      14 core instances"), "{text}");
+    assert!(text.contains("1 memories, 12.7 MiB initial"), "{text}");
+
+    let refused = wasmop()
+        .arg("test")
+        .arg(wasm)
+        .args(["--object", "fixtures/cr.yaml", "--memory-mib", "8"])
+        .output()
+        .expect("runs wasmop");
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("bytes of initial linear memory") && stderr.contains("spec.limits.memory"),
+        "{stderr}"
+    );
+}

@@ -65,6 +65,18 @@ pub enum LoadError {
     /// `metadata()` failed or returned nonsense.
     #[error("the module's metadata() {0}")]
     Metadata(String),
+    /// It needs more of the sandbox than the engine or the call limits give any module.
+    #[error("the module needs {needs} {what}, more than the {allowed} allowed: {advice}")]
+    Needs {
+        /// What it needs (`core-module instances`).
+        what: &'static str,
+        /// How many.
+        needs: u64,
+        /// The limit.
+        allowed: u64,
+        /// What to do.
+        advice: &'static str,
+    },
     /// The compiled-artifact cache could not be written (loading still fails only if compiling
     /// failed; this is reported for `wasmop inspect --cache`).
     #[error("cannot use the compiled-module cache {path}: {source}")]

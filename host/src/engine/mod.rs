@@ -30,6 +30,7 @@
 mod cache;
 mod convert;
 mod error;
+mod needs;
 mod queue;
 mod sandbox;
 
@@ -44,6 +45,7 @@ use wasmtime::{Store, Trap};
 
 pub use cache::ArtifactCache;
 pub use error::{CallError, LoadError};
+pub use needs::{Needs, NeedsError, needs};
 pub use queue::{CallQueue, QueueTimeout, Slot};
 
 use crate::contract::{
@@ -66,6 +68,10 @@ mod bindings {
 fn guest_export() -> String {
     format!("{WIT_PACKAGE}/guest@{WIT_VERSION}")
 }
+
+/// The most core-module instances one module may make. A Rust module makes 2 or 3; a Python
+/// module built by componentize-py 0.25 makes 16 (CPython, its libc, WASI adapters, shims).
+pub const MAX_CORE_INSTANCES_PER_MODULE: u32 = 32;
 
 /// The functions of the guest interface.
 const GUEST_FUNCTIONS: [&str; 4] = ["metadata", "reconcile", "finalize", "validate"];
@@ -214,6 +220,7 @@ pub struct Module {
     size: usize,
     compiled: Compiled,
     load_time: Duration,
+    needs: Needs,
 }
 
 impl std::fmt::Debug for Module {
@@ -249,7 +256,7 @@ impl Engine {
             // Async calls run on fiber stacks: one per call.
             .total_stacks(config.max_instances)
             .max_memory_size(memory)
-            .max_core_instances_per_component(16)
+            .max_core_instances_per_component(MAX_CORE_INSTANCES_PER_MODULE)
             .linear_memory_keep_resident(config.memory_keep_resident)
             .table_keep_resident(64 << 10);
         let mut wc = wasmtime::Config::new();
@@ -316,6 +323,8 @@ impl Engine {
     pub fn load(&self, bytes: &[u8], limits: &Limits) -> Result<Module, LoadError> {
         let started = Instant::now();
         check_header(bytes)?;
+        let needs = needs::needs(bytes).map_err(|e| LoadError::Compile(e.to_string()))?;
+        check_needs(&needs, limits)?;
         let sha256 = sha256_hex(bytes);
         let cached = self
             .cache
@@ -353,6 +362,7 @@ impl Engine {
             size: bytes.len(),
             compiled,
             load_time: Duration::ZERO,
+            needs,
         };
         let metadata = module
             .call("load", limits, METADATA_OUTPUT_MAX, async |g, s| {
@@ -380,6 +390,27 @@ fn placeholder_metadata() -> ModuleMetadata {
         finalizes: false,
         validates: false,
     }
+}
+
+/// Refuses a module that could never be instantiated under this engine's pool or `limits`.
+fn check_needs(needs: &Needs, limits: &Limits) -> Result<(), LoadError> {
+    if needs.core_instances > MAX_CORE_INSTANCES_PER_MODULE {
+        return Err(LoadError::Needs {
+            what: "core-module instances",
+            needs: u64::from(needs.core_instances),
+            allowed: u64::from(MAX_CORE_INSTANCES_PER_MODULE),
+            advice: "a module this large cannot run in a wasmop sandbox; split it or build it with fewer components",
+        });
+    }
+    if needs.largest_initial_memory_bytes > limits.memory_bytes {
+        return Err(LoadError::Needs {
+            what: "bytes of initial linear memory",
+            needs: needs.largest_initial_memory_bytes,
+            allowed: limits.memory_bytes,
+            advice: "raise spec.limits.memory of the WasmReconciler (wasmop test: --memory-mib)",
+        });
+    }
+    Ok(())
 }
 
 fn check_header(bytes: &[u8]) -> Result<(), LoadError> {
@@ -544,6 +575,11 @@ impl Module {
     /// Whether the code was compiled now or loaded from the cache.
     pub fn compiled(&self) -> Compiled {
         self.compiled
+    }
+
+    /// What one sandbox of this module takes from the pool (read from its bytes at load).
+    pub fn needs(&self) -> &Needs {
+        &self.needs
     }
 
     /// How long [`Engine::load`] took.
