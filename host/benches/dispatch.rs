@@ -184,6 +184,7 @@ fn main() {
         let _ = std::fs::remove_dir_all(&cache);
         let engine = Engine::new(&EngineConfig {
             cache_dir: Some(cache.clone()),
+            tiered: false,
             ..EngineConfig::default()
         })
         .expect("engine");
@@ -192,6 +193,7 @@ fn main() {
         compile.push(t.elapsed());
         let engine = Engine::new(&EngineConfig {
             cache_dir: Some(cache.clone()),
+            tiered: false,
             ..EngineConfig::default()
         })
         .expect("engine");
@@ -203,12 +205,14 @@ fn main() {
     let _ = std::fs::remove_dir_all(&cache);
     compile.sort();
     from_cache.sort();
+    let fast: Vec<Duration> = (0..3).map(|_| fast_load(&bytes, &limits)).collect();
 
     let config = EngineConfig {
         memory_keep_resident: std::env::var("WASMOP_BENCH_KEEP_RESIDENT_KIB")
             .ok()
             .and_then(|v| v.parse::<usize>().ok())
             .map_or(EngineConfig::default().memory_keep_resident, |k| k << 10),
+        tiered: false,
         ..EngineConfig::default()
     };
     let engine = Engine::new(&config).expect("engine");
@@ -289,6 +293,12 @@ fn main() {
         config.memory_keep_resident >> 10
     );
     println!("compile with Cranelift (median of 3): {}", ms(compile[1]));
+    let mut fast = fast;
+    fast.sort();
+    println!(
+        "compile the fast tier, Cranelift without optimizations (median of 3): {}",
+        ms(fast[1])
+    );
     println!(
         "load from the compiled-module cache (median of 3): {}",
         ms(from_cache[1])
@@ -301,6 +311,36 @@ fn main() {
 }
 
 const PYTHON_CALLS: usize = 300;
+
+/// How long a tiered engine with no cache takes to load `bytes`: the fast build (Cranelift
+/// without optimizations) plus the metadata call. Then waits for the background optimized
+/// build to be swapped in, so it does not compete with later measurements.
+fn fast_load(bytes: &[u8], limits: &Limits) -> Duration {
+    let engine = Engine::new(&EngineConfig {
+        tiered: true,
+        max_background_compiles: 1,
+        ..EngineConfig::default()
+    })
+    .expect("engine");
+    let t = Instant::now();
+    let module = engine.load(bytes, limits).expect("fast load");
+    let took = t.elapsed();
+    assert_eq!(module.tier(), wasmop::engine::Tier::Fast);
+    let waiting = Instant::now();
+    while module.tier() != wasmop::engine::Tier::Optimized {
+        assert!(
+            waiting.elapsed() < Duration::from_secs(600),
+            "the optimized build did not arrive in 10 minutes"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    eprintln!(
+        "  fast tier in {}, optimized build swapped in {} later",
+        ms(took),
+        ms(waiting.elapsed())
+    );
+    took
+}
 
 /// Builds (or finds up to date) the tenant example's component.
 fn tenant_component() -> Vec<u8> {
@@ -370,6 +410,7 @@ fn python_rows(engine: &Engine, limits: &Limits, rust_p50: Duration) {
         memory_bytes: 128 << 20,
         ..*limits
     };
+    let fast = fast_load(&bytes, &limits);
     let t = Instant::now();
     let module = engine
         .load(&bytes, &limits)
@@ -422,9 +463,10 @@ fn python_rows(engine: &Engine, limits: &Limits, rust_p50: Duration) {
         us(percentile(&call, 0.99))
     );
     println!(
-        "python linear memory high-water mark: {} KiB; load (compile or cache): {}",
+        "python linear memory high-water mark: {} KiB; compile optimized: {}; compile the fast tier: {}",
         peak >> 10,
-        ms(compile)
+        ms(compile),
+        ms(fast)
     );
     println!(
         "dispatch python/rust p50 ratio: {:.1}",

@@ -226,6 +226,8 @@ impl Host {
             cache_dir: options.cache_dir.clone(),
             max_instances: options.max_module_calls.max(1),
             max_calls: options.max_module_calls.max(1),
+            // A push reconciles with a fast build within a second; the optimized one follows.
+            tiered: true,
             ..EngineConfig::default()
         })?;
         let ctx = Arc::new(HostContext {
