@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use wasmop::contract::{self as c, Context, Gvk, KindObjects, ReconcileRequest, Trigger};
-use wasmop::engine::{Engine, EngineConfig, Limits};
+use wasmop::engine::{Engine, EngineConfig, FastCompiler, Limits};
 use wasmop_sdk::Reconciler;
 
 const ITERATIONS: usize = 3000;
@@ -205,7 +205,13 @@ fn main() {
     let _ = std::fs::remove_dir_all(&cache);
     compile.sort();
     from_cache.sort();
-    let fast: Vec<Duration> = (0..3).map(|_| fast_load(&bytes, &limits)).collect();
+    let fast: Vec<Duration> = (0..3)
+        .map(|_| fast_load(&bytes, &limits, FastCompiler::CraneliftNone))
+        .collect();
+    let mut winch: Vec<Duration> = (0..3)
+        .map(|_| fast_load(&bytes, &limits, FastCompiler::Winch))
+        .collect();
+    winch.sort();
 
     let config = EngineConfig {
         memory_keep_resident: std::env::var("WASMOP_BENCH_KEEP_RESIDENT_KIB")
@@ -300,6 +306,10 @@ fn main() {
         ms(fast[1])
     );
     println!(
+        "compile the fast tier, Winch (median of 3): {}",
+        ms(winch[1])
+    );
+    println!(
         "load from the compiled-module cache (median of 3): {}",
         ms(from_cache[1])
     );
@@ -315,10 +325,11 @@ const PYTHON_CALLS: usize = 300;
 /// How long a tiered engine with no cache takes to load `bytes`: the fast build (Cranelift
 /// without optimizations) plus the metadata call. Then waits for the background optimized
 /// build to be swapped in, so it does not compete with later measurements.
-fn fast_load(bytes: &[u8], limits: &Limits) -> Duration {
+fn fast_load(bytes: &[u8], limits: &Limits, compiler: FastCompiler) -> Duration {
     let engine = Engine::new(&EngineConfig {
         tiered: true,
         max_background_compiles: 1,
+        fast_compiler: compiler,
         ..EngineConfig::default()
     })
     .expect("engine");
@@ -410,7 +421,8 @@ fn python_rows(engine: &Engine, limits: &Limits, rust_p50: Duration) {
         memory_bytes: 128 << 20,
         ..*limits
     };
-    let fast = fast_load(&bytes, &limits);
+    let fast = fast_load(&bytes, &limits, FastCompiler::CraneliftNone);
+    let winch = fast_load(&bytes, &limits, FastCompiler::Winch);
     let t = Instant::now();
     let module = engine
         .load(&bytes, &limits)
@@ -463,10 +475,11 @@ fn python_rows(engine: &Engine, limits: &Limits, rust_p50: Duration) {
         us(percentile(&call, 0.99))
     );
     println!(
-        "python linear memory high-water mark: {} KiB; compile optimized: {}; compile the fast tier: {}",
+        "python linear memory high-water mark: {} KiB; compile optimized: {}; fast tier: Cranelift without optimizations {}, Winch {}",
         peak >> 10,
         ms(compile),
-        ms(fast)
+        ms(fast),
+        ms(winch)
     );
     println!(
         "dispatch python/rust p50 ratio: {:.1}",

@@ -48,7 +48,7 @@ pub use cache::{ArtifactCache, DEFAULT_CACHE_MAX_BYTES};
 pub use error::{CallError, LoadError};
 pub use needs::{Needs, NeedsError, needs};
 pub use queue::{CallQueue, QueueTimeout, Slot};
-pub use tier::{CompileGate, CompilePermit, Tier};
+pub use tier::{CompileGate, CompilePermit, FastCompiler, Tier};
 
 use crate::contract::{
     FinalizeResponse, ModuleMetadata, ReconcileRequest, ReconcileResponse, ValidateRequest,
@@ -101,6 +101,8 @@ pub struct EngineConfig {
     pub tiered: bool,
     /// Optimized builds compiled in the background at once (each on one thread).
     pub max_background_compiles: usize,
+    /// The compiler of the fast tier.
+    pub fast_compiler: FastCompiler,
     /// The size bound of the on-disk compiled cache (least recently used entries are evicted).
     pub cache_max_bytes: u64,
 }
@@ -116,6 +118,7 @@ impl Default for EngineConfig {
             max_calls: 256,
             tiered: false,
             max_background_compiles: 1,
+            fast_compiler: FastCompiler::default(),
             cache_max_bytes: DEFAULT_CACHE_MAX_BYTES,
         }
     }
@@ -207,7 +210,7 @@ pub struct Engine {
     _ticker: Arc<Ticker>,
 }
 
-/// The engine that compiles fast builds (Cranelift without optimizations); its sandboxes come
+/// The engine that compiles fast builds ([`FastCompiler`]); its sandboxes come
 /// from the on-demand allocator, since a fast build serves only until the optimized one is in.
 #[derive(Clone)]
 struct FastTier {
@@ -300,8 +303,11 @@ impl Engine {
         let linker = new_linker(&inner)?;
         let fast = if config.tiered {
             let mut fc = wasmtime::Config::new();
+            match config.fast_compiler {
+                FastCompiler::CraneliftNone => fc.cranelift_opt_level(wasmtime::OptLevel::None),
+                FastCompiler::Winch => fc.strategy(wasmtime::Strategy::Winch),
+            };
             fc.epoch_interruption(true)
-                .cranelift_opt_level(wasmtime::OptLevel::None)
                 .memory_init_cow(true)
                 .wasm_backtrace_max_frames(None)
                 .parallel_compilation(true);
