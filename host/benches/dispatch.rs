@@ -3,14 +3,16 @@
 //! with 8 observed children. Both start from the host's request (JSON text) and end with the
 //! host's parsed response, so the difference is what the sandbox costs.
 //!
-//! Prints p50/p99 of both, instantiate time, compile time and load-from-cache time; the last line
-//! is `dispatch wasm/native p50 ratio: X.XX`.
+//! Prints p50/p99 of both, instantiate time, compile time and load-from-cache time; then the
+//! per-call cost of a Python module (the tenant example, built with the pinned componentize-py by
+//! scripts/python-module.sh) on its fixtures, beside the Rust module's; the last line is
+//! `dispatch wasm/native p50 ratio: X.XX`.
 
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use wasmop::contract::{self as c, Context, Gvk, KindObjects, ReconcileRequest, Trigger};
-use wasmop::engine::{Engine, EngineConfig, Limits};
+use wasmop::engine::{Engine, EngineConfig, FastCompiler, Limits};
 use wasmop_sdk::Reconciler;
 
 const ITERATIONS: usize = 3000;
@@ -182,6 +184,7 @@ fn main() {
         let _ = std::fs::remove_dir_all(&cache);
         let engine = Engine::new(&EngineConfig {
             cache_dir: Some(cache.clone()),
+            tiered: false,
             ..EngineConfig::default()
         })
         .expect("engine");
@@ -190,6 +193,7 @@ fn main() {
         compile.push(t.elapsed());
         let engine = Engine::new(&EngineConfig {
             cache_dir: Some(cache.clone()),
+            tiered: false,
             ..EngineConfig::default()
         })
         .expect("engine");
@@ -201,12 +205,20 @@ fn main() {
     let _ = std::fs::remove_dir_all(&cache);
     compile.sort();
     from_cache.sort();
+    let fast: Vec<Duration> = (0..3)
+        .map(|_| fast_load(&bytes, &limits, FastCompiler::CraneliftNone))
+        .collect();
+    let mut winch: Vec<Duration> = (0..3)
+        .map(|_| fast_load(&bytes, &limits, FastCompiler::Winch))
+        .collect();
+    winch.sort();
 
     let config = EngineConfig {
         memory_keep_resident: std::env::var("WASMOP_BENCH_KEEP_RESIDENT_KIB")
             .ok()
             .and_then(|v| v.parse::<usize>().ok())
             .map_or(EngineConfig::default().memory_keep_resident, |k| k << 10),
+        tiered: false,
         ..EngineConfig::default()
     };
     let engine = Engine::new(&config).expect("engine");
@@ -287,12 +299,190 @@ fn main() {
         config.memory_keep_resident >> 10
     );
     println!("compile with Cranelift (median of 3): {}", ms(compile[1]));
+    let mut fast = fast;
+    fast.sort();
+    println!(
+        "compile the fast tier, Cranelift without optimizations (median of 3): {}",
+        ms(fast[1])
+    );
+    println!(
+        "compile the fast tier, Winch (median of 3): {}",
+        ms(winch[1])
+    );
     println!(
         "load from the compiled-module cache (median of 3): {}",
         ms(from_cache[1])
     );
+    python_rows(&engine, &limits, w50);
     println!(
         "dispatch wasm/native p50 ratio: {:.2}",
         w50.as_secs_f64() / n50.as_secs_f64()
+    );
+}
+
+const PYTHON_CALLS: usize = 300;
+
+/// How long a tiered engine with no cache takes to load `bytes`: the fast build (Cranelift
+/// without optimizations) plus the metadata call. Then waits for the background optimized
+/// build to be swapped in, so it does not compete with later measurements.
+fn fast_load(bytes: &[u8], limits: &Limits, compiler: FastCompiler) -> Duration {
+    let engine = Engine::new(&EngineConfig {
+        tiered: true,
+        max_background_compiles: 1,
+        fast_compiler: compiler,
+        ..EngineConfig::default()
+    })
+    .expect("engine");
+    let t = Instant::now();
+    let module = engine.load(bytes, limits).expect("fast load");
+    let took = t.elapsed();
+    assert_eq!(module.tier(), wasmop::engine::Tier::Fast);
+    let waiting = Instant::now();
+    while module.tier() != wasmop::engine::Tier::Optimized {
+        assert!(
+            waiting.elapsed() < Duration::from_secs(600),
+            "the optimized build did not arrive in 10 minutes"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    eprintln!(
+        "  fast tier in {}, optimized build swapped in {} later",
+        ms(took),
+        ms(waiting.elapsed())
+    );
+    took
+}
+
+/// Builds (or finds up to date) the tenant example's component.
+fn tenant_component() -> Vec<u8> {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let out = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("python/tenant.wasm");
+    let status = std::process::Command::new("bash")
+        .arg(root.join("scripts/python-module.sh"))
+        .arg("build")
+        .arg(root.join("examples/tenant"))
+        .arg("tenant")
+        .arg(&out)
+        .status()
+        .expect("runs bash");
+    assert!(
+        status.success(),
+        "building the tenant component failed (see above)"
+    );
+    std::fs::read(&out).expect("the built tenant component")
+}
+
+fn yaml_objects(path: &str) -> Vec<Value> {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/tenant");
+    let text = std::fs::read_to_string(root.join(path)).expect("a tenant fixture");
+    serde_saphyr::from_str_multiple::<Value, Vec<Value>>(&text).expect("fixture YAML")
+}
+
+/// The request `wasmop test` builds from the tenant example's fixtures.
+fn tenant_request(module: &wasmop::engine::Module) -> ReconcileRequest {
+    let observed: Vec<Value> = [
+        "fixtures/observed/namespace.yaml",
+        "fixtures/observed/quota.yaml",
+    ]
+    .iter()
+    .flat_map(|p| yaml_objects(p))
+    .collect();
+    let owned = module
+        .metadata()
+        .owns
+        .iter()
+        .map(|kind| KindObjects {
+            kind: kind.clone(),
+            objects: observed
+                .iter()
+                .filter(|o| o["kind"] == kind.kind.as_str())
+                .map(Value::to_string)
+                .collect(),
+        })
+        .collect();
+    ReconcileRequest {
+        primary: yaml_objects("fixtures/cr.yaml").remove(0).to_string(),
+        owned,
+        related: vec![],
+        context: Context {
+            reconciler: "tenant".into(),
+            trigger: Trigger::PrimaryChanged,
+            attempt: 1,
+            config: "{}".into(),
+            now_unix_ms: 0,
+        },
+    }
+}
+
+/// The Python module's per-call cost, fresh sandbox per call, beside the Rust module's p50.
+fn python_rows(engine: &Engine, limits: &Limits, rust_p50: Duration) {
+    let bytes = tenant_component();
+    let limits = Limits {
+        memory_bytes: 128 << 20,
+        ..*limits
+    };
+    let fast = fast_load(&bytes, &limits, FastCompiler::CraneliftNone);
+    let winch = fast_load(&bytes, &limits, FastCompiler::Winch);
+    let t = Instant::now();
+    let module = engine
+        .load(&bytes, &limits)
+        .expect("load the tenant component");
+    let compile = t.elapsed();
+    let request = tenant_request(&module);
+    let (mut w, mut inst, mut call) = (Vec::new(), Vec::new(), Vec::new());
+    let mut peak = 0;
+    for i in 0..PYTHON_CALLS + 20 {
+        let t = Instant::now();
+        let out = module.reconcile(request.clone(), &limits);
+        let took = t.elapsed();
+        let response = out.result.expect("python reconcile");
+        assert_eq!(response.children.len(), 5, "the tenant's five child kinds");
+        if i >= 20 {
+            w.push(took);
+            inst.push(out.stats.instantiate);
+            call.push(out.stats.call);
+            peak = peak.max(out.stats.memory_peak);
+        }
+    }
+    w.sort();
+    inst.sort();
+    call.sort();
+    let needs = module.needs();
+    println!(
+        "python module: tenant reconcile on its fixtures, {} bytes, {} core instances, {PYTHON_CALLS} calls",
+        bytes.len(),
+        needs.core_instances
+    );
+    println!("| module | p50 | p99 |");
+    println!("| --- | --- | --- |");
+    println!(
+        "| Rust (image-updater), fresh sandbox per call | {} | - |",
+        us(rust_p50)
+    );
+    println!(
+        "| Python (tenant), fresh sandbox per call | {} | {} |",
+        us(percentile(&w, 0.5)),
+        us(percentile(&w, 0.99))
+    );
+    println!(
+        "| of which: instantiate (Store + instance) | {} | {} |",
+        us(percentile(&inst, 0.5)),
+        us(percentile(&inst, 0.99))
+    );
+    println!(
+        "| of which: the call (CPython and conversions) | {} | {} |",
+        us(percentile(&call, 0.5)),
+        us(percentile(&call, 0.99))
+    );
+    println!(
+        "python linear memory high-water mark: {} KiB; compile optimized: {}; fast tier: Cranelift without optimizations {}, Winch {}",
+        peak >> 10,
+        ms(compile),
+        ms(fast),
+        ms(winch)
+    );
+    println!(
+        "dispatch python/rust p50 ratio: {:.1}",
+        percentile(&w, 0.5).as_secs_f64() / rust_p50.as_secs_f64()
     );
 }

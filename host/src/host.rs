@@ -233,6 +233,9 @@ impl Host {
             cache_dir: options.cache_dir.clone(),
             max_instances: options.max_module_calls.max(1),
             max_calls: options.max_module_calls.max(1),
+            // A push reconciles with a fast build at once; the optimized one follows.
+            // `WASMOP_TIERED_COMPILATION=off` compiles optimized before activating instead.
+            tiered: std::env::var("WASMOP_TIERED_COMPILATION").map_or(true, |v| v != "off"),
             ..EngineConfig::default()
         })?;
         let ctx = Arc::new(HostContext {

@@ -7,7 +7,7 @@ use serde_json::json;
 
 use super::{CliError, engine, to_yaml};
 use crate::contract::{WIT_PACKAGE, WIT_VERSION};
-use crate::engine::{Compiled, Limits};
+use crate::engine::{Compiled, Limits, MAX_CORE_INSTANCES_PER_MODULE, Needs};
 
 /// Arguments of `inspect`.
 #[derive(Debug, clap::Args)]
@@ -47,6 +47,7 @@ pub(crate) fn run(args: Args) -> Result<ExitCode, CliError> {
             "size": module.size(),
             "sha256": module.sha256(),
             "metadata": m,
+            "needs": module.needs(),
         });
         print!("{}", to_yaml(&doc));
         return Ok(ExitCode::SUCCESS);
@@ -77,6 +78,7 @@ pub(crate) fn run(args: Args) -> Result<ExitCode, CliError> {
     );
     println!("finalizes:  {}", if m.finalizes { "yes" } else { "no" });
     println!("validates:  {}", if m.validates { "yes" } else { "no" });
+    print_needs(module.needs());
     println!(
         "compiled:   {} in {:.1} ms",
         match module.compiled() {
@@ -86,4 +88,25 @@ pub(crate) fn run(args: Args) -> Result<ExitCode, CliError> {
         module.load_time().as_secs_f64() * 1e3
     );
     Ok(ExitCode::SUCCESS)
+}
+
+fn mib(bytes: u64) -> String {
+    format!("{:.1} MiB", bytes as f64 / f64::from(1 << 20))
+}
+
+/// What one sandbox of the module takes, beside the limits that apply.
+fn print_needs(n: &Needs) {
+    println!(
+        "needs:      {} core instances of {} core modules (at most {MAX_CORE_INSTANCES_PER_MODULE}); \
+         {} memories, {} initial ({} largest; the default per-call cap is {}); \
+         {} tables (largest {} elements)",
+        n.core_instances,
+        n.core_modules,
+        n.memories,
+        mib(n.initial_memory_bytes),
+        mib(n.largest_initial_memory_bytes),
+        mib(Limits::default().memory_bytes),
+        n.tables,
+        n.max_table_elements,
+    );
 }

@@ -132,6 +132,8 @@ pub fn engine(use_cache: bool) -> Result<Engine, CliError> {
     let config = EngineConfig {
         cache_dir: use_cache.then(|| cache_dir().join("compiled")),
         max_instances: 16,
+        // One-shot commands want the optimized build now, not a fast one replaced later.
+        tiered: false,
         ..EngineConfig::default()
     };
     Engine::new(&config).map_err(|e| CliError::Other(e.to_string()))

@@ -69,6 +69,18 @@ pub enum LoadError {
     /// (see [`LoadError::is_module_fault`]); loading it again later may succeed.
     #[error("cannot read the module's metadata() now: {0}")]
     Busy(CallError),
+    /// It needs more of the sandbox than the engine or the call limits give any module.
+    #[error("the module needs {needs} {what}, more than the {allowed} allowed: {advice}")]
+    Needs {
+        /// What it needs (`core-module instances`).
+        what: &'static str,
+        /// How many.
+        needs: u64,
+        /// The limit.
+        allowed: u64,
+        /// What to do.
+        advice: &'static str,
+    },
     /// The compiled-artifact cache could not be written (loading still fails only if compiling
     /// failed; this is reported for `wasmop inspect --cache`).
     #[error("cannot use the compiled-module cache {path}: {source}")]

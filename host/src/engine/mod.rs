@@ -30,21 +30,25 @@
 mod cache;
 mod convert;
 mod error;
+mod needs;
 mod queue;
 mod sandbox;
+mod tier;
 
 use std::path::PathBuf;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::{Arc, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
 use sha2::{Digest, Sha256};
 use wasmtime::component::{Component, HasSelf, Linker, types::ComponentItem};
 use wasmtime::{Store, Trap};
 
-pub use cache::ArtifactCache;
+pub use cache::{ArtifactCache, DEFAULT_CACHE_MAX_BYTES};
 pub use error::{CallError, LoadError};
+pub use needs::{Needs, NeedsError, needs};
 pub use queue::{CallQueue, QueueTimeout, Slot};
+pub use tier::{CompileGate, CompilePermit, FastCompiler, Tier};
 
 use crate::contract::{
     FinalizeResponse, ModuleMetadata, ReconcileRequest, ReconcileResponse, ValidateRequest,
@@ -67,6 +71,10 @@ fn guest_export() -> String {
     format!("{WIT_PACKAGE}/guest@{WIT_VERSION}")
 }
 
+/// The most core-module instances one module may make. A Rust module makes 2 or 3; a Python
+/// module built by componentize-py 0.25 makes 16 (CPython, its libc, WASI adapters, shims).
+pub const MAX_CORE_INSTANCES_PER_MODULE: u32 = 32;
+
 /// The functions of the guest interface.
 const GUEST_FUNCTIONS: [&str; 4] = ["metadata", "reconcile", "finalize", "validate"];
 
@@ -87,6 +95,16 @@ pub struct EngineConfig {
     /// How many module calls may run at once (the slots of the fair call queue; at most
     /// `max_instances`). More calls wait, within their deadline.
     pub max_calls: u32,
+    /// Tiered compilation: activate a quickly compiled build, optimize in the background
+    /// (see [`Tier`]). Off (the default, for one-shot tools and tests): every load compiles
+    /// optimized before it returns. The host (`wasmop run`) turns it on.
+    pub tiered: bool,
+    /// Optimized builds compiled in the background at once (each on one thread).
+    pub max_background_compiles: usize,
+    /// The compiler of the fast tier.
+    pub fast_compiler: FastCompiler,
+    /// The size bound of the on-disk compiled cache (least recently used entries are evicted).
+    pub cache_max_bytes: u64,
 }
 
 impl Default for EngineConfig {
@@ -98,6 +116,10 @@ impl Default for EngineConfig {
             tick: Duration::from_millis(2),
             memory_keep_resident: 4 << 20,
             max_calls: 256,
+            tiered: false,
+            max_background_compiles: 1,
+            fast_compiler: FastCompiler::default(),
+            cache_max_bytes: DEFAULT_CACHE_MAX_BYTES,
         }
     }
 }
@@ -180,9 +202,21 @@ pub struct Engine {
     inner: wasmtime::Engine,
     linker: Arc<Linker<State>>,
     cache: Option<ArtifactCache>,
+    /// The quick compiler of tiered compilation, if on.
+    fast: Option<FastTier>,
+    compiles: Arc<CompileGate>,
     tick: Duration,
     queue: CallQueue,
     _ticker: Arc<Ticker>,
+}
+
+/// The engine that compiles fast builds ([`FastCompiler`]); its sandboxes come
+/// from the on-demand allocator, since a fast build serves only until the optimized one is in.
+#[derive(Clone)]
+struct FastTier {
+    inner: wasmtime::Engine,
+    linker: Arc<Linker<State>>,
+    cache: Option<ArtifactCache>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -206,7 +240,9 @@ pub enum Compiled {
 /// A loaded module: checked, compiled, pre-linked. Cheap to clone; share it between calls.
 #[derive(Clone)]
 pub struct Module {
-    pre: bindings::ModulePre<State>,
+    /// The build serving calls; tiered compilation replaces it with the optimized one.
+    pre: Arc<RwLock<bindings::ModulePre<State>>>,
+    tier: Arc<AtomicU8>,
     engine: Engine,
     name: Arc<str>,
     metadata: ModuleMetadata,
@@ -214,6 +250,7 @@ pub struct Module {
     size: usize,
     compiled: Compiled,
     load_time: Duration,
+    needs: Needs,
 }
 
 impl std::fmt::Debug for Module {
@@ -243,13 +280,14 @@ impl Engine {
         let memory = usize::try_from(config.max_memory_bytes)
             .map_err(|e| LoadError::Engine(format!("max memory: {e}")))?;
         pool.total_component_instances(config.max_instances)
-            .total_core_instances(config.max_instances * 4)
+            // A Python module takes 14 core instances per sandbox, a Rust one 2 or 3.
+            .total_core_instances(config.max_instances * 8)
             .total_memories(config.max_instances * 2)
             .total_tables(config.max_instances * 4)
             // Async calls run on fiber stacks: one per call.
             .total_stacks(config.max_instances)
             .max_memory_size(memory)
-            .max_core_instances_per_component(16)
+            .max_core_instances_per_component(MAX_CORE_INSTANCES_PER_MODULE)
             .linear_memory_keep_resident(config.memory_keep_resident)
             .table_keep_resident(64 << 10);
         let mut wc = wasmtime::Config::new();
@@ -258,27 +296,51 @@ impl Engine {
             .allocation_strategy(wasmtime::InstanceAllocationStrategy::Pooling(pool))
             .memory_init_cow(true)
             .wasm_backtrace_max_frames(None)
-            .parallel_compilation(true);
+            // Tiered: optimized builds compile in the background, one thread each, so that
+            // compiles leave cores to reconciles.
+            .parallel_compilation(!config.tiered);
         let inner = wasmtime::Engine::new(&wc).map_err(|e| LoadError::Engine(format!("{e:#}")))?;
-        let mut linker = Linker::<State>::new(&inner);
-        wasmtime_wasi::p2::add_to_linker_async(&mut linker)
-            .map_err(|e| LoadError::Engine(format!("linking WASI: {e:#}")))?;
-        bindings::wasmop::reconciler::host::add_to_linker::<State, HasSelf<State>>(
-            &mut linker,
-            |s| s,
-        )
-        .map_err(|e| LoadError::Engine(format!("linking the host interface: {e:#}")))?;
+        let linker = new_linker(&inner)?;
+        let fast = if config.tiered {
+            let mut fc = wasmtime::Config::new();
+            match config.fast_compiler {
+                FastCompiler::CraneliftNone => fc.cranelift_opt_level(wasmtime::OptLevel::None),
+                FastCompiler::Winch => fc.strategy(wasmtime::Strategy::Winch),
+            };
+            fc.epoch_interruption(true)
+                .memory_init_cow(true)
+                .wasm_backtrace_max_frames(None)
+                .parallel_compilation(true);
+            let fast = wasmtime::Engine::new(&fc)
+                .map_err(|e| LoadError::Engine(format!("the fast tier: {e:#}")))?;
+            Some(FastTier {
+                linker: Arc::new(new_linker(&fast)?),
+                cache: config
+                    .cache_dir
+                    .clone()
+                    .map(|dir| ArtifactCache::new(dir, &fast, "fast", config.cache_max_bytes)),
+                inner: fast,
+            })
+        } else {
+            None
+        };
         let stop = Arc::new(AtomicBool::new(false));
         {
-            let (engine, stop, tick) = (inner.weak(), stop.clone(), config.tick);
+            let engines: Vec<_> = std::iter::once(&inner)
+                .chain(fast.as_ref().map(|f| &f.inner))
+                .map(wasmtime::Engine::weak)
+                .collect();
+            let (stop, tick) = (stop.clone(), config.tick);
             std::thread::Builder::new()
                 .name("wasmop-epoch".into())
                 .spawn(move || {
                     while !stop.load(Ordering::Relaxed) {
                         std::thread::sleep(tick);
-                        match engine.upgrade() {
-                            Some(e) => e.increment_epoch(),
-                            None => return,
+                        for engine in &engines {
+                            match engine.upgrade() {
+                                Some(e) => e.increment_epoch(),
+                                None => return,
+                            }
                         }
                     }
                 })
@@ -287,11 +349,13 @@ impl Engine {
         let cache = config
             .cache_dir
             .clone()
-            .map(|dir| ArtifactCache::new(dir, &inner));
+            .map(|dir| ArtifactCache::new(dir, &inner, "optimized", config.cache_max_bytes));
         Ok(Engine {
             inner,
             linker: Arc::new(linker),
             cache,
+            fast,
+            compiles: CompileGate::new(config.max_background_compiles),
             tick: config.tick,
             queue: CallQueue::new(config.max_calls.min(config.max_instances) as usize),
             _ticker: Arc::new(Ticker { stop }),
@@ -316,36 +380,44 @@ impl Engine {
     pub fn load(&self, bytes: &[u8], limits: &Limits) -> Result<Module, LoadError> {
         let started = Instant::now();
         check_header(bytes)?;
+        let needs = needs::needs(bytes).map_err(|e| LoadError::Compile(e.to_string()))?;
+        check_needs(&needs, limits)?;
         let sha256 = sha256_hex(bytes);
-        let cached = self
+        let optimized = self
             .cache
             .as_ref()
             .and_then(|c| c.get(&self.inner, &sha256));
-        let (component, compiled) = match cached {
-            Some(c) => (c, Compiled::FromCache),
-            None => {
-                let c = Component::new(&self.inner, bytes)
-                    .map_err(|e| LoadError::Compile(format!("{e:#}")))?;
-                check_world(&self.inner, &c)?;
-                if let Some(cache) = &self.cache
-                    && let Err(e) = cache.put(&sha256, &c)
-                {
-                    tracing::warn!(dir = %cache.dir().display(), error = %e, "cannot write the compiled-module cache; the next load compiles again");
-                }
-                (c, Compiled::Fresh)
+        // Tiered: unless the optimized build is cached, serve a fast build first.
+        let (pre, compiled, tier) = match (optimized, &self.fast) {
+            (Some(component), _) => (
+                link(&self.inner, &self.linker, &component)?,
+                Compiled::FromCache,
+                Tier::Optimized,
+            ),
+            (None, Some(fast)) => {
+                let (pre, compiled) = build(
+                    &fast.inner,
+                    &fast.linker,
+                    fast.cache.as_ref(),
+                    bytes,
+                    &sha256,
+                )?;
+                (pre, compiled, Tier::Fast)
+            }
+            (None, None) => {
+                let (pre, compiled) = build(
+                    &self.inner,
+                    &self.linker,
+                    self.cache.as_ref(),
+                    bytes,
+                    &sha256,
+                )?;
+                (pre, compiled, Tier::Optimized)
             }
         };
-        check_world(&self.inner, &component)?;
-        let instance_pre = self
-            .linker
-            .instantiate_pre(&component)
-            .map_err(|e| link_error(&e))?;
-        let pre = bindings::ModulePre::new(instance_pre).map_err(|e| LoadError::TypeMismatch {
-            detail: format!("{e:#}"),
-            supported: WIT_VERSION,
-        })?;
         let mut module = Module {
-            pre,
+            pre: Arc::new(RwLock::new(pre)),
+            tier: Arc::new(AtomicU8::new(tier as u8)),
             engine: self.clone(),
             name: Arc::from(format!("sha256:{}", &sha256[..12])),
             metadata: placeholder_metadata(),
@@ -353,6 +425,7 @@ impl Engine {
             size: bytes.len(),
             compiled,
             load_time: Duration::ZERO,
+            needs,
         };
         let metadata = module
             .call("load", limits, METADATA_OUTPUT_MAX, async |g, s| {
@@ -372,8 +445,90 @@ impl Engine {
         module.name = Arc::from(metadata.name.as_str());
         module.metadata = metadata;
         module.load_time = started.elapsed();
+        if tier == Tier::Fast {
+            self.optimize_in_background(&module, bytes.to_vec());
+        }
         Ok(module)
     }
+
+    /// Compiles the optimized build of `module` on a background thread (one compile permit)
+    /// and swaps it in. Skipped when nobody holds the module any more.
+    fn optimize_in_background(&self, module: &Module, bytes: Vec<u8>) {
+        let engine = self.clone();
+        let (pre, tier) = (Arc::downgrade(&module.pre), module.tier.clone());
+        let (name, sha256) = (module.name.clone(), module.sha256.clone());
+        let spawned = std::thread::Builder::new()
+            .name("wasmop-optimize".into())
+            .spawn(move || {
+                let _permit = engine.compiles.acquire();
+                if pre.strong_count() == 0 {
+                    return;
+                }
+                let started = Instant::now();
+                match build(&engine.inner, &engine.linker, engine.cache.as_ref(), &bytes, &sha256) {
+                    Ok((optimized, _)) => {
+                        let Some(pre) = pre.upgrade() else { return };
+                        *pre.write().unwrap_or_else(PoisonError::into_inner) = optimized;
+                        tier.store(Tier::Optimized as u8, Ordering::Release);
+                        tracing::info!(module = %name, sha256 = %sha256, took_ms = started.elapsed().as_millis() as u64, "the optimized build now serves");
+                    }
+                    Err(e) => {
+                        tracing::warn!(module = %name, sha256 = %sha256, error = %e, "the optimized build failed; the fast build keeps serving")
+                    }
+                }
+            });
+        if let Err(e) = spawned {
+            tracing::warn!(module = %module.name, error = %e, "cannot start the optimizing compile; the fast build keeps serving");
+        }
+    }
+}
+
+/// Compiles `bytes` with `engine` (or loads them from `cache`), checks the world and links.
+fn build(
+    engine: &wasmtime::Engine,
+    linker: &Linker<State>,
+    cache: Option<&ArtifactCache>,
+    bytes: &[u8],
+    sha256: &str,
+) -> Result<(bindings::ModulePre<State>, Compiled), LoadError> {
+    if let Some(component) = cache.and_then(|c| c.get(engine, sha256)) {
+        return Ok((link(engine, linker, &component)?, Compiled::FromCache));
+    }
+    let component =
+        Component::new(engine, bytes).map_err(|e| LoadError::Compile(format!("{e:#}")))?;
+    check_world(engine, &component)?;
+    if let Some(cache) = cache
+        && let Err(e) = cache.put(sha256, &component)
+    {
+        tracing::warn!(dir = %cache.dir().display(), error = %e, "cannot write the compiled-module cache; the next load compiles again");
+    }
+    Ok((link(engine, linker, &component)?, Compiled::Fresh))
+}
+
+/// Checks the world of a compiled `component` and pre-links it.
+fn link(
+    engine: &wasmtime::Engine,
+    linker: &Linker<State>,
+    component: &Component,
+) -> Result<bindings::ModulePre<State>, LoadError> {
+    check_world(engine, component)?;
+    let instance_pre = linker
+        .instantiate_pre(component)
+        .map_err(|e| link_error(&e))?;
+    bindings::ModulePre::new(instance_pre).map_err(|e| LoadError::TypeMismatch {
+        detail: format!("{e:#}"),
+        supported: WIT_VERSION,
+    })
+}
+
+/// The linker of `engine`: WASI (granting nothing) and the host interface.
+fn new_linker(engine: &wasmtime::Engine) -> Result<Linker<State>, LoadError> {
+    let mut linker = Linker::<State>::new(engine);
+    wasmtime_wasi::p2::add_to_linker_async(&mut linker)
+        .map_err(|e| LoadError::Engine(format!("linking WASI: {e:#}")))?;
+    bindings::wasmop::reconciler::host::add_to_linker::<State, HasSelf<State>>(&mut linker, |s| s)
+        .map_err(|e| LoadError::Engine(format!("linking the host interface: {e:#}")))?;
+    Ok(linker)
 }
 
 fn placeholder_metadata() -> ModuleMetadata {
@@ -386,6 +541,27 @@ fn placeholder_metadata() -> ModuleMetadata {
         finalizes: false,
         validates: false,
     }
+}
+
+/// Refuses a module that could never be instantiated under this engine's pool or `limits`.
+fn check_needs(needs: &Needs, limits: &Limits) -> Result<(), LoadError> {
+    if needs.core_instances > MAX_CORE_INSTANCES_PER_MODULE {
+        return Err(LoadError::Needs {
+            what: "core-module instances",
+            needs: u64::from(needs.core_instances),
+            allowed: u64::from(MAX_CORE_INSTANCES_PER_MODULE),
+            advice: "a module this large cannot run in a wasmop sandbox; split it or build it with fewer components",
+        });
+    }
+    if needs.largest_initial_memory_bytes > limits.memory_bytes {
+        return Err(LoadError::Needs {
+            what: "bytes of initial linear memory",
+            needs: needs.largest_initial_memory_bytes,
+            allowed: limits.memory_bytes,
+            advice: "raise spec.limits.memory of the WasmReconciler (wasmop test: --memory-mib)",
+        });
+    }
+    Ok(())
 }
 
 fn check_header(bytes: &[u8]) -> Result<(), LoadError> {
@@ -552,6 +728,20 @@ impl Module {
         self.compiled
     }
 
+    /// The build serving calls now: fast until tiered compilation swaps the optimized one in.
+    pub fn tier(&self) -> Tier {
+        if self.tier.load(Ordering::Acquire) == Tier::Fast as u8 {
+            Tier::Fast
+        } else {
+            Tier::Optimized
+        }
+    }
+
+    /// What one sandbox of this module takes from the pool (read from its bytes at load).
+    pub fn needs(&self) -> &Needs {
+        &self.needs
+    }
+
     /// How long [`Engine::load`] took.
     pub fn load_time(&self) -> Duration {
         self.load_time
@@ -668,8 +858,14 @@ impl Module {
             }
         };
         let remaining = deadline_at.saturating_duration_since(Instant::now());
+        // The build current now serves this whole call, even if the optimized one lands.
+        let pre = self
+            .pre
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
         let mut store = Store::new(
-            &engine.inner,
+            pre.engine(),
             State::new(self.name.clone(), limits.memory_bytes, limits.log_lines),
         );
         store.limiter(|s| &mut s.limiter);
@@ -681,8 +877,7 @@ impl Module {
         let instantiating = Instant::now();
         let mut instantiated = None;
         let run = async {
-            let instance = self
-                .pre
+            let instance = pre
                 .instantiate_async(&mut store)
                 .await
                 .map_err(|e| (e, true))?;

@@ -1,0 +1,134 @@
+//! Python modules: the Python SDK and the tenant example pass their pytest suites, and the tenant
+//! component, built with the pinned componentize-py (scripts/python-module.sh), loads in the host
+//! and matches its golden files under `wasmop test`, exactly as a Rust module does.
+//!
+//! The first run installs the pinned tools (network); later runs are offline. A missing Python
+//! fails these tests with the script's message: they never skip.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::OnceLock;
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn script() -> Command {
+    let mut cmd = Command::new("bash");
+    cmd.arg(root().join("scripts/python-module.sh"));
+    cmd
+}
+
+fn succeed(what: &str, out: Output) -> String {
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "{what} failed ({}):\n{stdout}\n{stderr}",
+        out.status
+    );
+    stdout + &stderr
+}
+
+/// The tenant component, built once per test binary (skipped by the script when up to date).
+fn tenant_wasm() -> &'static Path {
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    BUILT.get_or_init(|| {
+        let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("python/tenant.wasm");
+        let result = script()
+            .arg("build")
+            .arg(root().join("examples/tenant"))
+            .arg("tenant")
+            .arg(&out)
+            .output()
+            .expect("runs bash");
+        succeed("building the tenant component", result);
+        out
+    })
+}
+
+fn wasmop() -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_wasmop"));
+    // A cache that outlives the run: compiling the 18 MB component takes tens of seconds.
+    let cache = Path::new(env!("CARGO_TARGET_TMPDIR")).join("python/compiled");
+    cmd.env("WASMOP_CACHE", cache).env("RUST_LOG", "warn");
+    cmd.current_dir(root().join("examples/tenant"));
+    cmd
+}
+
+#[test]
+fn the_python_sdk_passes_its_pytest_suite() {
+    let out = script()
+        .arg("pytest")
+        .arg(root().join("guest-sdk/python"))
+        .output()
+        .expect("runs bash");
+    let text = succeed("pytest guest-sdk/python", out);
+    assert!(text.contains(" passed"), "{text}");
+}
+
+#[test]
+fn the_tenant_example_passes_its_pytest_suite() {
+    let out = script()
+        .arg("pytest")
+        .arg(root().join("examples/tenant"))
+        .output()
+        .expect("runs bash");
+    let text = succeed("pytest examples/tenant", out);
+    assert!(text.contains(" passed"), "{text}");
+}
+
+#[test]
+fn the_tenant_component_matches_its_golden_files() {
+    let wasm = tenant_wasm();
+    let reconcile = wasmop()
+        .arg("test")
+        .arg(wasm)
+        .args(["--object", "fixtures/cr.yaml"])
+        .args(["--observed", "fixtures/observed/namespace.yaml"])
+        .args(["--observed", "fixtures/observed/quota.yaml"])
+        .args(["--reconciler", "tenant"])
+        .args(["--expect", "fixtures/expected.yaml"])
+        .output()
+        .expect("runs wasmop");
+    let text = succeed("wasmop test (reconcile)", reconcile);
+    assert!(text.contains("the intents match"), "{text}");
+
+    let validate = wasmop()
+        .arg("test")
+        .arg(wasm)
+        .args(["--validate", "--object", "fixtures/validate/shrink.yaml"])
+        .args(["--old", "fixtures/cr.yaml"])
+        .args(["--expect", "fixtures/expected-validate.yaml"])
+        .output()
+        .expect("runs wasmop");
+    let text = succeed("wasmop test --validate", validate);
+    assert!(text.contains("below the current usage 6Gi"), "{text}");
+}
+
+#[test]
+fn inspect_shows_what_the_python_component_needs_and_a_too_small_memory_cap_is_refused_at_load() {
+    let wasm = tenant_wasm();
+    let inspect = wasmop()
+        .arg("inspect")
+        .arg(wasm)
+        .output()
+        .expect("runs wasmop");
+    let text = succeed("wasmop inspect", inspect);
+    // componentize-py 0.25.1: CPython, libc, the WASI adapter and shims, one ~12.7 MiB memory.
+    assert!(text.contains("needs:      14 core instances"), "{text}");
+    assert!(text.contains("1 memories, 12.7 MiB initial"), "{text}");
+
+    let refused = wasmop()
+        .arg("test")
+        .arg(wasm)
+        .args(["--object", "fixtures/cr.yaml", "--memory-mib", "8"])
+        .output()
+        .expect("runs wasmop");
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("bytes of initial linear memory") && stderr.contains("spec.limits.memory"),
+        "{stderr}"
+    );
+}

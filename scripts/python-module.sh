@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# Python modules: one command to build one, one to test it, with pinned tools.
+#
+#   scripts/python-module.sh build APP_DIR APP_MODULE OUT.wasm   componentize APP_DIR/APP_MODULE.py
+#   scripts/python-module.sh pytest DIR                          pytest in DIR (its pyproject.toml)
+#   scripts/python-module.sh tools                               install the tools, print their venv
+#
+# The tools (guest-sdk/python/requirements.txt: componentize-py 0.25.1, pytest, PyYAML) are
+# installed once into a venv under ~/.cache/wasmop (WASMOP_PYTHON_VENV overrides); later runs are
+# offline. A build is skipped when OUT.wasm was built from the same inputs (WIT, SDK, app, tools).
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+REQUIREMENTS="$ROOT/guest-sdk/python/requirements.txt"
+VENV=${WASMOP_PYTHON_VENV:-$HOME/.cache/wasmop/componentize-py-0.25.1}
+PYTHON=${PYTHON:-python3}
+
+die() { echo "python-module: $*" >&2; exit 1; }
+
+tools() {
+  command -v "$PYTHON" >/dev/null || die "$PYTHON not found: install Python 3.11 or newer"
+  "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' ||
+    die "$("$PYTHON" --version) is too old: the SDK's native tests need Python 3.11 or newer"
+  mkdir -p "$(dirname "$VENV")"
+  # One installer at a time (tests build in parallel); the stamp says what is installed.
+  exec 9>"$VENV.lock"
+  flock 9
+  if ! cmp -s "$REQUIREMENTS" "$VENV/.requirements" 2>/dev/null; then
+    echo "python-module: installing the pinned Python tools into $VENV (first time only)" >&2
+    rm -rf "$VENV"
+    "$PYTHON" -m venv "$VENV" || die "cannot create a venv at $VENV (is python3-venv installed?)"
+    "$VENV/bin/pip" install --quiet --disable-pip-version-check -r "$REQUIREMENTS" ||
+      die "cannot install $REQUIREMENTS (the first run needs the package index)"
+    cp "$REQUIREMENTS" "$VENV/.requirements"
+  fi
+  flock -u 9
+}
+
+inputs_digest() {
+  local app_dir=$1
+  { cat "$REQUIREMENTS" "$ROOT/wit/reconciler.wit"
+    find "$ROOT/guest-sdk/python/wasmop_sdk" "$app_dir" -maxdepth 1 -name '*.py' -type f | sort | xargs cat
+  } | sha256sum | cut -d' ' -f1
+}
+
+build() {
+  [ $# -eq 3 ] || die "usage: build APP_DIR APP_MODULE OUT.wasm"
+  local app_dir app=$2 out=$3
+  app_dir=$(cd "$1" && pwd) || die "no app directory $1"
+  [ -f "$app_dir/$app.py" ] || die "no $app_dir/$app.py"
+  tools
+  local digest
+  digest=$(inputs_digest "$app_dir")
+  if [ -f "$out" ] && [ "$(cat "$out.inputs" 2>/dev/null)" = "$digest" ]; then
+    echo "python-module: $out is up to date" >&2
+    return
+  fi
+  mkdir -p "$(dirname "$out")"
+  local started=$SECONDS
+  "$VENV/bin/componentize-py" -d "$ROOT/wit/reconciler.wit" -w module componentize "$app" \
+    -p "$app_dir" -p "$ROOT/guest-sdk/python" -o "$out.tmp" >&2 ||
+    die "componentize-py failed for $app_dir/$app.py (its message is above)"
+  mv "$out.tmp" "$out"
+  echo "$digest" >"$out.inputs"
+  echo "python-module: built $out ($(stat -c %s "$out") bytes) in $((SECONDS - started)) s" >&2
+}
+
+run_pytest() {
+  [ $# -eq 1 ] || die "usage: pytest DIR"
+  tools
+  cd "$1"
+  "$VENV/bin/python" -m pytest -q -p no:cacheprovider
+}
+
+case "${1:-}" in
+  build) shift; build "$@" ;;
+  pytest) shift; run_pytest "$@" ;;
+  tools) tools; echo "$VENV" ;;
+  *) die "usage: $0 build APP_DIR APP_MODULE OUT.wasm | pytest DIR | tools" ;;
+esac
