@@ -93,6 +93,8 @@ pub struct HostContext {
     pub default_resync: Duration,
     /// Serve only WasmReconcilers matching this label selector.
     pub selector: Option<String>,
+    /// Where failed requests are recorded (`--record-failures`), if anywhere.
+    pub failures: Option<Arc<crate::controller::record::FailureRecorder>>,
     /// OCI module sources.
     pub oci: crate::modules::oci::OciOptions,
 }
@@ -974,24 +976,6 @@ impl Supervisor {
         }
         let limits = self.limits()?;
         let engine = self.ctx.engine.clone();
-        let raw = bytes.bytes.clone();
-        let module = tokio::task::spawn_blocking(move || engine.load(&raw, &limits))
-            .await
-            .map_err(|e| SetupError {
-                reason: "ModuleInvalid",
-                message: format!("loading was interrupted: {e}"),
-            })?
-            .map_err(|e| SetupError {
-                reason: if e.is_module_fault() {
-                    "ModuleInvalid"
-                } else {
-                    HOST_BUSY
-                },
-                message: format!(
-                    "ConfigMap {}/{} key {}: {e}",
-                    source.namespace, source.name, bytes.key
-                ),
-            })?;
         // The bytes move into the compile task and back: the module is never held twice.
         let raw = std::mem::take(&mut bytes.bytes);
         let (loaded, raw) = tokio::task::spawn_blocking(move || {
@@ -1005,7 +989,11 @@ impl Supervisor {
         })?;
         bytes.bytes = raw;
         let module = loaded.map_err(|e| SetupError {
-            reason: "ModuleInvalid",
+            reason: if e.is_module_fault() {
+                "ModuleInvalid"
+            } else {
+                HOST_BUSY
+            },
             message: format!("{} key {}: {e}", self.source_label(), bytes.key),
         })?;
         let owned: Vec<Gvk> = spec.owns.iter().map(|k| k.gvk()).collect();
