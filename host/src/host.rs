@@ -83,6 +83,10 @@ pub struct HostOptions {
     /// WasmReconcilers and admission; the sandbox pool holds this many instances. More calls
     /// wait in a fair queue, within their deadline.
     pub max_module_calls: u32,
+    /// Activate a quickly compiled build of a new module first and swap the optimized build in
+    /// when it is ready (see `engine::Tier`); when false, modules compile optimized before they
+    /// serve.
+    pub tiered_compilation: bool,
     /// Record the request of every failed reconcile here (bounded; Secrets redacted unless
     /// allowed), to replay with `wasmop test --request`. Off when `None`.
     pub record_failures: Option<crate::controller::record::RecordOptions>,
@@ -106,6 +110,7 @@ impl Default for HostOptions {
             leader: None,
             shutdown_grace: Duration::from_secs(30),
             max_module_calls: 256,
+            tiered_compilation: true,
             record_failures: None,
             oci: crate::modules::oci::OciOptions::default(),
         }
@@ -234,8 +239,7 @@ impl Host {
             max_instances: options.max_module_calls.max(1),
             max_calls: options.max_module_calls.max(1),
             // A push reconciles with a fast build at once; the optimized one follows.
-            // `WASMOP_TIERED_COMPILATION=off` compiles optimized before activating instead.
-            tiered: std::env::var("WASMOP_TIERED_COMPILATION").map_or(true, |v| v != "off"),
+            tiered: options.tiered_compilation,
             ..EngineConfig::default()
         })?;
         let ctx = Arc::new(HostContext {

@@ -92,6 +92,11 @@ pub struct Args {
     #[arg(long, env = "WASMOP_MAX_MODULE_CALLS", default_value_t = 256,
           value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub max_module_calls: u32,
+    /// Serve a new module with a quickly compiled build first and swap the optimized build in
+    /// when ready (`on`), or compile it optimized before it serves (`off`).
+    #[arg(long, env = "WASMOP_TIERED_COMPILATION", default_value = "on", action = clap::ArgAction::Set,
+          value_parser = clap::builder::BoolishValueParser::new())]
+    pub tiered_compilation: bool,
     /// Record the exact request of every failed reconcile (module error or refused intents) as
     /// a YAML file in this directory; the Warning Event names the file. Replay it with
     /// `wasmop test MODULE --request FILE`. Off unless set.
@@ -255,6 +260,7 @@ pub(crate) async fn run(args: Args) -> Result<ExitCode, CliError> {
         leader,
         shutdown_grace: grace,
         max_module_calls: args.max_module_calls,
+        tiered_compilation: args.tiered_compilation,
         record_failures: match &args.record_failures {
             None => None,
             Some(dir) => Some(crate::controller::record::RecordOptions {
