@@ -576,13 +576,15 @@ impl ShardMetrics {
             .inc();
     }
 
-    /// How a sharded watch of `kind` is filtered.
+    /// How a sharded watch of `kind` is filtered (the other mode's series drops to 0).
     pub fn filter(&self, kind: &str, server: bool) {
-        self.filter
-            .get_or_create(&FilterLabels {
-                kind: kind.to_string(),
-                mode: if server { "server" } else { "client" }.to_string(),
-            })
-            .set(1);
+        for (mode, on) in [("server", server), ("client", !server)] {
+            self.filter
+                .get_or_create(&FilterLabels {
+                    kind: kind.to_string(),
+                    mode: mode.to_string(),
+                })
+                .set(i64::from(on));
+        }
     }
 }

@@ -14,6 +14,8 @@
 //! # Guarantees
 //! - Every event passed on is of an object in the active ranges, or a `Delete` (an `Apply` of an
 //!   object outside them is passed on as a `Delete`).
+//! - Until the server's support is known (a custom resource kind with no object yet), the first
+//!   object seen restarts the watch once to probe the server with it.
 //! - A change of the active ranges restarts the watch with a full list (`Init` .. `InitDone`),
 //!   which replaces the reflector's store; while nothing is active the stream reports an empty
 //!   list and waits.
@@ -33,7 +35,7 @@ use tokio::sync::watch as channel;
 
 use super::assignment::Shards;
 use super::hash::Key;
-use super::ranges::Ranges;
+use super::ranges::{Ranges, SPACE_END};
 
 type Events = BoxStream<'static, Result<watcher::Event<DynamicObject>, watcher::Error>>;
 
@@ -61,29 +63,54 @@ pub fn with_selector(client: Client, selector: &str) -> Client {
     Client::new(service, namespace)
 }
 
-/// Whether the API server filters `api`'s kind by `field`: a list with a selector over the
-/// whole space must echo it in `metadata.shardInfo`.
+/// Whether the API server filters `make_api`'s kind by `key` (None: cannot tell yet).
+///
+/// A list with a selector over the whole space that echoes it in `metadata.shardInfo` says yes
+/// (built-in kinds). Lists of custom resources are filtered but carry no `shardInfo` (an
+/// unstructured list has no such field), so without the echo the host probes: it lists one
+/// object, then lists with a selector of a range that excludes that object's hash; a server that
+/// filters leaves the object out, one that ignores the selector returns it again. With no
+/// object to probe with, it cannot tell (the caller filters on the client and asks again at the
+/// next relist).
 pub async fn server_filters(
     client: &Client,
     make_api: &(dyn Fn(Client) -> Api<DynamicObject> + Send + Sync),
-    field: &str,
-) -> bool {
-    let Some(selector) = Ranges::all().selector(field) else {
-        return false;
-    };
-    match make_api(with_selector(client.clone(), &selector))
-        .list(&ListParams::default().limit(1))
+    key: Key,
+) -> Option<bool> {
+    let field = key.server_field()?;
+    let whole = Ranges::all().selector(field)?;
+    let one = ListParams::default().limit(1);
+    let echoed = match make_api(with_selector(client.clone(), &whole))
+        .list(&one)
         .await
     {
         Ok(list) => list
             .metadata
             .shard_info
-            .is_some_and(|i| i.selector == selector),
+            .is_some_and(|i| i.selector == whole),
         Err(e) => {
             tracing::info!(error = %e, "a list with a shard selector failed; filtering on the client");
-            false
+            return Some(false);
         }
+    };
+    if echoed {
+        return Some(true);
     }
+    let first = make_api(client.clone())
+        .list(&one)
+        .await
+        .ok()?
+        .items
+        .into_iter()
+        .next()?;
+    let h = u128::from(key.hash(&first));
+    let elsewhere = Ranges::from_ranges([((h + 1) % SPACE_END, (h + 1) % SPACE_END + 1)]);
+    let probe = elsewhere.selector(field)?;
+    let got = make_api(with_selector(client.clone(), &probe))
+        .list(&one)
+        .await
+        .ok()?;
+    Some(!got.items.iter().any(|o| o.uid() == first.uid()))
 }
 
 /// What the sharded watch of one kind needs.
@@ -116,8 +143,10 @@ struct State {
     ranges: channel::Receiver<Ranges>,
     /// The current watch and the ranges it serves.
     inner: Option<(Events, Ranges)>,
-    /// Whether the server filters this kind (detected at the first non-empty watch).
+    /// Whether the server filters this kind (None: not known yet).
     server: Option<bool>,
+    /// An object came while `server` is unknown: restart to probe the server with it.
+    probe: bool,
 }
 
 impl State {
@@ -141,13 +170,19 @@ impl State {
         let server = match (field, self.server) {
             (None, _) => false,
             (Some(_), Some(known)) => known,
-            (Some(field), None) => {
-                let known = server_filters(&self.spec.client, &*self.spec.make_api, field).await;
-                tracing::info!(kind = %self.spec.kind, server_side = known, "sharded watch: {}", if known { "the API server filters by shardSelector" } else { "filtering on the client" });
+            (Some(_), None) => {
+                let found =
+                    server_filters(&self.spec.client, &*self.spec.make_api, self.spec.key).await;
+                let known = found.unwrap_or(false);
+                tracing::info!(kind = %self.spec.kind, server_side = known, "sharded watch: {}", match found {
+                    Some(true) => "the API server filters by shardSelector",
+                    Some(false) => "the API server does not filter; filtering on the client",
+                    None => "nothing to probe the API server with yet; filtering on the client",
+                });
                 crate::operations::metrics::global()
                     .shards()
                     .filter(&self.spec.kind, known);
-                self.server = Some(known);
+                self.server = found;
                 known
             }
         };
@@ -186,9 +221,14 @@ pub fn watch(
         spec,
         inner: None,
         server: None,
+        probe: false,
     };
     futures::stream::unfold(state, |mut state| async move {
         loop {
+            if state.probe {
+                state.probe = false;
+                state.inner = None;
+            }
             if state.inner.is_none() {
                 state.inner = Some(state.start().await);
             }
@@ -205,6 +245,10 @@ pub fn watch(
                 event = events.next() => match event? {
                     Ok(e) => {
                         if let Some(e) = filter(e, key, ranges) {
+                            state.probe = state.server.is_none()
+                                && key.server_field().is_some()
+                                && state.spec.shards.server_side()
+                                && matches!(e, watcher::Event::Apply(_) | watcher::Event::InitApply(_));
                             return Some((Ok(e), state));
                         }
                     }
