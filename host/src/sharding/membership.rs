@@ -303,17 +303,6 @@ impl Membership {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn lease_names_are_dns_subdomains() {
-        assert_eq!(lease_name("wasmop", "Host_1-ab12"), "wasmop-host-1-ab12");
-        assert_eq!(lease_name("g", "a.b"), "g-a.b");
-    }
-}
-
-#[cfg(test)]
 impl Member {
     /// A member as if read from a Lease.
     pub(crate) fn for_test(identity: &str, held: Ranges, live: bool) -> Self {
@@ -323,5 +312,16 @@ impl Member {
             live,
             lease: (identity.to_string(), "1".to_string()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lease_names_are_dns_subdomains() {
+        assert_eq!(lease_name("wasmop", "Host_1-ab12"), "wasmop-host-1-ab12");
+        assert_eq!(lease_name("g", "a.b"), "g-a.b");
     }
 }
