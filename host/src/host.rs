@@ -92,6 +92,9 @@ pub struct HostOptions {
     pub record_failures: Option<crate::controller::record::RecordOptions>,
     /// Where OCI modules' pull Secrets and CA ConfigMaps are read, and how large a module may be.
     pub oci: crate::modules::oci::OciOptions,
+    /// Share every WasmReconciler's primaries with the other replicas of the group (None: this
+    /// host reconciles all of them, or leads with `leader`).
+    pub shards: Option<crate::sharding::ShardConfig>,
 }
 
 impl Default for HostOptions {
@@ -113,6 +116,7 @@ impl Default for HostOptions {
             tiered_compilation: true,
             record_failures: None,
             oci: crate::modules::oci::OciOptions::default(),
+            shards: None,
         }
     }
 }
@@ -149,6 +153,9 @@ pub enum HostError {
     /// Leadership was lost: this process must stop reconciling at once.
     #[error("{0}")]
     Leadership(#[from] crate::operations::leader::LeaderError),
+    /// Shard membership was lost: this process must stop reconciling at once.
+    #[error("{0}")]
+    Sharding(#[from] crate::sharding::ShardError),
 }
 
 /// The client configuration from `kubeconfig`, or inferred.
@@ -179,6 +186,11 @@ pub struct Host {
     stop: watch::Sender<bool>,
     task: Option<tokio::task::JoinHandle<Result<(), HostError>>>,
     elector: Option<Arc<Elector>>,
+    /// With sharding: the trigger to leave the group, and the membership task.
+    membership: Option<(
+        tokio::sync::oneshot::Sender<()>,
+        tokio::task::JoinHandle<()>,
+    )>,
     grace: Duration,
     /// Where `/metrics`, `/healthz` and `/readyz` are served.
     pub metrics_addr: Option<SocketAddr>,
@@ -255,6 +267,10 @@ impl Host {
                 .clone()
                 .map(|o| Arc::new(crate::controller::record::FailureRecorder::new(o))),
             oci: options.oci.clone(),
+            shards: options
+                .shards
+                .as_ref()
+                .map(|c| crate::sharding::Shards::new(&c.member.identity, c.server_side)),
         });
         let (stop, stop_rx) = watch::channel(false);
         // `/readyz` is false while the API server does not answer (see `api_health`).
@@ -320,17 +336,28 @@ impl Host {
             // Registered before `startup` is ready, so `/readyz` waits for the first list.
             readiness::global().pending("manager");
         }
+        let (leading_tx, membership, lost) = match (&options.shards, &ctx.shards) {
+            (Some(config), Some(shards)) => {
+                let (membership, lost) =
+                    start_membership(client.clone(), config, shards.clone(), leading_tx);
+                // Webhook configurations are written by the coordinator (see `start_membership`).
+                (watch::channel(false).0, Some(membership), Some(lost))
+            }
+            _ => (leading_tx, None, None),
+        };
         let task = tokio::spawn(lead_and_run(
             ctx,
             elector.clone(),
             leading_tx,
             stop_rx.clone(),
+            lost,
         ));
         readiness::global().ready("startup");
         Ok(Host {
             stop,
             task: Some(task),
             elector,
+            membership,
             grace: options.shutdown_grace,
             metrics_addr,
             webhook_addr,
@@ -353,6 +380,18 @@ impl Host {
                     tracing::warn!(grace = ?self.grace, "reconciles still running after the shutdown grace; stopping them");
                     task.abort();
                 }
+            }
+        }
+        // Only now, with every reconcile finished: the others take this replica's ranges.
+        if let Some((leave, task)) = self.membership.take() {
+            let _ = leave.send(());
+            if tokio::time::timeout(Duration::from_secs(10), task)
+                .await
+                .is_err()
+            {
+                tracing::warn!(
+                    "could not leave the shard group in 10 s; the others wait for this member's Lease to expire"
+                );
             }
         }
         if let Some(e) = &self.elector
@@ -380,12 +419,57 @@ impl Host {
     }
 }
 
-/// Waits for leadership (when elected), then runs the manager until shutdown or loss.
+type Membership = (
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<()>,
+);
+
+/// Starts this replica's shard membership ([`crate::sharding::Handover`]). Returns the trigger
+/// to leave and the task, and what reports a lost membership. The group's coordinator (one live
+/// member) keeps the webhook configurations (`leading`); every member serves admission.
+fn start_membership(
+    client: kube::Client,
+    config: &crate::sharding::ShardConfig,
+    shards: Arc<crate::sharding::Shards>,
+    leading: watch::Sender<bool>,
+) -> (
+    Membership,
+    tokio::sync::oneshot::Receiver<crate::sharding::ShardError>,
+) {
+    let handover = crate::sharding::Handover::new(
+        crate::sharding::Membership::new(client, config.member.clone()),
+        shards,
+    );
+    let mut coordinator = handover.coordinator();
+    tokio::spawn(async move {
+        while coordinator.changed().await.is_ok() {
+            let c = *coordinator.borrow_and_update();
+            let _ = leading.send(c);
+        }
+    });
+    let (leave_tx, leave_rx) = tokio::sync::oneshot::channel::<()>();
+    let (lost_tx, lost_rx) = tokio::sync::oneshot::channel();
+    let task = tokio::spawn(async move {
+        if let Err(e) = handover
+            .run(async move {
+                let _ = leave_rx.await;
+            })
+            .await
+        {
+            let _ = lost_tx.send(e);
+        }
+    });
+    ((leave_tx, task), lost_rx)
+}
+
+/// Waits for leadership (when elected), then runs the manager until shutdown or loss (of
+/// leadership or, with sharding, of membership).
 async fn lead_and_run(
     ctx: Arc<HostContext>,
     elector: Option<Arc<Elector>>,
     leading: watch::Sender<bool>,
     stop: watch::Receiver<bool>,
+    lost: Option<tokio::sync::oneshot::Receiver<crate::sharding::ShardError>>,
 ) -> Result<(), HostError> {
     metrics::global().leader(false);
     if let Some(e) = &elector {
@@ -397,9 +481,13 @@ async fn lead_and_run(
     metrics::global().leader(true);
     let _ = leading.send(true);
     let run = manager::run(ctx, stopped(&stop));
-    let result = match &elector {
-        None => run.await.map_err(HostError::from),
-        Some(e) => tokio::select! {
+    let result = match (&elector, lost) {
+        (None, Some(lost)) => tokio::select! {
+            r = run => r.map_err(HostError::from),
+            Ok(e) = lost => Err(HostError::Sharding(e)),
+        },
+        (None, None) => run.await.map_err(HostError::from),
+        (Some(e), _) => tokio::select! {
             r = run => r.map_err(HostError::from),
             lost = e.hold() => {
                 tracing::error!(error = %lost, "leadership lost; stopping reconcilers at once");
@@ -415,6 +503,9 @@ async fn lead_and_run(
 impl Drop for Host {
     fn drop(&mut self) {
         let _ = self.stop.send(true);
+        if let Some((_, task)) = self.membership.take() {
+            task.abort();
+        }
         if let Some(task) = self.task.take() {
             task.abort();
         }

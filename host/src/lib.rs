@@ -15,6 +15,8 @@
 //!   one reconciler per primary.
 //! - [`admission`]: the validating admission webhook, its configuration and TLS.
 //! - [`operations`]: leader election, metrics, probes and readiness, and the servers' limits.
+//! - [`sharding`]: replicas sharing every WasmReconciler's primaries (membership Leases, the
+//!   handover protocol, sharded watches).
 //! - [`host`]: the running host (used by `wasmop run` and the end-to-end tests).
 //! - [`discovery`]: resolving kinds to API resources.
 //! - [`cli`]: the `wasmop` command.
@@ -30,6 +32,7 @@ pub mod host;
 pub mod manager;
 pub mod modules;
 pub mod operations;
+pub mod sharding;
 
 /// The version of this host, as built.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

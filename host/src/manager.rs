@@ -97,6 +97,8 @@ pub struct HostContext {
     pub failures: Option<Arc<crate::controller::record::FailureRecorder>>,
     /// OCI module sources.
     pub oci: crate::modules::oci::OciOptions,
+    /// With `--shards auto`: the ranges of primaries this replica reconciles.
+    pub shards: Option<Arc<crate::sharding::Shards>>,
 }
 
 impl std::fmt::Debug for HostContext {
@@ -865,6 +867,7 @@ impl Supervisor {
             config: spec.config.clone().unwrap_or_else(|| json!({})).to_string(),
             service_account: spec.service_account.username(),
             recorder: self.ctx.failures.clone(),
+            shards: self.ctx.shards.clone(),
         };
         Ok((settings, candidate, (primary, primary_resolved)))
     }

@@ -38,6 +38,8 @@ pub struct Options {
     pub nodes: usize,
     /// Budget for each readiness wait.
     pub ready_timeout: Duration,
+    /// kube-apiserver feature gates to turn on (e.g. `ShardedListAndWatch`).
+    pub feature_gates: Vec<String>,
 }
 
 impl Default for Options {
@@ -45,6 +47,7 @@ impl Default for Options {
         Options {
             nodes: 2,
             ready_timeout: Duration::from_secs(90),
+            feature_gates: Vec::new(),
         }
     }
 }
@@ -316,10 +319,20 @@ impl ControlPlane {
 
         let pki = self.pki.clone();
         let cert_dir = self.dir.join("apiserver-certs");
+        let gates: Vec<String> = if options.feature_gates.is_empty() {
+            Vec::new()
+        } else {
+            let on: Vec<String> = options
+                .feature_gates
+                .iter()
+                .map(|g| format!("{g}=true"))
+                .collect();
+            vec![format!("--feature-gates={}", on.join(","))]
+        };
         self.spawn(
             "kube-apiserver",
             self.assets.kube_apiserver.clone(),
-            vec![
+            [
                 format!("--etcd-servers=http://127.0.0.1:{etcd_client}"),
                 format!("--secure-port={secure_port}"),
                 "--bind-address=127.0.0.1".into(),
@@ -347,7 +360,10 @@ impl ControlPlane {
                 "--max-mutating-requests-inflight=0".into(),
                 "--enable-priority-and-fairness=false".into(),
                 "--profiling=false".into(),
-            ],
+            ]
+            .into_iter()
+            .chain(gates)
+            .collect(),
         )?;
         self.wait_for_apiserver(options.ready_timeout).await
     }

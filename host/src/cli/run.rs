@@ -84,6 +84,28 @@ pub struct Args {
     /// How often candidates try to acquire and the leader renews.
     #[arg(long, default_value = "2s")]
     pub leader_election_retry_period: String,
+    /// Share every WasmReconciler's primaries with the other replicas (`auto`), or not (`off`:
+    /// one replica reconciles all, with --leader-elect). See docs/operating.md, "Sharding".
+    #[arg(long, env = "WASMOP_SHARDS", default_value = "off", value_parser = ["off", "auto"],
+          conflicts_with = "leader_elect")]
+    pub shards: String,
+    /// The replicas that share the work: one member Lease each, labelled with this group.
+    #[arg(long, env = "WASMOP_SHARD_GROUP", default_value = "wasmop")]
+    pub shard_group: String,
+    /// Where a replica's slice is filtered: `auto` (the API server's shardSelector when it
+    /// honours it, detected per kind, else here) or `client` (always here).
+    #[arg(long, env = "WASMOP_SHARD_FILTER", default_value = "auto", value_parser = ["auto", "client"])]
+    pub shard_filter: String,
+    /// How long a member Lease is valid without renewal.
+    #[arg(long, default_value = "15s")]
+    pub shard_lease_duration: String,
+    /// How long a member tries to renew before it stops reconciling (exits).
+    #[arg(long, default_value = "10s")]
+    pub shard_renew_deadline: String,
+    /// How often members renew and rebalance; also the margin before an expired member's
+    /// ranges are taken.
+    #[arg(long, default_value = "2s")]
+    pub shard_retry_period: String,
     /// How long running reconciles may take to finish on SIGTERM/SIGINT.
     #[arg(long, env = "WASMOP_SHUTDOWN_GRACE", default_value = "30s")]
     pub shutdown_grace: String,
@@ -180,6 +202,38 @@ fn limits(
     .map_err(|e| CliError::Other(e.to_string()))
 }
 
+/// The sharding configuration from the flags (None with `--shards off`).
+fn shard_config(
+    args: &Args,
+    namespace: Option<String>,
+) -> Result<Option<crate::sharding::ShardConfig>, CliError> {
+    if args.shards != "auto" {
+        return Ok(None);
+    }
+    let member = crate::sharding::MemberConfig {
+        namespace: namespace.unwrap_or_else(crate::operations::leader::default_namespace),
+        group: args.shard_group.clone(),
+        // The pod's name (HOSTNAME) and a per-process suffix.
+        identity: crate::operations::leader::identity(),
+        lease_duration: duration("shard-lease-duration", &args.shard_lease_duration)?,
+        renew_deadline: duration("shard-renew-deadline", &args.shard_renew_deadline)?,
+        retry_period: duration("shard-retry-period", &args.shard_retry_period)?,
+    };
+    if member.renew_deadline >= member.lease_duration
+        || member.retry_period >= member.renew_deadline
+    {
+        return Err(CliError::Other(
+            "sharding needs --shard-retry-period < --shard-renew-deadline < --shard-lease-duration"
+                .into(),
+        ));
+    }
+    tracing::info!(identity = %member.identity, group = %member.group, namespace = %member.namespace, "sharding on");
+    Ok(Some(crate::sharding::ShardConfig {
+        member,
+        server_side: args.shard_filter == "auto",
+    }))
+}
+
 pub(crate) async fn run(args: Args) -> Result<ExitCode, CliError> {
     let resync = duration("resync", &args.resync)?;
     let grace = duration("shutdown-grace", &args.shutdown_grace)?;
@@ -189,6 +243,7 @@ pub(crate) async fn run(args: Args) -> Result<ExitCode, CliError> {
             .map(|s| s.trim().to_string())
             .filter(|s| !s.is_empty())
     });
+    let shards = shard_config(&args, namespace.clone())?;
     let webhook = match parse_addr("webhook-addr", &args.webhook_addr)? {
         None => None,
         Some(addr) => Some(WebhookOptions {
@@ -243,6 +298,7 @@ pub(crate) async fn run(args: Args) -> Result<ExitCode, CliError> {
         None
     };
     let options = HostOptions {
+        shards,
         kubeconfig: args.kubeconfig,
         cache_dir: Some(
             args.cache_dir
@@ -290,6 +346,7 @@ pub(crate) async fn run(args: Args) -> Result<ExitCode, CliError> {
                 // Leadership lost: exit at once, without writing anything more; a restart
                 // begins clean as a candidate.
                 Err(HostError::Leadership(e)) => Err(CliError::Other(e.to_string())),
+                Err(HostError::Sharding(e)) => Err(CliError::Other(e.to_string())),
                 Err(e) => Err(CliError::Other(e.to_string())),
                 Ok(()) => Ok(ExitCode::FAILURE),
             };

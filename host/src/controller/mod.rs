@@ -152,6 +152,8 @@ pub struct Settings {
     pub service_account: String,
     /// Where failed requests are recorded (`--record-failures`), if anywhere.
     pub recorder: Option<Arc<record::FailureRecorder>>,
+    /// With `--shards auto`: the ranges this replica reconciles (None: every primary).
+    pub shards: Option<Arc<crate::sharding::Shards>>,
 }
 
 #[derive(Debug, Default)]
@@ -319,6 +321,33 @@ fn api_for(client: &Client, resolved: &Resolved, namespaces: &[String]) -> Api<D
     }
 }
 
+type WatchEvents =
+    futures::stream::BoxStream<'static, Result<watcher::Event<DynamicObject>, watcher::Error>>;
+
+/// The events of one watched kind: every object, or with sharding only this replica's slice
+/// (`key`: what the kind's objects shard by; None: not sharded).
+fn watch_events(
+    client: &Client,
+    (kind, resolved): (&Gvk, &Resolved),
+    namespaces: &[String],
+    config: watcher::Config,
+    sharding: Option<(&Arc<crate::sharding::Shards>, crate::sharding::hash::Key)>,
+) -> WatchEvents {
+    let Some((shards, key)) = sharding else {
+        return watcher(api_for(client, resolved, namespaces), config).boxed();
+    };
+    let (r, ns) = (resolved.clone(), namespaces.to_vec());
+    crate::sharding::watch::watch(crate::sharding::watch::Sharded {
+        client: client.clone(),
+        make_api: Arc::new(move |c: Client| api_for(&c, &r, &ns)),
+        config,
+        key,
+        shards: shards.clone(),
+        kind: format!("{}/{}", kind.api_version, kind.kind),
+    })
+    .boxed()
+}
+
 /// The reconciler's connections: reads with the host's identity, writes with the module's.
 #[derive(Clone)]
 pub struct Clients {
@@ -445,7 +474,9 @@ pub fn start(
     let (primary_kind, primary_resolved) = settings.primary.clone();
     let primary_ar = primary_resolved.resource.clone();
     let namespaced = primary_resolved.namespaced;
-    let primary_api = api_for(&client, &primary_resolved, &settings.namespaces);
+    let shards = settings.shards.clone();
+    let by =
+        |key: fn(bool) -> crate::sharding::hash::Key| shards.as_ref().map(|s| (s, key(namespaced)));
     let queue = metrics::global().queue(&settings.name);
     // What Controller::new_with builds, with the triggers counted for the queue metrics.
     let objects: Arc<Mutex<HashMap<Key, ObjectState>>> = Arc::default();
@@ -465,27 +496,48 @@ pub fn start(
     // Primaries by namespace: a related change with `AllPrimaries` enqueues only its namespace's.
     let primary_index = Index::new(cache::namespace);
     let pi = primary_index.clone();
-    let primary_stream = watcher(primary_api, watcher::Config::default())
-        .default_backoff()
-        .modify(strip)
-        .inspect(move |e| h.watched(&k, e))
-        .reflect(primary_writer)
-        .inspect(move |e| {
-            if let Ok(e) = e {
-                pi.record(e);
+    // With sharding, every relist (the active ranges changed) reconciles the primaries listed:
+    // those gained may have been seen before, so the predicate below would drop them.
+    let (relisted_tx, relisted_rx) = futures::channel::mpsc::unbounded::<()>();
+    let (sharded, owned_store, wr_name) =
+        (shards.is_some(), primaries.clone(), settings.name.clone());
+    let primary_stream = watch_events(
+        &client,
+        (&primary_kind, &primary_resolved),
+        &settings.namespaces,
+        watcher::Config::default(),
+        by(crate::sharding::hash::Key::of_primary),
+    )
+    .default_backoff()
+    .modify(strip)
+    .inspect(move |e| h.watched(&k, e))
+    .reflect(primary_writer)
+    .inspect(move |e| {
+        if sharded && let Ok(e) = e {
+            if matches!(e, watcher::Event::InitDone) {
+                let _ = relisted_tx.unbounded_send(());
             }
-        })
-        .inspect(move |e| forget_gone(e, &o, &all, &h2, &q2))
-        .applied_objects()
-        // The host's own status writes (and anyone's status-only changes) call for no reconcile.
-        .predicate_filter(predicate::outside_status, PredicateConfig::default())
-        .inspect(move |o| {
-            if let Ok(o) = o {
-                q.requested(key_text(&key_of(o)));
-            }
-        });
+            metrics::global()
+                .shards()
+                .primaries(&wr_name, owned_store.len());
+        }
+    })
+    .inspect(move |e| {
+        if let Ok(e) = e {
+            pi.record(e);
+        }
+    })
+    .inspect(move |e| forget_gone(e, &o, &all, &h2, &q2))
+    .applied_objects()
+    // The host's own status writes (and anyone's status-only changes) call for no reconcile.
+    .predicate_filter(predicate::outside_status, PredicateConfig::default())
+    .inspect(move |o| {
+        if let Ok(o) = o {
+            q.requested(key_text(&key_of(o)));
+        }
+    });
     let (q, all) = (queue.clone(), primaries.clone());
-    let module_changed = module_changed.inspect(move |()| {
+    let module_changed = futures::stream::select(module_changed, relisted_rx).inspect(move |()| {
         for p in all.state() {
             q.requested(key_text(&key_of(&p)));
         }
@@ -501,21 +553,26 @@ pub fn start(
     for (kind, resolved) in &settings.owned {
         let writer = Writer::new(resolved.resource.clone());
         let store = writer.as_reader();
-        let api = api_for(&client, resolved, &settings.namespaces);
         let (h, k) = (health.clone(), kind.clone());
         let index = Index::new(cache::controller_uid);
         let ix = index.clone();
-        let stream = watcher(api, watcher::Config::default().labels(&label))
-            .default_backoff()
-            .modify(strip)
-            .inspect(move |e| h.watched(&k, e))
-            .reflect(writer)
-            .inspect(move |e| {
-                if let Ok(e) = e {
-                    ix.record(e);
-                }
-            })
-            .touched_objects();
+        let stream = watch_events(
+            &client,
+            (kind, resolved),
+            &settings.namespaces,
+            watcher::Config::default().labels(&label),
+            by(crate::sharding::hash::Key::of_children),
+        )
+        .default_backoff()
+        .modify(strip)
+        .inspect(move |e| h.watched(&k, e))
+        .reflect(writer)
+        .inspect(move |e| {
+            if let Ok(e) = e {
+                ix.record(e);
+            }
+        })
+        .touched_objects();
         let (primary_kind, primary_ar, objects, child_kind, q) = (
             primary_kind.clone(),
             primary_ar.clone(),
@@ -564,7 +621,6 @@ pub fn start(
         } else {
             &[]
         };
-        let api = api_for(&client, resolved, scope);
         let wc = match selector {
             Some(s) if !s.is_empty() => watcher::Config::default().labels(s),
             _ => watcher::Config::default(),
@@ -572,7 +628,10 @@ pub fn start(
         let (h, k) = (health.clone(), kind.clone());
         let index = Index::new(cache::namespace);
         let ix = index.clone();
-        let stream = watcher(api, wc)
+        // Related objects of a namespaced primary live in its namespace: they shard with it.
+        // Those of a cluster-scoped primary may concern any primary: every replica sees them.
+        let related_by = by(crate::sharding::hash::Key::of_primary).filter(|_| namespaced);
+        let stream = watch_events(&client, (kind, resolved), scope, wc, related_by)
             .default_backoff()
             .modify(strip)
             .inspect(move |e| h.watched(&k, e))
@@ -967,6 +1026,22 @@ async fn reconcile(
         shared.forget(&key);
         return Ok(Action::await_change());
     }
+    // With sharding: only primaries in this replica's active ranges, and the drain of a range
+    // being released waits for this reconcile (held until it returns).
+    let admitted = match &shared.settings.shards {
+        None => None,
+        Some(shards) => {
+            let key = crate::sharding::hash::Key::of_primary(shared.settings.primary.1.namespaced);
+            match shards.admit(key.hash(&primary)) {
+                Some(a) => Some(a),
+                None => {
+                    shared.forget(&key_of(&primary));
+                    return Ok(Action::await_change());
+                }
+            }
+        }
+    };
+    let started_ms = now_unix_ms();
     let active = shared.slot.active();
     let sha = active.module.sha256().to_string();
     let (trigger, attempt) = shared.begin(&key, primary.resource_version().as_deref(), &sha);
@@ -986,6 +1061,11 @@ async fn reconcile(
         .instrument(span.clone())
         .await;
     let elapsed = started.elapsed();
+    if admitted.is_some() {
+        // The record of which replica reconciled which primary when (read by the e2e tests).
+        tracing::debug!(target: "wasmop::sharding", reconciler = %shared.settings.name, primary = %key_text(&key), started_ms, finished_ms = now_unix_ms(), "sharded reconcile");
+    }
+    drop(admitted);
     m.active(&shared.settings.name, -1);
     m.reconciled(&shared.settings.name, result.is_ok(), elapsed);
     if let Ok(action) = &result

@@ -128,6 +128,7 @@ pub struct Metrics {
     server_connections: Family<ServerLabel, Gauge>,
     server_rejected: Family<RejectLabels, Counter>,
     active_sha: Mutex<HashMap<String, String>>,
+    shards: ShardMetrics,
 }
 
 fn label(reconciler: &str) -> ReconcilerLabel {
@@ -158,8 +159,10 @@ impl Metrics {
             server_connections: Family::default(),
             server_rejected: Family::default(),
             active_sha: Mutex::default(),
+            shards: ShardMetrics::default(),
             registry: Registry::default(),
         };
+        m.shards.register(&mut registry);
         // Counters are registered without `_total`; the encoder appends it.
         registry.register(
             "wasmop_reconcile",
@@ -360,6 +363,11 @@ impl Metrics {
         }
     }
 
+    /// The sharding metrics (`--shards auto`).
+    pub fn shards(&self) -> &ShardMetrics {
+        &self.shards
+    }
+
     /// Whether this process leads.
     pub fn leader(&self, leading: bool) {
         self.leader.set(i64::from(leading));
@@ -476,5 +484,107 @@ mod tests {
         q.started("ns/x");
         assert!(encode()?.contains(r#"wasmop_workqueue_depth{reconciler="unit-a"} 0"#));
         Ok(())
+    }
+}
+
+/// `{direction}`: `gained` or `released`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DirectionLabel {
+    /// `gained` or `released`.
+    pub direction: String,
+}
+
+/// `{kind, mode}`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct FilterLabels {
+    /// `apiVersion/kind` of a sharded watch.
+    pub kind: String,
+    /// `server` (the API server's shardSelector) or `client`.
+    pub mode: String,
+}
+
+/// This replica's share of the work with `--shards auto` (see docs/operating.md, "Sharding").
+#[derive(Debug, Default)]
+pub struct ShardMetrics {
+    ranges: Gauge,
+    fraction: Gauge<f64, std::sync::atomic::AtomicU64>,
+    members: Gauge,
+    primaries: Family<ReconcilerLabel, Gauge>,
+    handovers: Family<DirectionLabel, Counter>,
+    filter: Family<FilterLabels, Gauge>,
+}
+
+impl ShardMetrics {
+    fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "wasmop_shard_ranges",
+            "Hash ranges this replica reconciles (active)",
+            self.ranges.clone(),
+        );
+        registry.register(
+            "wasmop_shard_fraction",
+            "Share of the 64-bit hash space this replica reconciles (0..1)",
+            self.fraction.clone(),
+        );
+        registry.register(
+            "wasmop_shard_members",
+            "Live members of this replica's shard group, itself included",
+            self.members.clone(),
+        );
+        registry.register(
+            "wasmop_shard_primaries",
+            "Primaries in this replica's slice (its cache), by reconciler",
+            self.primaries.clone(),
+        );
+        registry.register(
+            "wasmop_shard_handovers",
+            "Range handovers: ranges gained (claimed and verified) or released (drained)",
+            self.handovers.clone(),
+        );
+        registry.register(
+            "wasmop_shard_watch_filter",
+            "Sharded watches by where they are filtered (server: shardSelector, client: here)",
+            self.filter.clone(),
+        );
+    }
+
+    /// The active ranges changed.
+    pub fn held(&self, ranges: &crate::sharding::Ranges) {
+        self.ranges
+            .set(i64::try_from(ranges.ranges().len()).unwrap_or(i64::MAX));
+        self.fraction.set(ranges.fraction());
+    }
+
+    /// The number of live members.
+    pub fn members(&self, n: usize) {
+        self.members.set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+
+    /// The primaries in `reconciler`'s slice.
+    pub fn primaries(&self, reconciler: &str, n: usize) {
+        self.primaries
+            .get_or_create(&label(reconciler))
+            .set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+
+    /// One handover (`gained` or `released`).
+    pub fn handover(&self, direction: &str) {
+        self.handovers
+            .get_or_create(&DirectionLabel {
+                direction: direction.to_string(),
+            })
+            .inc();
+    }
+
+    /// How a sharded watch of `kind` is filtered (the other mode's series drops to 0).
+    pub fn filter(&self, kind: &str, server: bool) {
+        for (mode, on) in [("server", server), ("client", !server)] {
+            self.filter
+                .get_or_create(&FilterLabels {
+                    kind: kind.to_string(),
+                    mode: mode.to_string(),
+                })
+                .set(i64::from(on));
+        }
     }
 }

@@ -1,0 +1,159 @@
+//! What this replica may reconcile now: the active ranges, the reconciles running in them, and
+//! the notifications that restart the sharded watches.
+//!
+//! The handover loop ([`super::handover`]) is the only writer of the active ranges; the
+//! controllers ask [`Shards::admit`] before every reconcile and hold the returned [`Admitted`]
+//! until the reconcile (with its writes) is over.
+//!
+//! # Guarantees
+//! - Admission and deactivation are atomic with respect to each other (one lock): once
+//!   [`Shards::set_active`] returned without a range, no reconcile in it is admitted, and
+//!   [`Shards::running_in`] counts every admitted one still running there.
+//! - Watchers see every change of the active ranges ([`Shards::subscribe`]); the latest value
+//!   wins.
+//!
+//! # Errors
+//! Nothing here fails; a poisoned lock admits nothing.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::watch;
+
+use super::ranges::Ranges;
+use crate::operations::metrics;
+
+#[derive(Debug, Default)]
+struct State {
+    active: Ranges,
+    /// Admitted reconciles still running, by hash.
+    running: HashMap<u64, usize>,
+}
+
+/// The ranges this replica reconciles, shared by the handover loop and every controller.
+#[derive(Debug)]
+pub struct Shards {
+    state: Mutex<State>,
+    changed: watch::Sender<Ranges>,
+    /// This replica's identity (for logs).
+    identity: String,
+    /// Whether to try server-side filtering (`--shard-filter auto`) before filtering here.
+    server_side: bool,
+}
+
+/// A reconcile admitted in an active range; dropping it marks the reconcile finished.
+#[derive(Debug)]
+pub struct Admitted {
+    shards: Arc<Shards>,
+    hash: u64,
+}
+
+impl Drop for Admitted {
+    fn drop(&mut self) {
+        if let Ok(mut s) = self.shards.state.lock()
+            && let Some(n) = s.running.get_mut(&self.hash)
+        {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                s.running.remove(&self.hash);
+            }
+        }
+    }
+}
+
+impl Shards {
+    /// No active range yet. `server_side`: try the API server's shard selector first.
+    pub fn new(identity: &str, server_side: bool) -> Arc<Self> {
+        Arc::new(Shards {
+            state: Mutex::default(),
+            changed: watch::channel(Ranges::empty()).0,
+            identity: identity.to_string(),
+            server_side,
+        })
+    }
+
+    /// This replica's identity.
+    pub fn identity(&self) -> &str {
+        &self.identity
+    }
+
+    /// Whether the API server's shard selector may be used (when it honours it).
+    pub fn server_side(&self) -> bool {
+        self.server_side
+    }
+
+    /// The active ranges.
+    pub fn active(&self) -> Ranges {
+        self.changed.borrow().clone()
+    }
+
+    /// Follows the active ranges.
+    pub fn subscribe(&self) -> watch::Receiver<Ranges> {
+        self.changed.subscribe()
+    }
+
+    /// Makes `ranges` the active ones: reconciles outside them are no longer admitted.
+    pub fn set_active(&self, ranges: Ranges) {
+        let Ok(mut s) = self.state.lock() else {
+            return;
+        };
+        if s.active == ranges {
+            return;
+        }
+        s.active = ranges.clone();
+        metrics::global().shards().held(&ranges);
+        // Under the lock, so a watcher never sees an older value after a newer one.
+        self.changed.send_replace(ranges);
+    }
+
+    /// Admits a reconcile of an object with `hash` if its range is active.
+    pub fn admit(self: &Arc<Self>, hash: u64) -> Option<Admitted> {
+        let mut s = self.state.lock().ok()?;
+        if !s.active.contains(hash) {
+            return None;
+        }
+        *s.running.entry(hash).or_default() += 1;
+        Some(Admitted {
+            shards: self.clone(),
+            hash,
+        })
+    }
+
+    /// How many admitted reconciles are still running in `ranges`.
+    pub fn running_in(&self, ranges: &Ranges) -> usize {
+        self.state
+            .lock()
+            .map(|s| {
+                s.running
+                    .iter()
+                    .filter(|(h, _)| ranges.contains(**h))
+                    .map(|(_, n)| *n)
+                    .sum()
+            })
+            .unwrap_or(0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn admission_follows_the_active_ranges_and_counts_running_reconciles() {
+        let shards = Shards::new("me", false);
+        assert!(shards.admit(5).is_none(), "nothing is active at first");
+        let low = Ranges::from_ranges([(0, 100)]);
+        shards.set_active(low.clone());
+        let a = shards.admit(5);
+        assert!(a.is_some());
+        assert!(shards.admit(500).is_none());
+        assert_eq!(shards.running_in(&low), 1);
+        // Deactivated: no new admission, the running one is still counted until it ends.
+        shards.set_active(Ranges::empty());
+        assert!(shards.admit(6).is_none());
+        assert_eq!(shards.running_in(&low), 1);
+        drop(a);
+        assert_eq!(shards.running_in(&low), 0);
+        assert_eq!(*shards.subscribe().borrow(), Ranges::empty());
+    }
+}

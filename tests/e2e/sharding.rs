@@ -1,0 +1,550 @@
+//! Sharding (`wasmop run --shards auto`): three host processes share 300 Widgets spread over 30
+//! namespaces; one is SIGKILLed and a fourth joins. Each primary is reconciled by one replica at
+//! a time, and nothing is lost.
+//!
+//! Each scenario runs on a control plane of its own: one with the `ShardedListAndWatch` feature
+//! gate (the hosts detect it and let the API server filter their watches), one without (the
+//! hosts filter on their side). They run one at a time ([`serial`]): four hosts and a control
+//! plane each are enough for a 2-core machine.
+//!
+//! The proof, from records rather than timing:
+//! - the objects: every Widget's `status.observedGeneration` catches up with each spec change
+//!   (made after the kill, and after the fourth replica joined);
+//! - the hosts' metrics: the primaries in each replica's slice sum to 300, the live members'
+//!   shares of the hash space sum to 1, and each replica reports how its watches are filtered;
+//! - the hosts' reconcile records (one `sharded reconcile` debug line per reconcile, with the
+//!   primary and its start and end): per primary, the replicas' reconciles never overlap and
+//!   each replica's form one block (no replica reconciles a primary again after another took it
+//!   over), and before the kill each primary was reconciled by exactly one replica.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+use kube::Client;
+use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use serde_json::{Value, json};
+use support::*;
+use tokio::sync::OnceCell;
+use wasmop_testenv::{ControlPlane, HostProcess, Options, eventually};
+
+/// Namespaces of Widgets, and Widgets per namespace (namespaced primaries shard by namespace).
+const NAMESPACES: usize = 30;
+const PER_NAMESPACE: usize = 10;
+const TOTAL: usize = NAMESPACES * PER_NAMESPACE;
+/// The host processes' namespace (their member Leases).
+const HOST_NS: &str = "wasmop-system";
+/// The module's namespace (its ConfigMap and ServiceAccount).
+const MODULE_NS: &str = "shard-module";
+/// The WasmReconciler.
+const WR: &str = "widgets";
+/// Short Lease timings keep the test fast: lease 4 s, renew deadline 3 s, retry 1 s.
+const LEASE: Duration = Duration::from_secs(4);
+const RETRY: Duration = Duration::from_secs(1);
+/// The WasmReconciler's resync period.
+const RESYNC: Duration = Duration::from_secs(20);
+/// Generous: 300 Widgets on a loaded 2-core machine.
+const CONVERGE: Duration = Duration::from_secs(240);
+
+/// Runs the scenarios one at a time.
+async fn serial() -> tokio::sync::MutexGuard<'static, ()> {
+    static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    SERIAL.lock().await
+}
+
+/// The `wasmop` binary, built once per test process (a no-op when it is fresh).
+async fn wasmop_binary() -> anyhow::Result<&'static Path> {
+    static BIN: OnceCell<PathBuf> = OnceCell::const_new();
+    let path = BIN
+        .get_or_try_init(|| async {
+            // <target>/debug/deps/sharding-<hash> -> <target>
+            let exe = std::env::current_exe()?;
+            let target = exe
+                .ancestors()
+                .nth(3)
+                .ok_or_else(|| anyhow::anyhow!("unexpected test binary path {}", exe.display()))?
+                .to_path_buf();
+            let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+            let status = tokio::process::Command::new(cargo)
+                .args(["build", "-p", "wasmop", "--bin", "wasmop", "--target-dir"])
+                .arg(&target)
+                .current_dir(repo())
+                .status()
+                .await?;
+            anyhow::ensure!(status.success(), "cargo build -p wasmop failed: {status}");
+            Ok::<_, anyhow::Error>(target.join("debug").join("wasmop"))
+        })
+        .await?;
+    Ok(path.as_path())
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or_default()
+}
+
+/// A sharded host process logging into `dir`.
+async fn replica(cp: &ControlPlane, dir: &Path) -> anyhow::Result<HostProcess> {
+    let bin = wasmop_binary().await?;
+    let secs = |d: Duration| format!("{}s", d.as_secs());
+    let args = [
+        "--log-format",
+        "json",
+        "run",
+        "--kubeconfig",
+        &cp.kubeconfig().display().to_string(),
+        "--namespace",
+        HOST_NS,
+        "--metrics-addr",
+        "127.0.0.1:0",
+        "--webhook-addr",
+        "off",
+        "--shards",
+        "auto",
+        "--shard-lease-duration",
+        &secs(LEASE),
+        "--shard-renew-deadline",
+        "3s",
+        "--shard-retry-period",
+        &secs(RETRY),
+    ]
+    .map(str::to_string)
+    .to_vec();
+    HostProcess::start(bin, args, "info,wasmop::sharding=debug", dir).await
+}
+
+/// One reconcile as a replica recorded it.
+#[derive(Debug, Clone)]
+struct Record {
+    replica: usize,
+    started: u64,
+    finished: u64,
+}
+
+/// Every `sharded reconcile` record of every run of every replica, by primary (`ns/name`).
+fn records(dirs: &[PathBuf]) -> BTreeMap<String, Vec<Record>> {
+    let mut out: BTreeMap<String, Vec<Record>> = BTreeMap::new();
+    for (replica, dir) in dirs.iter().enumerate() {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let text = std::fs::read_to_string(entry.path()).unwrap_or_default();
+            for line in text.lines() {
+                let Ok(v) = serde_json::from_str::<Value>(line) else {
+                    continue;
+                };
+                let f = &v["fields"];
+                if f["message"] != "sharded reconcile" || f["reconciler"] != WR {
+                    continue;
+                }
+                let (Some(primary), Some(started), Some(finished)) = (
+                    f["primary"].as_str(),
+                    f["started_ms"].as_u64(),
+                    f["finished_ms"].as_u64(),
+                ) else {
+                    continue;
+                };
+                out.entry(primary.to_string()).or_default().push(Record {
+                    replica,
+                    started,
+                    finished,
+                });
+            }
+        }
+    }
+    for v in out.values_mut() {
+        v.sort_by_key(|r| (r.started, r.finished));
+    }
+    out
+}
+
+/// Per primary: no two replicas' reconciles overlap, and each replica's reconciles form one
+/// block (a primary never goes back to a replica that handed it over).
+fn assert_exclusive(records: &BTreeMap<String, Vec<Record>>) -> anyhow::Result<()> {
+    for (primary, rs) in records {
+        for pair in rs.windows(2) {
+            let (a, b) = (&pair[0], &pair[1]);
+            if a.replica != b.replica {
+                anyhow::ensure!(
+                    a.finished <= b.started,
+                    "{primary}: replica {} reconciled it until {} while replica {} started at {}: {rs:?}",
+                    a.replica,
+                    a.finished,
+                    b.replica,
+                    b.started
+                );
+            }
+        }
+        let mut blocks: Vec<usize> = rs.iter().map(|r| r.replica).collect();
+        blocks.dedup();
+        let mut distinct = blocks.clone();
+        distinct.sort_unstable();
+        distinct.dedup();
+        anyhow::ensure!(
+            blocks.len() == distinct.len(),
+            "{primary} went back to a replica that had handed it over: {blocks:?}"
+        );
+    }
+    Ok(())
+}
+
+fn widget(ns: &str, name: &str) -> anyhow::Result<DynamicObject> {
+    Ok(serde_json::from_value(json!({
+        "apiVersion": "test.wasmop.dev/v1", "kind": "Widget",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {"round": 0}
+    }))?)
+}
+
+/// The Widgets' namespaces. Their varying part comes first: FNV-1a (the API server's shard
+/// hash) leaves names that differ only in their last bytes close together in the hash space
+/// (`shard-ns-0` .. `shard-ns-29` fall into two clusters), which would put whole groups of them
+/// on one replica.
+fn namespaces() -> Vec<String> {
+    (0..NAMESPACES).map(|i| format!("ns{i}-shard")).collect()
+}
+
+/// The cluster-side setup: CRDs, namespaces, the module, its ServiceAccount (allowed
+/// everywhere) and the WasmReconciler.
+async fn register(client: &Client) -> anyhow::Result<()> {
+    install_crds(client).await?;
+    let ns_api: Api<Namespace> = Api::all(client.clone());
+    for ns in [HOST_NS.to_string(), MODULE_NS.to_string()]
+        .into_iter()
+        .chain(namespaces())
+    {
+        let n: Namespace = serde_json::from_value(
+            json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}),
+        )?;
+        match ns_api.create(&PostParams::default(), &n).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 409 => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    push_module(client, MODULE_NS, WR, wasmop_test_modules::MISBEHAVE).await?;
+    service_account(client, MODULE_NS, WR, json!([])).await?;
+    let apply = PatchParams::apply("wasmop-e2e").force();
+    let role: ClusterRole = serde_json::from_value(json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+        "metadata": {"name": "shard-widgets"}, "rules": widget_rules()
+    }))?;
+    Api::<ClusterRole>::all(client.clone())
+        .patch("shard-widgets", &apply, &Patch::Apply(&role))
+        .await?;
+    let binding: ClusterRoleBinding = serde_json::from_value(json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+        "metadata": {"name": "shard-widgets"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "shard-widgets"},
+        "subjects": [{"kind": "ServiceAccount", "name": WR, "namespace": MODULE_NS}]
+    }))?;
+    Api::<ClusterRoleBinding>::all(client.clone())
+        .patch("shard-widgets", &apply, &Patch::Apply(&binding))
+        .await?;
+    let wr = json!({
+        "apiVersion": "wasmop.dev/v1alpha1", "kind": "WasmReconciler",
+        "metadata": {"name": WR},
+        "spec": {
+            "module": {"configMap": {"namespace": MODULE_NS, "name": WR}},
+            "primary": {"apiVersion": "test.wasmop.dev/v1", "kind": "Widget"},
+            "owns": [{"apiVersion": "v1", "kind": "ConfigMap"}],
+            "namespaces": namespaces(),
+            "serviceAccount": {"namespace": MODULE_NS, "name": WR},
+            "limits": {"deadline": "2s", "memory": "64Mi", "concurrency": 8},
+            "resyncPeriod": format!("{}s", RESYNC.as_secs()),
+        }
+    });
+    apply_reconciler(client, &wr).await
+}
+
+/// Sets every Widget's `spec.round` (a new generation each).
+async fn bump(client: &Client, round: u32) -> anyhow::Result<()> {
+    for ns in namespaces() {
+        let api = widgets(client, &ns);
+        for i in 0..PER_NAMESPACE {
+            api.patch(
+                &format!("w-{i}"),
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"round": round}})),
+            )
+            .await?;
+        }
+    }
+    Ok(())
+}
+
+/// Waits until every Widget's status has caught up with its generation.
+async fn converged(client: &Client, what: &str) -> anyhow::Result<()> {
+    eventually(what, CONVERGE, || async {
+        let mut behind = Vec::new();
+        for ns in namespaces() {
+            for w in widgets(client, &ns).list(&ListParams::default()).await? {
+                let generation = w.metadata.generation;
+                let observed = w.data["status"]["observedGeneration"].as_i64();
+                if generation.is_none() || observed != generation {
+                    behind.push(format!("{ns}/{}", w.metadata.name.unwrap_or_default()));
+                }
+            }
+        }
+        if behind.is_empty() {
+            Ok(Some(()))
+        } else {
+            anyhow::bail!(
+                "{} Widgets behind, e.g. {:?}",
+                behind.len(),
+                &behind[..behind.len().min(5)]
+            )
+        }
+    })
+    .await
+}
+
+/// A sample of a host's metrics, 0 when absent.
+async fn sample(host: &HostProcess, series: &str) -> anyhow::Result<f64> {
+    Ok(host.sample(series).await?.unwrap_or(0.0))
+}
+
+/// Whether the member Leases hold exactly what the ring assigns to the `n` members.
+async fn leases_settled(client: &Client, n: usize) -> anyhow::Result<()> {
+    use wasmop::sharding::{Ranges, membership, ring};
+    let leases: Api<Lease> = Api::namespaced(client.clone(), HOST_NS);
+    let members: Vec<(String, Ranges)> = leases
+        .list(&ListParams::default().labels(&format!("{}=wasmop", membership::GROUP_LABEL)))
+        .await?
+        .items
+        .into_iter()
+        .filter_map(|l| {
+            let held = l
+                .metadata
+                .annotations
+                .as_ref()?
+                .get(membership::HELD_ANNOTATION)?
+                .clone();
+            let identity = l.spec?.holder_identity?;
+            Some((identity, Ranges::parse(&held).ok()?))
+        })
+        .collect();
+    anyhow::ensure!(
+        members.len() == n,
+        "{} member Leases, want {n}",
+        members.len()
+    );
+    let names: Vec<String> = members.iter().map(|(m, _)| m.clone()).collect();
+    for (m, held) in &members {
+        anyhow::ensure!(
+            *held == ring::assignment(&names, m),
+            "{m} holds {held}, not its assignment"
+        );
+    }
+    Ok(())
+}
+
+/// Waits until the `hosts` see each other and split the whole hash space between them as the
+/// ring assigns it.
+async fn balanced(client: &Client, hosts: &[&HostProcess]) -> anyhow::Result<Vec<f64>> {
+    eventually(
+        "the live replicas split the hash space",
+        CONVERGE,
+        || async {
+            leases_settled(client, hosts.len()).await?;
+            let mut shares = Vec::new();
+            for h in hosts {
+                let members = sample(h, "wasmop_shard_members").await?;
+                anyhow::ensure!(
+                    members == hosts.len() as f64,
+                    "a host sees {members} members"
+                );
+                shares.push(sample(h, "wasmop_shard_fraction").await?);
+            }
+            let total: f64 = shares.iter().sum();
+            anyhow::ensure!(
+                (total - 1.0).abs() < 1e-9 && shares.iter().all(|s| *s > 0.0),
+                "shares {shares:?}"
+            );
+            Ok(Some(shares))
+        },
+    )
+    .await
+}
+
+/// The primaries in each host's slice, once they sum to the total.
+async fn partitioned(hosts: &[&HostProcess]) -> anyhow::Result<Vec<f64>> {
+    let series = format!("wasmop_shard_primaries{{reconciler=\"{WR}\"}}");
+    eventually(
+        "the replicas' slices partition the Widgets",
+        CONVERGE,
+        || async {
+            let mut counts = Vec::new();
+            for h in hosts {
+                counts.push(sample(h, &series).await?);
+            }
+            anyhow::ensure!(
+                counts.iter().sum::<f64>() == TOTAL as f64,
+                "slices {counts:?} do not sum to {TOTAL}"
+            );
+            Ok(Some(counts))
+        },
+    )
+    .await
+}
+
+async fn scenario(gate: bool) -> anyhow::Result<()> {
+    let _serial = serial().await;
+    let cp = ControlPlane::start(Options {
+        feature_gates: if gate {
+            vec!["ShardedListAndWatch".to_string()]
+        } else {
+            Vec::new()
+        },
+        ..Options::default()
+    })
+    .await?;
+    let result = run(&cp, gate).await;
+    if result.is_err() {
+        cp.keep();
+        eprintln!(
+            "control-plane logs: {}\n{}",
+            cp.log_dir().display(),
+            cp.log_tails(20)
+        );
+    }
+    result
+}
+
+async fn run(cp: &ControlPlane, gate: bool) -> anyhow::Result<()> {
+    let client = cp.client().await?;
+    let logs = tempfile::tempdir()?;
+    let dirs: Vec<PathBuf> = (0..4)
+        .map(|i| logs.path().join(format!("replica-{i}")))
+        .collect();
+    register(&client).await?;
+
+    // Three replicas find each other before there is work, so each Widget has one owner.
+    let mut hosts = Vec::new();
+    for dir in &dirs[..3] {
+        hosts.push(replica(cp, dir).await?);
+    }
+    let shares = balanced(&client, &hosts.iter().collect::<Vec<_>>()).await?;
+    eprintln!("[sharding] shares of 3 replicas: {shares:?}");
+
+    for ns in namespaces() {
+        let api = widgets(&client, &ns);
+        for i in 0..PER_NAMESPACE {
+            api.create(&PostParams::default(), &widget(&ns, &format!("w-{i}"))?)
+                .await?;
+        }
+    }
+    let started = now_ms();
+    let outcome = async {
+        converged(&client, "300 Widgets reconciled by 3 replicas").await?;
+        eprintln!("[sharding] 3 replicas converged {TOTAL} Widgets in {} ms", now_ms() - started);
+        let counts = partitioned(&hosts.iter().collect::<Vec<_>>()).await?;
+        eprintln!("[sharding] primaries per replica: {counts:?}");
+        let mode = if gate { "server" } else { "client" };
+        for h in &hosts {
+            let series = format!(
+                "wasmop_shard_watch_filter{{kind=\"test.wasmop.dev/v1/Widget\",mode=\"{mode}\"}}"
+            );
+            anyhow::ensure!(sample(h, &series).await? == 1.0, "{series} on every replica");
+        }
+        let before = records(&dirs);
+        anyhow::ensure!(before.len() == TOTAL, "every Widget has reconcile records: {}", before.len());
+        for (primary, rs) in &before {
+            let mut replicas: Vec<usize> = rs.iter().map(|r| r.replica).collect();
+            replicas.dedup();
+            anyhow::ensure!(replicas.len() == 1, "{primary} reconciled by one replica: {rs:?}");
+        }
+        let reconciles: Vec<usize> = (0..3)
+            .map(|i| before.values().flatten().filter(|r| r.replica == i).count())
+            .collect();
+        eprintln!("[sharding] reconciles per replica: {reconciles:?}");
+
+        // A crash: the survivors take the dead replica's ranges once its Lease expired.
+        let victims: Vec<String> = before
+            .iter()
+            .filter(|(_, rs)| rs.iter().all(|r| r.replica == 2))
+            .map(|(p, _)| p.clone())
+            .collect();
+        hosts[2].kill().await?;
+        let killed = now_ms();
+        bump(&client, 1).await?;
+        converged(&client, "300 Widgets reconciled after a SIGKILL").await?;
+        let after = records(&dirs);
+        let takeover = victims
+            .iter()
+            .filter_map(|p| {
+                after
+                    .get(p)
+                    .into_iter()
+                    .flatten()
+                    .filter(|r| r.replica != 2 && r.started >= killed)
+                    .map(|r| r.started)
+                    .min()
+            })
+            .max()
+            .map(|t| t.saturating_sub(killed));
+        eprintln!(
+            "[sharding] the {} Widgets of the killed replica were taken over; the last one {takeover:?} ms after the kill (lease {LEASE:?} + resync {RESYNC:?})",
+            victims.len()
+        );
+        let bound = (LEASE + RETRY + RESYNC + Duration::from_secs(60)).as_millis() as u64;
+        anyhow::ensure!(
+            takeover.is_some_and(|t| t <= bound),
+            "every Widget of the killed replica reconciled by a survivor within {bound} ms, got {takeover:?}"
+        );
+        let survivors = [&hosts[0], &hosts[1]];
+        balanced(&client, &survivors).await?;
+        partitioned(&survivors).await?;
+
+        // A fourth replica joins: it takes its share; nothing is lost.
+        let fourth = replica(cp, &dirs[3]).await?;
+        let live = [&hosts[0], &hosts[1], &fourth];
+        let shares = balanced(&client, &live).await?;
+        eprintln!("[sharding] shares after the fourth joined: {shares:?}");
+        bump(&client, 2).await?;
+        converged(&client, "300 Widgets reconciled after a fourth replica joined").await?;
+        let counts = partitioned(&live).await?;
+        eprintln!("[sharding] primaries per replica after the join: {counts:?}");
+        let gained = sample(&fourth, "wasmop_shard_handovers_total{direction=\"gained\"}").await?;
+        anyhow::ensure!(gained >= 1.0, "the fourth replica gained ranges");
+        let all = records(&dirs);
+        assert_exclusive(&all)?;
+        let fourth_reconciles = all.values().flatten().filter(|r| r.replica == 3).count();
+        anyhow::ensure!(fourth_reconciles > 0, "the fourth replica reconciles its share");
+        Ok::<_, anyhow::Error>(())
+    }
+    .await;
+    if outcome.is_err() {
+        for (i, dir) in dirs.iter().enumerate() {
+            let _ = std::fs::create_dir_all(std::env::temp_dir().join("wasmop-sharding-logs"));
+            let keep = std::env::temp_dir()
+                .join("wasmop-sharding-logs")
+                .join(format!("replica-{i}"));
+            let _ = std::fs::remove_dir_all(&keep);
+            let _ = std::fs::rename(dir, &keep);
+        }
+        eprintln!(
+            "[sharding] replica logs kept in {}",
+            std::env::temp_dir().join("wasmop-sharding-logs").display()
+        );
+    }
+    outcome
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_replicas_share_primaries_with_the_server_filtering() -> anyhow::Result<()> {
+    scenario(true).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_replicas_share_primaries_filtering_on_the_client() -> anyhow::Result<()> {
+    scenario(false).await
+}
