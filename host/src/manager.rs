@@ -1465,6 +1465,7 @@ impl Supervisor {
         };
         let at = copy::location(&self.name(), &fallback);
         let version = module.metadata().version.clone();
+        let bytes = bytes.clone();
         match copy::save(&self.ctx.client, &at, &self.name(), bytes, sha, &version).await {
             Ok(()) => self.status.module_copy = Some(at),
             Err(e) => {
