@@ -5,8 +5,10 @@ bench-dispatch: prereqs
 	$(CARGO) bench -p wasmop --bench dispatch
 
 .PHONY: bench-hotswap
-## ConfigMap update -> first reconcile by the new module, on the local control plane; last line
-## is `hotswap p50 ms: N`. WASMOP_BENCH_SWAPS sets the swaps per series (default 20).
+## Module update -> first reconcile by the new module, on the local control plane: the Rust
+## example through a ConfigMap, the Python example through an OCI registry. The last lines are
+## `hotswap new-build rust p50 ms: N` and `hotswap new-build python p50 ms: N`.
+## WASMOP_BENCH_SWAPS: swaps per Rust series (default 20); WASMOP_BENCH_PYTHON_SWAPS (default 10).
 bench-hotswap: prereqs provision
 	$(CARGO) bench -p wasmop-testenv --bench hotswap
 

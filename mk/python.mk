@@ -3,9 +3,10 @@
 .PHONY: python-modules python-test
 PYTHON_MODULE := bash scripts/python-module.sh
 
-## Build every Python example into target/wasm32-wasip2/release/<name>.wasm.
+## Build every Python example into $(TARGET_DIR)/wasm32-wasip2/release/<name>.wasm (cargo's
+## target directory, CARGO_TARGET_DIR honoured, beside the Rust modules).
 python-modules:
-	$(PYTHON_MODULE) build examples/tenant tenant target/wasm32-wasip2/release/tenant.wasm
+	$(PYTHON_MODULE) build examples/tenant tenant $(TARGET_DIR)/wasm32-wasip2/release/tenant.wasm
 
 ## pytest: the Python SDK and the Python examples, natively (no Wasm, no cluster).
 python-test:

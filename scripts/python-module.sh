@@ -49,13 +49,16 @@ build() {
   app_dir=$(cd "$1" && pwd) || die "no app directory $1"
   [ -f "$app_dir/$app.py" ] || die "no $app_dir/$app.py"
   tools
+  mkdir -p "$(dirname "$out")"
+  # One build of OUT at a time (test binaries may ask for the same module at once).
+  exec 8>"$out.lock"
+  flock 8
   local digest
   digest=$(inputs_digest "$app_dir")
   if [ -f "$out" ] && [ "$(cat "$out.inputs" 2>/dev/null)" = "$digest" ]; then
     echo "python-module: $out is up to date" >&2
     return
   fi
-  mkdir -p "$(dirname "$out")"
   local started=$SECONDS
   "$VENV/bin/componentize-py" -d "$ROOT/wit/reconciler.wit" -w module componentize "$app" \
     -p "$app_dir" -p "$ROOT/guest-sdk/python" -o "$out.tmp" >&2 ||

@@ -1211,7 +1211,6 @@ impl Supervisor {
         }
         match self.swap(cm.as_ref(), serving).await {
             Ok(Some(sha)) => {
-                let _ = serving.changed.unbounded_send(());
                 state.refused_version = None;
                 state.rejected = None;
                 self.status.rejected_sha256 = None;
@@ -1300,12 +1299,15 @@ impl Supervisor {
         serving: &Serving<'_>,
     ) -> Result<Option<String>, SwapError> {
         let slot = serving.slot;
+        let started = std::time::Instant::now();
         let read = match self.read_module(cm).await {
             Ok(read) => read,
             Err(e) if is_transient(e.reason) => return Err(SwapError::Unavailable(e)),
             Err(e) => return Err(SwapError::Refused(e)),
         };
+        let read_at = started.elapsed();
         let candidate = self.candidate(Some(read)).await?;
+        let loaded_at = started.elapsed();
         let old = slot.active();
         if candidate.module.sha256() == old.module.sha256() {
             metrics::global().hotswap(&self.name(), "unchanged");
@@ -1327,6 +1329,7 @@ impl Supervisor {
                 SwapError::Deferred(failure.to_string())
             });
         }
+        let checked_at = started.elapsed();
         let sha = candidate.module.sha256().to_string();
         let message = format!(
             "module {} {} ({}) replaces {} {} ({})",
@@ -1337,13 +1340,25 @@ impl Supervisor {
             old.module.metadata().version,
             short(old.module.sha256())
         );
+        let tier = candidate.module.tier();
         self.keep(&sha, candidate.bytes.bytes, &candidate.origin);
         slot.activate(Active::new(
             candidate.module,
             candidate.fit,
             candidate.bytes.resource_version,
         ));
-        tracing::info!(reconciler = %self.name(), "{message}");
+        // Every primary is reconciled by the new module at once; the status, the host's copy
+        // of the module and the Event follow (the copy of a large module takes a while).
+        let _ = serving.changed.unbounded_send(());
+        let ms = |d: Duration| d.as_millis() as u64;
+        tracing::info!(
+            reconciler = %self.name(),
+            read_ms = ms(read_at),
+            load_ms = ms(loaded_at - read_at),
+            self_check_ms = ms(checked_at - loaded_at),
+            %tier,
+            "{message}"
+        );
         metrics::global().hotswap(&self.name(), "swapped");
         self.activated(slot, KubeEventType::Normal, "ModuleSwapped", message)
             .await;
@@ -1455,6 +1470,7 @@ impl Supervisor {
         };
         let at = copy::location(&self.name(), &fallback);
         let version = module.metadata().version.clone();
+        let bytes = bytes.clone();
         match copy::save(&self.ctx.client, &at, &self.name(), bytes, sha, &version).await {
             Ok(()) => self.status.module_copy = Some(at),
             Err(e) => {

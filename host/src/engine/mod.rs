@@ -387,7 +387,10 @@ impl Engine {
             .cache
             .as_ref()
             .and_then(|c| c.get(&self.inner, &sha256));
-        // Tiered: unless the optimized build is cached, serve a fast build first.
+        // Tiered: unless the optimized build is cached, serve a fast build first. A freshly
+        // compiled fast build is written to the cache by the background thread, off the path
+        // to the first call.
+        let mut fresh_fast = None;
         let (pre, compiled, tier) = match (optimized, &self.fast) {
             (Some(component), _) => (
                 link(&self.inner, &self.linker, &component)?,
@@ -395,23 +398,25 @@ impl Engine {
                 Tier::Optimized,
             ),
             (None, Some(fast)) => {
-                let (pre, compiled) = build(
+                let (pre, compiled, fresh) = build(
                     &fast.inner,
                     &fast.linker,
                     fast.cache.as_ref(),
                     bytes,
                     &sha256,
                 )?;
+                fresh_fast = fresh;
                 (pre, compiled, Tier::Fast)
             }
             (None, None) => {
-                let (pre, compiled) = build(
+                let (pre, compiled, fresh) = build(
                     &self.inner,
                     &self.linker,
                     self.cache.as_ref(),
                     bytes,
                     &sha256,
                 )?;
+                store(self.cache.as_ref(), &sha256, fresh.as_ref());
                 (pre, compiled, Tier::Optimized)
             }
         };
@@ -446,27 +451,32 @@ impl Engine {
         module.metadata = metadata;
         module.load_time = started.elapsed();
         if tier == Tier::Fast {
-            self.optimize_in_background(&module, bytes.to_vec());
+            self.optimize_in_background(&module, bytes.to_vec(), fresh_fast);
         }
         Ok(module)
     }
 
-    /// Compiles the optimized build of `module` on a background thread (one compile permit)
-    /// and swaps it in. Skipped when nobody holds the module any more.
-    fn optimize_in_background(&self, module: &Module, bytes: Vec<u8>) {
+    /// Caches `fast` (the fast build just compiled, if any), then compiles the optimized build
+    /// of `module` on a background thread (one compile permit) and swaps it in. The compile is
+    /// skipped when nobody holds the module any more.
+    fn optimize_in_background(&self, module: &Module, bytes: Vec<u8>, fast: Option<Component>) {
         let engine = self.clone();
         let (pre, tier) = (Arc::downgrade(&module.pre), module.tier.clone());
         let (name, sha256) = (module.name.clone(), module.sha256.clone());
         let spawned = std::thread::Builder::new()
             .name("wasmop-optimize".into())
             .spawn(move || {
+                let fast_cache = engine.fast.as_ref().and_then(|f| f.cache.as_ref());
+                store(fast_cache, &sha256, fast.as_ref());
+                drop(fast);
                 let _permit = engine.compiles.acquire();
                 if pre.strong_count() == 0 {
                     return;
                 }
                 let started = Instant::now();
                 match build(&engine.inner, &engine.linker, engine.cache.as_ref(), &bytes, &sha256) {
-                    Ok((optimized, _)) => {
+                    Ok((optimized, _, fresh)) => {
+                        store(engine.cache.as_ref(), &sha256, fresh.as_ref());
                         let Some(pre) = pre.upgrade() else { return };
                         *pre.write().unwrap_or_else(PoisonError::into_inner) = optimized;
                         tier.store(Tier::Optimized as u8, Ordering::Release);
@@ -483,26 +493,34 @@ impl Engine {
     }
 }
 
-/// Compiles `bytes` with `engine` (or loads them from `cache`), checks the world and links.
+/// Loads `bytes` compiled for `engine` from `cache`, or compiles them; checks the world and
+/// links. A freshly compiled component is returned too, for [`store`] (it is not cached yet:
+/// the caller decides when, so the fast tier writes it off the path to the first call).
 fn build(
     engine: &wasmtime::Engine,
     linker: &Linker<State>,
     cache: Option<&ArtifactCache>,
     bytes: &[u8],
     sha256: &str,
-) -> Result<(bindings::ModulePre<State>, Compiled), LoadError> {
+) -> Result<(bindings::ModulePre<State>, Compiled, Option<Component>), LoadError> {
     if let Some(component) = cache.and_then(|c| c.get(engine, sha256)) {
-        return Ok((link(engine, linker, &component)?, Compiled::FromCache));
+        return Ok((link(engine, linker, &component)?, Compiled::FromCache, None));
     }
     let component =
         Component::new(engine, bytes).map_err(|e| LoadError::Compile(format!("{e:#}")))?;
-    check_world(engine, &component)?;
-    if let Some(cache) = cache
-        && let Err(e) = cache.put(sha256, &component)
+    // `link` checks the world first: a component of another world is never cached.
+    let pre = link(engine, linker, &component)?;
+    Ok((pre, Compiled::Fresh, Some(component)))
+}
+
+/// Writes `component` (when there is one) to `cache` (when there is one); a failure is logged,
+/// never returned: the next load compiles again.
+fn store(cache: Option<&ArtifactCache>, sha256: &str, component: Option<&Component>) {
+    if let (Some(cache), Some(component)) = (cache, component)
+        && let Err(e) = cache.put(sha256, component)
     {
         tracing::warn!(dir = %cache.dir().display(), error = %e, "cannot write the compiled-module cache; the next load compiles again");
     }
-    Ok((link(engine, linker, &component)?, Compiled::Fresh))
 }
 
 /// Checks the world of a compiled `component` and pre-links it.

@@ -32,6 +32,8 @@ use crate::modules::source::{self, ModuleBytes, SourceError};
 const MANAGER: &str = "wasmop";
 /// The annotation holding the copy's digest.
 const SHA_ANNOTATION: &str = "wasmop.dev/sha256";
+/// The most module bytes a copy stores (what a ConfigMap holds, with room for its metadata).
+const MAX_STORED: usize = 1000 << 10;
 /// The annotation naming the reconciler a copy belongs to.
 const RECONCILER_ANNOTATION: &str = "wasmop.dev/reconciler";
 /// The longest object name.
@@ -55,6 +57,14 @@ pub enum CopyError {
     /// The module could not be encoded.
     #[error("cannot encode the module copy: {0}")]
     Encode(#[from] std::io::Error),
+    /// The module does not fit a ConfigMap even compressed (a large module from a registry).
+    #[error(
+        "the module ({bytes} bytes) does not fit a ConfigMap even compressed (about 1 MB), so no copy is kept; a host restarted during a registry outage cannot serve it"
+    )]
+    TooLarge {
+        /// The module's size.
+        bytes: usize,
+    },
     /// The copy could not be read.
     #[error("{0}")]
     Read(#[from] SourceError),
@@ -108,7 +118,7 @@ pub async fn save(
     client: &Client,
     at: &ConfigMapKey,
     reconciler: &str,
-    bytes: &[u8],
+    bytes: std::sync::Arc<Vec<u8>>,
     sha: &str,
     version: &str,
 ) -> Result<(), CopyError> {
@@ -126,14 +136,23 @@ pub async fn save(
     {
         return Ok(());
     }
-    let mut cm = crate::modules::source::to_config_map(
-        &at.name,
-        &at.namespace,
-        bytes,
-        "copy",
-        version,
-        sha,
-    )?;
+    // Compressing a large module takes a while: off the async threads, and given up as soon as
+    // it cannot fit.
+    let size = bytes.len();
+    let (name, namespace, sha_owned, version) = (
+        at.name.clone(),
+        at.namespace.clone(),
+        sha.to_string(),
+        version.to_string(),
+    );
+    let encoded = tokio::task::spawn_blocking(move || {
+        crate::modules::source::to_config_map_within(
+            &name, &namespace, &bytes, "copy", &version, &sha_owned, MAX_STORED,
+        )
+    })
+    .await
+    .map_err(std::io::Error::other)??;
+    let mut cm = encoded.ok_or(CopyError::TooLarge { bytes: size })?;
     cm.annotations_mut()
         .insert(RECONCILER_ANNOTATION.into(), reconciler.into());
     cm.labels_mut()

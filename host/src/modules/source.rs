@@ -170,14 +170,48 @@ pub fn to_config_map(
     version: &str,
     sha256: &str,
 ) -> Result<ConfigMap, std::io::Error> {
+    to_config_map_within(
+        name,
+        namespace,
+        bytes,
+        module_name,
+        version,
+        sha256,
+        usize::MAX,
+    )?
+    .ok_or_else(|| std::io::Error::other("unbounded encoding stopped"))
+}
+
+/// [`to_config_map`], but gives up (`Ok(None)`) as soon as the stored module would exceed
+/// `max_stored` bytes, so a module that cannot fit is not compressed to the end.
+///
+/// # Errors
+/// Only if compression fails.
+pub fn to_config_map_within(
+    name: &str,
+    namespace: &str,
+    bytes: &[u8],
+    module_name: &str,
+    version: &str,
+    sha256: &str,
+    max_stored: usize,
+) -> Result<Option<ConfigMap>, std::io::Error> {
     let (key, data) = if bytes.len() > GZIP_ABOVE {
         let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
-        gz.write_all(bytes)?;
+        for chunk in bytes.chunks(256 << 10) {
+            gz.write_all(chunk)?;
+            if gz.get_ref().len() > max_stored {
+                return Ok(None);
+            }
+        }
         (GZIP_KEY, gz.finish()?)
     } else {
         (PLAIN_KEY, bytes.to_vec())
     };
-    Ok(ConfigMap {
+    if data.len() > max_stored {
+        return Ok(None);
+    }
+    Ok(Some(ConfigMap {
         metadata: ObjectMeta {
             name: Some(name.to_string()),
             namespace: Some(namespace.to_string()),
@@ -193,5 +227,5 @@ pub fn to_config_map(
         },
         binary_data: Some(BTreeMap::from([(key.to_string(), ByteString(data))])),
         ..ConfigMap::default()
-    })
+    }))
 }

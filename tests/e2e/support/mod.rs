@@ -453,3 +453,132 @@ pub async fn wait_wr_ready(client: &Client, wr: &str) -> anyhow::Result<()> {
     })
     .await
 }
+
+/// A build of the tenant example (Python), see [`tenant_module`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TenantBuild {
+    /// examples/tenant as it is.
+    First,
+    /// The same with a default memory request of 256Mi instead of 128Mi: a second version whose
+    /// reconciles differ visibly (the LimitRange), for hot swaps.
+    Second,
+}
+
+/// The tenant example built into a component with the pinned componentize-py
+/// (scripts/python-module.sh, which installs the tools once and skips a build whose inputs did
+/// not change), under `<target>/tmp/python/`. Returns the component's path.
+///
+/// # Errors
+/// The script's own message when Python, the tools or the build fail: never a skip.
+pub async fn tenant_module(build: TenantBuild) -> anyhow::Result<std::path::PathBuf> {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("python");
+    let example = repo().join("examples/tenant");
+    let (app_dir, app, out) = match build {
+        TenantBuild::First => (example.clone(), "tenant", dir.join("tenant.wasm")),
+        TenantBuild::Second => {
+            // The example's files plus a module that imports it and changes one default.
+            let app_dir = dir.join("tenant-second");
+            std::fs::create_dir_all(&app_dir)?;
+            for file in ["tenant.py", "quantity.py"] {
+                std::fs::copy(example.join(file), app_dir.join(file))?;
+            }
+            std::fs::write(
+                app_dir.join("tenant_second.py"),
+                "\"\"\"The tenant example with a default memory request of 256Mi: a second version.\"\"\"\n\
+                 import tenant\n\
+                 tenant.DEFAULT_REQUESTS[\"memory\"] = \"256Mi\"\n\
+                 from tenant import Guest  # noqa: E402,F401\n",
+            )?;
+            (app_dir, "tenant_second", dir.join("tenant-second.wasm"))
+        }
+    };
+    let output = tokio::process::Command::new("bash")
+        .arg(repo().join("scripts/python-module.sh"))
+        .arg("build")
+        .arg(&app_dir)
+        .arg(app)
+        .arg(&out)
+        .output()
+        .await?;
+    anyhow::ensure!(
+        output.status.success(),
+        "building the tenant component ({build:?}) with scripts/python-module.sh failed ({}):\n{}{}",
+        output.status,
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    Ok(out)
+}
+
+/// Pushes `bytes` to the test registry as `repository:tag`, as `wasmop push --oci` does;
+/// returns the manifest digest.
+pub async fn oci_push(
+    registry: &wasmop_testenv::Registry,
+    repo_tag: &str,
+    bytes: Vec<u8>,
+) -> anyhow::Result<String> {
+    let access = wasmop::modules::oci::Access {
+        auth: Some((registry.username.clone(), registry.password.clone())),
+        ca_pem: Some(registry.ca_pem.clone()),
+    };
+    let reference = format!("{}/{repo_tag}", registry.host);
+    Ok(wasmop::modules::oci::push(
+        &reference,
+        bytes,
+        std::collections::BTreeMap::new(),
+        &access,
+    )
+    .await?)
+}
+
+/// Creates the `kubernetes.io/dockerconfigjson` Secret `name` in the test's namespace with the
+/// registry's credentials.
+pub async fn oci_pull_secret(
+    env: &TestEnv,
+    registry: &wasmop_testenv::Registry,
+    name: &str,
+) -> anyhow::Result<()> {
+    let secret: k8s_openapi::api::core::v1::Secret = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": name, "namespace": env.namespace},
+        "type": "kubernetes.io/dockerconfigjson",
+        "stringData": {".dockerconfigjson": registry.docker_config_json(&registry.password)},
+    }))?;
+    let api: Api<k8s_openapi::api::core::v1::Secret> = env.api();
+    api.patch(name, &apply_params(), &Patch::Apply(&secret))
+        .await?;
+    Ok(())
+}
+
+/// The `spec.module` naming `reference` (pinned by digest) in the test registry, with the pull
+/// Secret `secret` and the registry's CA.
+pub fn oci_module(registry: &wasmop_testenv::Registry, reference: &str, secret: &str) -> Value {
+    json!({"oci": {"reference": reference, "pullSecret": secret, "caBundle": registry.ca_pem}})
+}
+
+/// Registers the tenant example (cluster-scoped Tenants, Python) with its own k8s/ files
+/// rewritten for the test: CRD, RBAC (ServiceAccount in the test's namespace), and its
+/// wasmreconciler.yaml named `<namespace>-tenant`, labelled for the test's host, with `module`
+/// as `spec.module`. Returns the WasmReconciler's name.
+pub async fn register_tenant(env: &TestEnv, module: Value) -> anyhow::Result<String> {
+    let ns = env.namespace.as_str();
+    install_crds(&env.client).await?;
+    apply_crds(&env.client, example("tenant", "crd.yaml")?).await?;
+    let sa = apply_rbac(env, "tenant").await?;
+    let mut wr = example("tenant", "wasmreconciler.yaml")?.remove(0);
+    let name = format!("{ns}-tenant");
+    wr["metadata"] = json!({"name": name, "labels": {"wasmop.dev/test": ns}});
+    wr["spec"]["module"] = module;
+    wr["spec"]["serviceAccount"] = json!({"namespace": ns, "name": sa});
+    apply_reconciler(&env.client, &wr).await?;
+    Ok(name)
+}
+
+/// Tenants (the tenant example's cluster-scoped kind).
+pub fn tenants(client: &Client) -> Api<DynamicObject> {
+    let ar = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("example.wasmop.dev", "v1", "Tenant"),
+        "tenants",
+    );
+    Api::all_with(client.clone(), &ar)
+}
