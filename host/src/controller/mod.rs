@@ -46,11 +46,13 @@ pub mod cache;
 pub mod conditions;
 pub mod conflict;
 pub mod intents;
+pub mod limit;
 pub mod noop;
 pub mod predicate;
 pub mod record;
 pub mod release;
 pub mod resync;
+pub mod scope;
 pub mod watches;
 
 use std::collections::{BTreeMap, HashMap};
@@ -144,6 +146,8 @@ pub struct Settings {
     pub limits: Limits,
     /// Reconciles at once.
     pub concurrency: u16,
+    /// The host's bound on reconciles at once over every reconciler (shared).
+    pub reconcile_limit: limit::ReconcileLimit,
     /// Resync period.
     pub resync: Duration,
     /// The config JSON handed to the module.
@@ -240,6 +244,29 @@ struct Cached {
     index: Arc<Index>,
 }
 
+/// Keeps `wasmop_cache_objects{reconciler,kind}` at the size of `store`, which the watch events
+/// passed to the returned closure were just reflected into.
+fn cached(
+    reconciler: &str,
+    kind: &Gvk,
+    store: Store<DynamicObject>,
+) -> impl Fn(&Result<watcher::Event<DynamicObject>, watcher::Error>) + Send + 'static {
+    let (reconciler, kind) = (reconciler.to_string(), cache_kind(kind));
+    move |event| {
+        if matches!(
+            event,
+            Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_) | watcher::Event::InitDone)
+        ) {
+            metrics::global().cache_objects(&reconciler, &kind, store.len());
+        }
+    }
+}
+
+/// The `kind` label of `wasmop_cache_objects`: `apiVersion/kind`.
+fn cache_kind(kind: &Gvk) -> String {
+    format!("{}/{}", kind.api_version, kind.kind)
+}
+
 /// Drops from a cached object what the host never reads: `managedFields` (often several
 /// times the size of the rest).
 fn strip(o: &mut DynamicObject) {
@@ -309,13 +336,6 @@ impl Drop for Running {
         if self.shutdown.is_some() {
             self.task.abort();
         }
-    }
-}
-
-fn api_for(client: &Client, resolved: &Resolved, namespaces: &[String]) -> Api<DynamicObject> {
-    match (resolved.namespaced, namespaces) {
-        (true, [only]) => Api::namespaced_with(client.clone(), only, &resolved.resource),
-        _ => Api::all_with(client.clone(), &resolved.resource),
     }
 }
 
@@ -445,7 +465,6 @@ pub fn start(
     let (primary_kind, primary_resolved) = settings.primary.clone();
     let primary_ar = primary_resolved.resource.clone();
     let namespaced = primary_resolved.namespaced;
-    let primary_api = api_for(&client, &primary_resolved, &settings.namespaces);
     let queue = metrics::global().queue(&settings.name);
     // What Controller::new_with builds, with the triggers counted for the queue metrics.
     let objects: Arc<Mutex<HashMap<Key, ObjectState>>> = Arc::default();
@@ -465,25 +484,31 @@ pub fn start(
     // Primaries by namespace: a related change with `AllPrimaries` enqueues only its namespace's.
     let primary_index = Index::new(cache::namespace);
     let pi = primary_index.clone();
-    let primary_stream = watcher(primary_api, watcher::Config::default())
-        .default_backoff()
-        .modify(strip)
-        .inspect(move |e| h.watched(&k, e))
-        .reflect(primary_writer)
-        .inspect(move |e| {
-            if let Ok(e) = e {
-                pi.record(e);
-            }
-        })
-        .inspect(move |e| forget_gone(e, &o, &all, &h2, &q2))
-        .applied_objects()
-        // The host's own status writes (and anyone's status-only changes) call for no reconcile.
-        .predicate_filter(predicate::outside_status, PredicateConfig::default())
-        .inspect(move |o| {
-            if let Ok(o) = o {
-                q.requested(key_text(&key_of(o)));
-            }
-        });
+    let primary_stream = scope::watch(
+        &client,
+        &primary_resolved,
+        &settings.namespaces,
+        watcher::Config::default(),
+        primaries.clone(),
+    )
+    .modify(strip)
+    .inspect(move |e| h.watched(&k, e))
+    .reflect(primary_writer)
+    .inspect(cached(&settings.name, &primary_kind, primaries.clone()))
+    .inspect(move |e| {
+        if let Ok(e) = e {
+            pi.record(e);
+        }
+    })
+    .inspect(move |e| forget_gone(e, &o, &all, &h2, &q2))
+    .applied_objects()
+    // The host's own status writes (and anyone's status-only changes) call for no reconcile.
+    .predicate_filter(predicate::outside_status, PredicateConfig::default())
+    .inspect(move |o| {
+        if let Ok(o) = o {
+            q.requested(key_text(&key_of(o)));
+        }
+    });
     let (q, all) = (queue.clone(), primaries.clone());
     let module_changed = module_changed.inspect(move |()| {
         for p in all.state() {
@@ -501,21 +526,26 @@ pub fn start(
     for (kind, resolved) in &settings.owned {
         let writer = Writer::new(resolved.resource.clone());
         let store = writer.as_reader();
-        let api = api_for(&client, resolved, &settings.namespaces);
         let (h, k) = (health.clone(), kind.clone());
         let index = Index::new(cache::controller_uid);
         let ix = index.clone();
-        let stream = watcher(api, watcher::Config::default().labels(&label))
-            .default_backoff()
-            .modify(strip)
-            .inspect(move |e| h.watched(&k, e))
-            .reflect(writer)
-            .inspect(move |e| {
-                if let Ok(e) = e {
-                    ix.record(e);
-                }
-            })
-            .touched_objects();
+        let stream = scope::watch(
+            &client,
+            resolved,
+            &settings.namespaces,
+            watcher::Config::default().labels(&label),
+            store.clone(),
+        )
+        .modify(strip)
+        .inspect(move |e| h.watched(&k, e))
+        .reflect(writer)
+        .inspect(cached(&settings.name, kind, store.clone()))
+        .inspect(move |e| {
+            if let Ok(e) = e {
+                ix.record(e);
+            }
+        })
+        .touched_objects();
         let (primary_kind, primary_ar, objects, child_kind, q) = (
             primary_kind.clone(),
             primary_ar.clone(),
@@ -559,12 +589,11 @@ pub fn start(
         // Related objects of a namespaced primary are looked up in the primary's namespace (see
         // the mappings), so a reconciler scoped to one namespace watches them only there: the
         // host then needs read rights in that namespace, not cluster-wide.
-        let scope: &[String] = if primary_resolved.namespaced {
+        let in_scope: &[String] = if primary_resolved.namespaced {
             &settings.namespaces
         } else {
             &[]
         };
-        let api = api_for(&client, resolved, scope);
         let wc = match selector {
             Some(s) if !s.is_empty() => watcher::Config::default().labels(s),
             _ => watcher::Config::default(),
@@ -572,11 +601,11 @@ pub fn start(
         let (h, k) = (health.clone(), kind.clone());
         let index = Index::new(cache::namespace);
         let ix = index.clone();
-        let stream = watcher(api, wc)
-            .default_backoff()
+        let stream = scope::watch(&client, resolved, in_scope, wc, store.clone())
             .modify(strip)
             .inspect(move |e| h.watched(&k, e))
             .reflect(writer)
+            .inspect(cached(&settings.name, kind, store.clone()))
             .inspect(move |e| {
                 if let Ok(e) = e {
                     ix.record(e);
@@ -652,6 +681,11 @@ pub fn start(
         clients.module_events.clone(),
     );
     let name = settings.name.clone();
+    let cache_kinds: Vec<String> = std::iter::once(&settings.primary.0)
+        .chain(settings.owned.iter().map(|(k, _)| k))
+        .chain(settings.related.iter().map(|(k, _, _)| k))
+        .map(cache_kind)
+        .collect();
     // Reconciles (and finalizes) wait until every cache has its first full list: a module that
     // saw an empty cache would prune children or let a primary go that it should keep.
     let (gate_tx, synced_rx) = tokio::sync::watch::channel(Gate::Waiting);
@@ -701,6 +735,7 @@ pub fn start(
         readiness::global().ready(&component);
     });
     let crash_report = health.clone();
+    let cache_owner = name.clone();
     let task = tokio::spawn(
         async move {
             let run = controller
@@ -735,6 +770,9 @@ pub fn start(
             }
             synced.abort();
             queue.clear();
+            for kind in &cache_kinds {
+                metrics::global().forget_cache_objects(&cache_owner, kind);
+            }
         }
         .instrument(info_span!("controller", reconciler = %name)),
     );
@@ -967,6 +1005,8 @@ async fn reconcile(
         shared.forget(&key);
         return Ok(Action::await_change());
     }
+    // The host-wide bound: held until this reconcile's writes are done.
+    let _permit = shared.settings.reconcile_limit.admit().await;
     let active = shared.slot.active();
     let sha = active.module.sha256().to_string();
     let (trigger, attempt) = shared.begin(&key, primary.resource_version().as_deref(), &sha);
