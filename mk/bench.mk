@@ -21,3 +21,11 @@ bench-hotswap: prereqs provision
 bench-scale: prereqs provision
 	$(CARGO) build --profile bench --workspace --bin wasmop
 	$(CARGO) bench --workspace --bench scale
+
+.PHONY: bench-idle-host
+## The memory of an idle host serving 20 WasmReconcilers (each its own module, no objects) on the
+## local control plane; last line `idle host modules=20 rss MiB: X.X peak MiB: Y.Y`.
+## WASMOP_BENCH_MODULES sets the count.
+bench-idle-host: prereqs provision
+	$(CARGO) build --profile bench --workspace --bin wasmop
+	$(CARGO) bench --workspace --bench idle

@@ -7,16 +7,18 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use kube::Config;
 use kube::config::{KubeConfigOptions, Kubeconfig};
-use kube::{Client, Config};
 use tokio::sync::watch;
 
 use crate::admission::config::{WebhookConfigs, WebhookTarget};
 use crate::admission::tls::ServingCert;
+use crate::controller::limit::ReconcileLimit;
 use crate::discovery::Discovery;
 use crate::engine::{Engine, EngineConfig};
 use crate::manager::{self, HostContext};
 use crate::operations::leader::{Elector, LeaderConfig};
+use crate::operations::ratelimit::{self, RateLimit};
 use crate::operations::serving::ServerLimits;
 use crate::{
     admission, operations::api_health, operations::metrics, operations::probes,
@@ -95,6 +97,12 @@ pub struct HostOptions {
     /// Share every WasmReconciler's primaries with the other replicas of the group (None: this
     /// host reconciles all of them, or leads with `leader`).
     pub shards: Option<crate::sharding::ShardConfig>,
+    /// How many reconciles may run at once over every WasmReconciler (at least 1).
+    pub max_concurrent_reconciles: usize,
+    /// Requests per second to the API server over all of the host's clients (0: no limit).
+    pub kube_qps: f64,
+    /// The most requests the host may send at once above `kube_qps` after a quiet time.
+    pub kube_burst: u32,
 }
 
 impl Default for HostOptions {
@@ -117,6 +125,9 @@ impl Default for HostOptions {
             record_failures: None,
             oci: crate::modules::oci::OciOptions::default(),
             shards: None,
+            max_concurrent_reconciles: crate::controller::limit::DEFAULT_MAX,
+            kube_qps: crate::operations::ratelimit::DEFAULT_QPS,
+            kube_burst: crate::operations::ratelimit::DEFAULT_BURST,
         }
     }
 }
@@ -150,6 +161,9 @@ pub enum HostError {
     /// The admission webhook could not start.
     #[error("{0}")]
     Admission(#[from] admission::AdmissionError),
+    /// `kube_qps` / `kube_burst` cannot make a rate limit.
+    #[error("{0}")]
+    RateLimit(#[from] crate::operations::ratelimit::RateLimitError),
     /// Leadership was lost: this process must stop reconciling at once.
     #[error("{0}")]
     Leadership(#[from] crate::operations::leader::LeaderError),
@@ -245,7 +259,16 @@ impl Host {
     pub async fn start(options: HostOptions) -> Result<Host, HostError> {
         readiness::global().pending("startup");
         let config = kube_config(options.kubeconfig.as_ref()).await?;
-        let client = Client::try_from(config.clone())?;
+        let rate_limit = RateLimit::new(options.kube_qps, options.kube_burst)?;
+        let client = ratelimit::client(config.clone(), rate_limit.as_ref())?;
+        let reconcile_limit = ReconcileLimit::new(options.max_concurrent_reconciles);
+        metrics::global().reconcile_limit(reconcile_limit.max());
+        tracing::info!(
+            max_concurrent_reconciles = reconcile_limit.max(),
+            kube_qps = options.kube_qps,
+            kube_burst = options.kube_burst,
+            "host-wide limits"
+        );
         let engine = Engine::new(&EngineConfig {
             cache_dir: options.cache_dir.clone(),
             max_instances: options.max_module_calls.max(1),
@@ -271,6 +294,8 @@ impl Host {
                 .shards
                 .as_ref()
                 .map(|c| crate::sharding::Shards::new(&c.member.identity, c.server_side)),
+            reconcile_limit,
+            rate_limit,
         });
         let (stop, stop_rx) = watch::channel(false);
         // `/readyz` is false while the API server does not answer (see `api_health`).

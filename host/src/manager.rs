@@ -99,6 +99,10 @@ pub struct HostContext {
     pub oci: crate::modules::oci::OciOptions,
     /// With `--shards auto`: the ranges of primaries this replica reconciles.
     pub shards: Option<Arc<crate::sharding::Shards>>,
+    /// The bound on reconciles at once over every reconciler (`--max-concurrent-reconciles`).
+    pub reconcile_limit: crate::controller::limit::ReconcileLimit,
+    /// The request budget every client of the host shares (`--kube-qps`; None: unlimited).
+    pub rate_limit: Option<crate::operations::ratelimit::RateLimit>,
 }
 
 impl std::fmt::Debug for HostContext {
@@ -332,7 +336,7 @@ async fn ensure_finalizer(ctx: &HostContext, wr: &WasmReconciler) {
 fn module_client(ctx: &HostContext, wr: &WasmReconciler) -> Result<Client, kube::Error> {
     let mut config = ctx.config.clone();
     config.auth_info.impersonate = Some(wr.spec.service_account.username());
-    Client::try_from(config)
+    crate::operations::ratelimit::client(config, ctx.rate_limit.as_ref())
 }
 
 /// The releaser of `wr`'s finalizers, or None when its primary kind is not served (there is
@@ -863,6 +867,7 @@ impl Supervisor {
             namespaces: spec.namespaces.clone(),
             limits,
             concurrency: spec.limits.concurrency.max(1),
+            reconcile_limit: self.ctx.reconcile_limit.clone(),
             resync: resync.max(Duration::from_secs(1)),
             config: spec.config.clone().unwrap_or_else(|| json!({})).to_string(),
             service_account: spec.service_account.username(),
@@ -1045,10 +1050,11 @@ impl Supervisor {
     fn clients(&self) -> Result<Clients, SetupError> {
         let mut config = self.ctx.config.clone();
         config.auth_info.impersonate = Some(self.wr.spec.service_account.username());
-        let module = Client::try_from(config).map_err(|e| SetupError {
-            reason: "ClientError",
-            message: e.to_string(),
-        })?;
+        let module = crate::operations::ratelimit::client(config, self.ctx.rate_limit.as_ref())
+            .map_err(|e| SetupError {
+                reason: "ClientError",
+                message: e.to_string(),
+            })?;
         Ok(Clients {
             host: self.ctx.client.clone(),
             module: module.clone(),

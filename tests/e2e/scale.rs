@@ -165,3 +165,132 @@ async fn a_converged_host_writes_nothing_over_two_resync_periods() -> anyhow::Re
     host.shutdown().await?;
     Ok(())
 }
+
+/// The value of `wasmop_cache_objects` for `reconciler`'s `kind` (`apiVersion/kind`), if set.
+fn cache_objects(reconciler: &str, kind: &str) -> anyhow::Result<Option<f64>> {
+    let text = wasmop::operations::metrics::encode()?;
+    Ok(text
+        .lines()
+        .filter(|l| l.starts_with("wasmop_cache_objects{"))
+        .filter(|l| label(l, "reconciler") == Some(reconciler) && label(l, "kind") == Some(kind))
+        .find_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok()))
+}
+
+/// The API server's long-running WATCH requests open now on `resource`, by scope
+/// (`namespace` or `cluster`).
+async fn open_watches(client: &Client, resource: &str) -> anyhow::Result<BTreeMap<String, f64>> {
+    let request = http::Request::get("/metrics").body(Vec::new())?;
+    let text = client.request_text(request).await?;
+    let mut open = BTreeMap::new();
+    for line in text
+        .lines()
+        .filter(|l| l.starts_with("apiserver_longrunning_requests{"))
+        .filter(|l| label(l, "resource") == Some(resource) && label(l, "verb") == Some("WATCH"))
+    {
+        let value: f64 = line
+            .rsplit(' ')
+            .next()
+            .and_then(|v| v.parse().ok())
+            .ok_or_else(|| anyhow::anyhow!("unparsable metrics line: {line}"))?;
+        let scope = label(line, "scope").unwrap_or_default().to_string();
+        *open.entry(scope).or_insert(0.0) += value;
+    }
+    Ok(open)
+}
+
+fn widget(name: &str) -> anyhow::Result<DynamicObject> {
+    Ok(serde_json::from_value(json!({
+        "apiVersion": "test.wasmop.dev/v1", "kind": "Widget",
+        "metadata": {"name": name},
+        "spec": {}
+    }))?)
+}
+
+/// A reconciler whose `spec.namespaces` lists two namespaces watches exactly those two: the
+/// API server serves its Widget watches per namespace, and the Widgets of a third namespace
+/// (created before the host started, so a cluster-wide list would have returned them) never
+/// reach its cache, counted by the host's own `wasmop_cache_objects` once the Widgets of both
+/// namespaces are reconciled (which happens only after every cache finished its first list).
+#[tokio::test]
+async fn a_reconciler_with_two_namespaces_watches_exactly_those() -> anyhow::Result<()> {
+    let env = TestEnv::get("scale-scope").await?;
+    let second = TestEnv::get("scale-scope-second").await?;
+    let third = TestEnv::get("scale-scope-third").await?;
+    let namespaces = [env.namespace.clone(), second.namespace.clone()];
+    // The module's ServiceAccount may read and write Widgets and ConfigMaps in the second
+    // namespace too (the host checks its reads in every namespace of the scope).
+    let binding: k8s_openapi::api::rbac::v1::RoleBinding = serde_json::from_value(json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+        "metadata": {"name": "misbehave", "namespace": second.namespace},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "misbehave"},
+        "subjects": [{"kind": "ServiceAccount", "name": "misbehave", "namespace": env.namespace}]
+    }))?;
+    // (A Role with the rules in the second namespace, bound to the first namespace's account.)
+    service_account(&env.client, &second.namespace, "misbehave", widget_rules()).await?;
+    kube::Api::<k8s_openapi::api::rbac::v1::RoleBinding>::namespaced(
+        env.client.clone(),
+        &second.namespace,
+    )
+    .patch(
+        "misbehave",
+        &kube::api::PatchParams::apply("wasmop-e2e").force(),
+        &kube::api::Patch::Apply(&binding),
+    )
+    .await?;
+    install_crds(&env.client).await?;
+    // Widgets everywhere before the host starts: one in each namespace in scope, two outside.
+    for (ns, names) in [
+        (&env.namespace, vec!["in-first"]),
+        (&second.namespace, vec!["in-second"]),
+        (&third.namespace, vec!["outside-1", "outside-2"]),
+    ] {
+        for name in names {
+            widgets(&env.client, ns)
+                .create(&PostParams::default(), &widget(name)?)
+                .await?;
+        }
+    }
+    let (wr, _) = widget_reconciler(
+        &env,
+        "misbehave",
+        wasmop_test_modules::MISBEHAVE,
+        json!({"namespaces": namespaces}),
+    )
+    .await?;
+    let host = start_host(&env, None).await?;
+    wait_wr_ready(&env.client, &wr).await?;
+    for (ns, name) in [
+        (&env.namespace, "in-first"),
+        (&second.namespace, "in-second"),
+    ] {
+        let api = widgets(&env.client, ns);
+        eventually(&format!("Widget {ns}/{name} reconciled"), WAIT, || async {
+            let w = api.get(name).await?;
+            Ok((w.data["status"]["reconciled"] == true).then_some(()))
+        })
+        .await?;
+    }
+    // The API server serves the reconciler's Widget watch as one watch per namespace.
+    eventually("two namespaced Widget watches open", WAIT, || async {
+        let open = open_watches(&env.client, "widgets").await?;
+        Ok((open.get("namespace").copied().unwrap_or(0.0) >= 2.0).then_some(open))
+    })
+    .await?;
+    // Both reconciles ran after the first lists of both namespaces completed: the cache holds
+    // the two Widgets in scope, not the two outside.
+    assert_eq!(
+        cache_objects(&wr, "test.wasmop.dev/v1/Widget")?,
+        Some(2.0),
+        "the Widget cache of {wr} (namespaces {namespaces:?}) holds other namespaces' Widgets"
+    );
+    let outside = widgets(&env.client, &third.namespace)
+        .get("outside-1")
+        .await?;
+    assert!(
+        outside.data["status"].is_null(),
+        "a Widget outside the scope was reconciled: {:?}",
+        outside.data["status"]
+    );
+    host.shutdown().await?;
+    Ok(())
+}

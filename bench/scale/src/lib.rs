@@ -24,12 +24,14 @@
 //! - [`converge`]: creating Apps and watching them converge.
 //! - [`contenders`]: starting each controller.
 //! - [`run`]: one contender's run, and [`report`]: the tables and the final line.
+//! - [`idle`]: the memory of an idle host with many loaded modules (`make bench-idle-host`).
 
 pub mod apimetrics;
 pub mod cluster;
 pub mod contenders;
 pub mod converge;
 pub mod error;
+pub mod idle;
 pub mod native;
 pub mod procstat;
 pub mod report;

@@ -10,6 +10,8 @@
 //! - `WASMOP_BENCH_CONCURRENCY`: reconciles at once in every controller (default 16).
 //! - `WASMOP_BENCH_FLOOR_CONCURRENCY`: the floor's concurrency settings (default `8,16,32`).
 //! - `WASMOP_BENCH_TIMEOUT`: seconds allowed for convergence (default 120 + 0.3 s per App).
+//! - `WASMOP_BENCH_WASMOP_ARGS`: extra `wasmop run` flags, space-separated (e.g.
+//!   `--kube-qps 0`), read by [`crate::contenders::wasmop`].
 //!
 //! # Errors
 //! [`Error::Setting`] for a value that does not parse or is out of range.

@@ -119,6 +119,20 @@ pub struct Args {
     #[arg(long, env = "WASMOP_TIERED_COMPILATION", default_value = "on", action = clap::ArgAction::Set,
           value_parser = clap::builder::BoolishValueParser::new())]
     pub tiered_compilation: bool,
+    /// How many reconciles may run at once over every WasmReconciler together (each one is also
+    /// bound by its own `spec.limits.concurrency`). More wait, first come first served.
+    #[arg(long, env = "WASMOP_MAX_CONCURRENT_RECONCILES",
+          default_value_t = crate::controller::limit::DEFAULT_MAX as u32,
+          value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub max_concurrent_reconciles: u32,
+    /// Requests per second the host sends to the API server, over all its clients (its own and
+    /// every module's); more wait. 0 turns the limit off.
+    #[arg(long, env = "WASMOP_KUBE_QPS", default_value_t = crate::operations::ratelimit::DEFAULT_QPS)]
+    pub kube_qps: f64,
+    /// Requests the host may send at once above --kube-qps after a quiet time.
+    #[arg(long, env = "WASMOP_KUBE_BURST", default_value_t = crate::operations::ratelimit::DEFAULT_BURST,
+          value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub kube_burst: u32,
     /// Record the exact request of every failed reconcile (module error or refused intents) as
     /// a YAML file in this directory; the Warning Event names the file. Replay it with
     /// `wasmop test MODULE --request FILE`. Off unless set.
@@ -236,6 +250,9 @@ fn shard_config(
 
 pub(crate) async fn run(args: Args) -> Result<ExitCode, CliError> {
     let resync = duration("resync", &args.resync)?;
+    // Checked before anything starts, with the flag's name in the message.
+    crate::operations::ratelimit::RateLimit::new(args.kube_qps, args.kube_burst)
+        .map_err(|e| CliError::Other(e.to_string()))?;
     let grace = duration("shutdown-grace", &args.shutdown_grace)?;
     let namespace = args.namespace.clone().or_else(|| {
         std::fs::read_to_string(crate::operations::leader::SA_NAMESPACE_FILE)
@@ -328,6 +345,10 @@ pub(crate) async fn run(args: Args) -> Result<ExitCode, CliError> {
                 secrets: args.record_secrets,
             }),
         },
+        max_concurrent_reconciles: usize::try_from(args.max_concurrent_reconciles)
+            .unwrap_or(usize::MAX),
+        kube_qps: args.kube_qps,
+        kube_burst: args.kube_burst,
         oci: crate::modules::oci::OciOptions {
             namespace: args.namespace.clone(),
             max_module_bytes: args.max_module_bytes,

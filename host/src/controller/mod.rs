@@ -46,11 +46,13 @@ pub mod cache;
 pub mod conditions;
 pub mod conflict;
 pub mod intents;
+pub mod limit;
 pub mod noop;
 pub mod predicate;
 pub mod record;
 pub mod release;
 pub mod resync;
+pub mod scope;
 pub mod watches;
 
 use std::collections::{BTreeMap, HashMap};
@@ -144,6 +146,8 @@ pub struct Settings {
     pub limits: Limits,
     /// Reconciles at once.
     pub concurrency: u16,
+    /// The host's bound on reconciles at once over every reconciler (shared).
+    pub reconcile_limit: limit::ReconcileLimit,
     /// Resync period.
     pub resync: Duration,
     /// The config JSON handed to the module.
@@ -242,6 +246,29 @@ struct Cached {
     index: Arc<Index>,
 }
 
+/// Keeps `wasmop_cache_objects{reconciler,kind}` at the size of `store`, which the watch events
+/// passed to the returned closure were just reflected into.
+fn cached(
+    reconciler: &str,
+    kind: &Gvk,
+    store: Store<DynamicObject>,
+) -> impl Fn(&Result<watcher::Event<DynamicObject>, watcher::Error>) + Send + 'static {
+    let (reconciler, kind) = (reconciler.to_string(), cache_kind(kind));
+    move |event| {
+        if matches!(
+            event,
+            Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_) | watcher::Event::InitDone)
+        ) {
+            metrics::global().cache_objects(&reconciler, &kind, store.len());
+        }
+    }
+}
+
+/// The `kind` label of `wasmop_cache_objects`: `apiVersion/kind`.
+fn cache_kind(kind: &Gvk) -> String {
+    format!("{}/{}", kind.api_version, kind.kind)
+}
+
 /// Drops from a cached object what the host never reads: `managedFields` (often several
 /// times the size of the rest).
 fn strip(o: &mut DynamicObject) {
@@ -324,17 +351,19 @@ fn api_for(client: &Client, resolved: &Resolved, namespaces: &[String]) -> Api<D
 type WatchEvents =
     futures::stream::BoxStream<'static, Result<watcher::Event<DynamicObject>, watcher::Error>>;
 
-/// The events of one watched kind: every object, or with sharding only this replica's slice
-/// (`key`: what the kind's objects shard by; None: not sharded).
+/// The events of one watched kind (with the watcher's backoff): the namespaces in scope
+/// ([`scope::watch`], `store` is the reader of the store they are reflected into), or with
+/// sharding only this replica's slice (`key`: what the kind's objects shard by; None: not
+/// sharded). A sharded watch of two or more namespaces is one cluster-wide watch.
 fn watch_events(
     client: &Client,
     (kind, resolved): (&Gvk, &Resolved),
     namespaces: &[String],
-    config: watcher::Config,
+    (config, store): (watcher::Config, Store<DynamicObject>),
     sharding: Option<(&Arc<crate::sharding::Shards>, crate::sharding::hash::Key)>,
 ) -> WatchEvents {
     let Some((shards, key)) = sharding else {
-        return watcher(api_for(client, resolved, namespaces), config).boxed();
+        return scope::watch(client, resolved, namespaces, config, store);
     };
     let (r, ns) = (resolved.clone(), namespaces.to_vec());
     crate::sharding::watch::watch(crate::sharding::watch::Sharded {
@@ -345,6 +374,7 @@ fn watch_events(
         shards: shards.clone(),
         kind: format!("{}/{}", kind.api_version, kind.kind),
     })
+    .default_backoff()
     .boxed()
 }
 
@@ -505,13 +535,13 @@ pub fn start(
         &client,
         (&primary_kind, &primary_resolved),
         &settings.namespaces,
-        watcher::Config::default(),
+        (watcher::Config::default(), primaries.clone()),
         by(crate::sharding::hash::Key::of_primary),
     )
-    .default_backoff()
     .modify(strip)
     .inspect(move |e| h.watched(&k, e))
     .reflect(primary_writer)
+    .inspect(cached(&settings.name, &primary_kind, primaries.clone()))
     .inspect(move |e| {
         if sharded && let Ok(e) = e {
             if matches!(e, watcher::Event::InitDone) {
@@ -560,13 +590,13 @@ pub fn start(
             &client,
             (kind, resolved),
             &settings.namespaces,
-            watcher::Config::default().labels(&label),
+            (watcher::Config::default().labels(&label), store.clone()),
             by(crate::sharding::hash::Key::of_children),
         )
-        .default_backoff()
         .modify(strip)
         .inspect(move |e| h.watched(&k, e))
         .reflect(writer)
+        .inspect(cached(&settings.name, kind, store.clone()))
         .inspect(move |e| {
             if let Ok(e) = e {
                 ix.record(e);
@@ -616,7 +646,7 @@ pub fn start(
         // Related objects of a namespaced primary are looked up in the primary's namespace (see
         // the mappings), so a reconciler scoped to one namespace watches them only there: the
         // host then needs read rights in that namespace, not cluster-wide.
-        let scope: &[String] = if primary_resolved.namespaced {
+        let in_scope: &[String] = if primary_resolved.namespaced {
             &settings.namespaces
         } else {
             &[]
@@ -631,11 +661,17 @@ pub fn start(
         // Related objects of a namespaced primary live in its namespace: they shard with it.
         // Those of a cluster-scoped primary may concern any primary: every replica sees them.
         let related_by = by(crate::sharding::hash::Key::of_primary).filter(|_| namespaced);
-        let stream = watch_events(&client, (kind, resolved), scope, wc, related_by)
-            .default_backoff()
+        let stream = watch_events(
+            &client,
+            (kind, resolved),
+            in_scope,
+            (wc, store.clone()),
+            related_by,
+        )
             .modify(strip)
             .inspect(move |e| h.watched(&k, e))
             .reflect(writer)
+            .inspect(cached(&settings.name, kind, store.clone()))
             .inspect(move |e| {
                 if let Ok(e) = e {
                     ix.record(e);
@@ -711,6 +747,11 @@ pub fn start(
         clients.module_events.clone(),
     );
     let name = settings.name.clone();
+    let cache_kinds: Vec<String> = std::iter::once(&settings.primary.0)
+        .chain(settings.owned.iter().map(|(k, _)| k))
+        .chain(settings.related.iter().map(|(k, _, _)| k))
+        .map(cache_kind)
+        .collect();
     // Reconciles (and finalizes) wait until every cache has its first full list: a module that
     // saw an empty cache would prune children or let a primary go that it should keep.
     let (gate_tx, synced_rx) = tokio::sync::watch::channel(Gate::Waiting);
@@ -760,6 +801,7 @@ pub fn start(
         readiness::global().ready(&component);
     });
     let crash_report = health.clone();
+    let cache_owner = name.clone();
     let task = tokio::spawn(
         async move {
             let run = controller
@@ -794,6 +836,9 @@ pub fn start(
             }
             synced.abort();
             queue.clear();
+            for kind in &cache_kinds {
+                metrics::global().forget_cache_objects(&cache_owner, kind);
+            }
         }
         .instrument(info_span!("controller", reconciler = %name)),
     );
@@ -1042,6 +1087,8 @@ async fn reconcile(
         }
     };
     let started_ms = now_unix_ms();
+    // The host-wide bound: held until this reconcile's writes are done.
+    let _permit = shared.settings.reconcile_limit.admit().await;
     let active = shared.slot.active();
     let sha = active.module.sha256().to_string();
     let (trigger, attempt) = shared.begin(&key, primary.resource_version().as_deref(), &sha);

@@ -80,6 +80,15 @@ pub struct ModuleLabels {
     pub sha256: String,
 }
 
+/// `{reconciler, kind}`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CacheLabels {
+    /// The WasmReconciler's name.
+    pub reconciler: String,
+    /// The watched kind, `apiVersion/kind`.
+    pub kind: String,
+}
+
 /// `{server}`: `admission` or `probes`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ServerLabel {
@@ -127,6 +136,8 @@ pub struct Metrics {
     leader: Gauge,
     server_connections: Family<ServerLabel, Gauge>,
     server_rejected: Family<RejectLabels, Counter>,
+    cache_objects: Family<CacheLabels, Gauge>,
+    reconcile_limit: Gauge,
     active_sha: Mutex<HashMap<String, String>>,
     shards: ShardMetrics,
 }
@@ -158,6 +169,8 @@ impl Metrics {
             leader: Gauge::default(),
             server_connections: Family::default(),
             server_rejected: Family::default(),
+            cache_objects: Family::default(),
+            reconcile_limit: Gauge::default(),
             active_sha: Mutex::default(),
             shards: ShardMetrics::default(),
             registry: Registry::default(),
@@ -248,6 +261,16 @@ impl Metrics {
             "wasmop_server_rejected",
             "Connections and requests the admission and probe servers refused before doing any work, by reason",
             m.server_rejected.clone(),
+        );
+        registry.register(
+            "wasmop_cache_objects",
+            "Objects in a reconciler's watch cache, by kind (only the namespaces in its scope are watched)",
+            m.cache_objects.clone(),
+        );
+        registry.register(
+            "wasmop_reconcile_limit",
+            "The host-wide bound on reconciles at once (--max-concurrent-reconciles)",
+            m.reconcile_limit.clone(),
         );
         Metrics { registry, ..m }
     }
@@ -366,6 +389,30 @@ impl Metrics {
     /// The sharding metrics (`--shards auto`).
     pub fn shards(&self) -> &ShardMetrics {
         &self.shards
+    }
+
+    /// The watch cache of `reconciler`'s `kind` holds `n` objects.
+    pub fn cache_objects(&self, reconciler: &str, kind: &str, n: usize) {
+        self.cache_objects
+            .get_or_create(&CacheLabels {
+                reconciler: reconciler.to_string(),
+                kind: kind.to_string(),
+            })
+            .set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+
+    /// The cache of `reconciler`'s `kind` is gone (the reconciler stopped).
+    pub fn forget_cache_objects(&self, reconciler: &str, kind: &str) {
+        self.cache_objects.remove(&CacheLabels {
+            reconciler: reconciler.to_string(),
+            kind: kind.to_string(),
+        });
+    }
+
+    /// The host-wide bound on reconciles at once.
+    pub fn reconcile_limit(&self, max: usize) {
+        self.reconcile_limit
+            .set(i64::try_from(max).unwrap_or(i64::MAX));
     }
 
     /// Whether this process leads.

@@ -1,10 +1,11 @@
 //! Running the host in production: leader election, Prometheus metrics, health and readiness
-//! probes, the API server's health as a readiness component, and the connection limits of the
-//! host's servers.
+//! probes, the API server's health as a readiness component, the connection limits of the
+//! host's servers, and the client-side rate limit of its API requests.
 
 pub mod api_health;
 pub mod leader;
 pub mod metrics;
 pub mod probes;
+pub mod ratelimit;
 pub mod readiness;
 pub mod serving;

@@ -57,7 +57,10 @@ impl Contender {
     /// The client-side rate limit it runs with.
     pub fn client_limit(self) -> &'static str {
         match self {
-            Contender::Wasmop | Contender::KubeRs | Contender::Floor => {
+            Contender::Wasmop => {
+                "host default --kube-qps 500 --kube-burst 1000, shared by all its clients"
+            }
+            Contender::KubeRs | Contender::Floor => {
                 "none (kube-rs client has no client-side limit)"
             }
             Contender::ControllerRuntime => "none (client-go QPS -1: rate limiter off)",
