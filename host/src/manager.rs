@@ -93,6 +93,8 @@ pub struct HostContext {
     pub default_resync: Duration,
     /// Serve only WasmReconcilers matching this label selector.
     pub selector: Option<String>,
+    /// Where failed requests are recorded (`--record-failures`), if anywhere.
+    pub failures: Option<Arc<crate::controller::record::FailureRecorder>>,
     /// OCI module sources.
     pub oci: crate::modules::oci::OciOptions,
 }
@@ -974,24 +976,6 @@ impl Supervisor {
         }
         let limits = self.limits()?;
         let engine = self.ctx.engine.clone();
-        let raw = bytes.bytes.clone();
-        let module = tokio::task::spawn_blocking(move || engine.load(&raw, &limits))
-            .await
-            .map_err(|e| SetupError {
-                reason: "ModuleInvalid",
-                message: format!("loading was interrupted: {e}"),
-            })?
-            .map_err(|e| SetupError {
-                reason: if e.is_module_fault() {
-                    "ModuleInvalid"
-                } else {
-                    HOST_BUSY
-                },
-                message: format!(
-                    "ConfigMap {}/{} key {}: {e}",
-                    source.namespace, source.name, bytes.key
-                ),
-            })?;
         // The bytes move into the compile task and back: the module is never held twice.
         let raw = std::mem::take(&mut bytes.bytes);
         let (loaded, raw) = tokio::task::spawn_blocking(move || {
@@ -1005,7 +989,11 @@ impl Supervisor {
         })?;
         bytes.bytes = raw;
         let module = loaded.map_err(|e| SetupError {
-            reason: "ModuleInvalid",
+            reason: if e.is_module_fault() {
+                "ModuleInvalid"
+            } else {
+                HOST_BUSY
+            },
             message: format!("{} key {}: {e}", self.source_label(), bytes.key),
         })?;
         let owned: Vec<Gvk> = spec.owns.iter().map(|k| k.gvk()).collect();
@@ -1111,6 +1099,7 @@ impl Supervisor {
         );
         self.activated(
             &slot,
+            KubeEventType::Normal,
             "Started",
             format!(
                 "serving module {} {} ({})",
@@ -1353,7 +1342,8 @@ impl Supervisor {
         ));
         tracing::info!(reconciler = %self.name(), "{message}");
         metrics::global().hotswap(&self.name(), "swapped");
-        self.activated(slot, "ModuleSwapped", message).await;
+        self.activated(slot, KubeEventType::Normal, "ModuleSwapped", message)
+            .await;
         Ok(Some(sha))
     }
 
@@ -1470,7 +1460,16 @@ impl Supervisor {
         }
     }
 
-    async fn activated(&mut self, slot: &ModuleSlot, reason: &str, message: String) {
+    /// Records `slot`'s active module in the status and conditions, and tells users with an
+    /// Event of type `kind`. A Warning is a rollback: the old module serves again, but
+    /// `ModuleLoaded` is False (the pushed one was refused); a Normal one sets it True.
+    async fn activated(
+        &mut self,
+        slot: &ModuleSlot,
+        kind: KubeEventType,
+        reason: &str,
+        message: String,
+    ) {
         let active = slot.active();
         let m = &active.module;
         metrics::global().module_active(&self.name(), Some(m.sha256()));
@@ -1491,15 +1490,15 @@ impl Supervisor {
         });
         self.status.ungranted = active.fit.ungranted.clone();
         self.save_copy(m).await;
-        self.condition("ModuleLoaded", true, reason, &message);
+        let loaded = !matches!(kind, KubeEventType::Warning);
+        self.condition("ModuleLoaded", loaded, reason, &message);
         let watching = format!("watching {}", self.wr.spec.primary.kind);
         self.condition("Ready", true, "Reconciling", &watching);
         if !self.status.conditions.iter().any(|c| c.type_ == "Degraded") {
             self.condition("Degraded", false, "AllWritesAllowed", "");
         }
         self.write_status().await;
-        self.event_on_wr(KubeEventType::Normal, reason, &message)
-            .await;
+        self.event_on_wr(kind, reason, &message).await;
     }
 
     async fn refused(&mut self, cm: Option<&ConfigMap>, e: &SetupError) {
@@ -1542,10 +1541,7 @@ impl Supervisor {
         tracing::warn!(reconciler = %self.name(), "{message}");
         metrics::global().hotswap(&self.name(), "rolled_back");
         self.status.rejected_sha256 = Some(bad.to_string());
-        self.activated(slot, "RolledBack", message.clone()).await;
-        self.condition("ModuleLoaded", false, "RolledBack", &message);
-        self.write_status().await;
-        self.event_on_wr(KubeEventType::Warning, "RolledBack", &message)
+        self.activated(slot, KubeEventType::Warning, "RolledBack", message)
             .await;
     }
 

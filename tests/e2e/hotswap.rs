@@ -264,13 +264,21 @@ async fn a_failing_new_module_is_rolled_back_and_not_retried() -> anyhow::Result
         status.active_module.map(|m| m.sha256).as_deref(),
         Some(good.as_str())
     );
-    let rolled = cluster_events(&env.client, &wr).await?;
+    // The Event follows the status write: wait for it rather than read once.
+    let rolled = eventually("a RolledBack Warning Event", WAIT, || async {
+        let events = cluster_events(&env.client, &wr).await?;
+        Ok(events
+            .iter()
+            .any(|e| e.reason.as_deref() == Some("RolledBack"))
+            .then_some(events))
+    })
+    .await?;
     assert!(
         rolled
             .iter()
-            .any(|e| e.reason.as_deref() == Some("RolledBack")
-                && e.type_.as_deref() == Some("Warning")),
-        "{rolled:?}"
+            .filter(|e| e.reason.as_deref() == Some("RolledBack"))
+            .all(|e| e.type_.as_deref() == Some("Warning")),
+        "a rollback is told once, as a Warning: {rolled:?}"
     );
 
     // Not retried while the ConfigMap holds the same module.

@@ -73,7 +73,7 @@ fn oci_module(registry: &Registry, reference: &str, digest: Option<&str>, secret
 }
 
 /// Registers the image-updater reconciler `<ns>-<name>` with module `module` and starts a host
-/// reading pull Secrets from the test's namespace.
+/// reading pull Secrets from the test's namespace; returns once the reconciler is Ready.
 async fn register(
     env: &TestEnv,
     name: &str,
@@ -95,6 +95,9 @@ async fn register(
     apply_reconciler(&env.client, &spec).await?;
     let ns = env.namespace.clone();
     let host = start_host_with(env, |o| o.oci.namespace = Some(ns)).await?;
+    // Ready and the active module are written together, after the controller starts: a child
+    // can exist before them.
+    wait_wr_ready(&env.client, &wr).await?;
     Ok((wr, host))
 }
 
