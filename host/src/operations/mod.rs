@@ -1,6 +1,6 @@
 //! Running the host in production: leader election, Prometheus metrics, health and readiness
-//! probes, the API server's health as a readiness component, and the connection limits of the
-//! host's servers.
+//! probes, the API server's health as a readiness component, the connection limits of the
+//! host's servers, and traces over OTLP.
 
 pub mod api_health;
 pub mod leader;
@@ -8,3 +8,4 @@ pub mod metrics;
 pub mod probes;
 pub mod readiness;
 pub mod serving;
+pub mod tracing;
