@@ -264,7 +264,7 @@ impl Applier {
             let span = info_span!(
                 "apply.children",
                 kind = %set.kind,
-                children = set.objects.len(),
+                children = set.objects.len() as i64,
                 applied = Empty,
                 unchanged = Empty,
                 failed = Empty,
@@ -281,7 +281,7 @@ impl Applier {
         if !validated.actions.is_empty() {
             let span = info_span!(
                 "apply.actions",
-                actions = validated.actions.len(),
+                actions = validated.actions.len() as i64,
                 done = Empty,
                 failed = Empty,
             );
@@ -304,7 +304,7 @@ impl Applier {
                 let current = tracing::Span::current();
                 current.record("written", report.status_written);
                 current.record("unchanged", report.unchanged > unchanged);
-                current.record("failed", report.failures.len() - failures);
+                current.record("failed", (report.failures.len() - failures) as i64);
             }
             .instrument(span)
             .await;
@@ -313,7 +313,7 @@ impl Applier {
         if !validated.events.is_empty() {
             let span = info_span!(
                 "apply.events",
-                events = validated.events.len(),
+                events = validated.events.len() as i64,
                 recorded = Empty,
                 failed = Empty,
             );
@@ -420,9 +420,9 @@ impl Applier {
             }
         }
         let current = tracing::Span::current();
-        current.record("applied", report.applied - applied);
-        current.record("unchanged", report.unchanged - unchanged);
-        current.record("failed", report.failures.len() - failures);
+        current.record("applied", (report.applied - applied) as i64);
+        current.record("unchanged", (report.unchanged - unchanged) as i64);
+        current.record("failed", (report.failures.len() - failures) as i64);
     }
 
     /// Prunes what this primary owns of the set's kind that is not in the complete set; records
@@ -470,8 +470,8 @@ impl Applier {
             }
         }
         let current = tracing::Span::current();
-        current.record("pruned", report.pruned - pruned);
-        current.record("failed", report.failures.len() - failures);
+        current.record("pruned", (report.pruned - pruned) as i64);
+        current.record("failed", (report.failures.len() - failures) as i64);
     }
 
     /// Carries out the actions in order; records the counts on the current span.
@@ -490,8 +490,8 @@ impl Applier {
             }
         }
         let current = tracing::Span::current();
-        current.record("done", report.actions - done);
-        current.record("failed", report.failures.len() - failures);
+        current.record("done", (report.actions - done) as i64);
+        current.record("failed", (report.failures.len() - failures) as i64);
     }
 
     /// Records the module's Events; records the counts on the current span.
@@ -544,8 +544,8 @@ impl Applier {
             }
         }
         let current = tracing::Span::current();
-        current.record("recorded", report.events - recorded);
-        current.record("failed", report.failures.len() - failures);
+        current.record("recorded", (report.events - recorded) as i64);
+        current.record("failed", (report.failures.len() - failures) as i64);
     }
 
     /// Carries out one action; true on success. A delete is conditioned on `uid` when given.

@@ -972,7 +972,8 @@ async fn reconcile(
     let sha = active.module.sha256().to_string();
     let (trigger, attempt) = shared.begin(&key, primary.resource_version().as_deref(), &sha);
     // A root span: one trace per reconcile (not a child of kube-runtime's scheduling span).
-    // Exported over OTLP when configured (see `crate::operations::tracing`).
+    // Exported over OTLP when configured (see `crate::operations::tracing`). Counts are recorded
+    // as i64: the OpenTelemetry bridge would export unsigned integers as strings.
     let span = info_span!(
         parent: None,
         "reconcile",
@@ -980,7 +981,7 @@ async fn reconcile(
         kind = %shared.settings.primary.0,
         object = %match &key.0 { Some(ns) => format!("{ns}/{}", key.1), None => key.1.clone() },
         trigger = trigger.name(),
-        attempt,
+        attempt = i64::from(attempt),
         module = %&sha[..12.min(sha.len())],
         module.name = %active.module.metadata().name,
         module.sha256 = %sha,
@@ -1144,9 +1145,9 @@ async fn run_once(
     .map_err(|e| ReconcileError::Join(e.to_string()))?;
     let (result, stats) = outcome;
     call_span
-        .record("instantiate_us", stats.instantiate.as_micros() as u64)
-        .record("call_us", stats.call.as_micros() as u64)
-        .record("memory_peak", stats.memory_peak);
+        .record("instantiate_us", stats.instantiate.as_micros() as i64)
+        .record("call_us", stats.call.as_micros() as i64)
+        .record("memory_peak", stats.memory_peak as i64);
     drop(call_span);
     metrics::global().module_call(
         &shared.settings.name,
@@ -1225,12 +1226,12 @@ async fn run_once(
         validated
             .children
             .iter()
-            .map(|set| set.objects.len())
-            .sum::<usize>(),
+            .map(|set| set.objects.len() as i64)
+            .sum::<i64>(),
     )
-    .record("intents.actions", validated.actions.len())
+    .record("intents.actions", validated.actions.len() as i64)
     .record("intents.status", validated.status.is_some())
-    .record("intents.events", validated.events.len());
+    .record("intents.events", validated.events.len() as i64);
     let applied = shared.applied(&key);
     let report = shared
         .applier
@@ -1242,10 +1243,10 @@ async fn run_once(
             applied,
         )
         .await;
-    span.record("apply.applied", report.applied)
-        .record("apply.unchanged", report.unchanged)
-        .record("apply.pruned", report.pruned)
-        .record("apply.failed", report.failures.len());
+    span.record("apply.applied", report.applied as i64)
+        .record("apply.unchanged", report.unchanged as i64)
+        .record("apply.pruned", report.pruned as i64)
+        .record("apply.failed", report.failures.len() as i64);
     shared.remember(&key, report.remembered.clone());
     let forbidden: Vec<String> = report
         .of(FailureKind::Forbidden)

@@ -158,6 +158,8 @@ where
 }
 
 fn provider(settings: &Settings) -> Result<SdkTracerProvider, TracingError> {
+    // The HTTP transport's reqwest is built without a crypto provider of its own: the host's.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let built = match settings.transport {
         Transport::HttpProtobuf => SpanExporter::builder()
             .with_http()
