@@ -3,24 +3,13 @@
 use std::process::ExitCode;
 
 use clap::Parser;
+use tracing_subscriber::Layer as _;
+use tracing_subscriber::layer::SubscriberExt as _;
+use tracing_subscriber::util::SubscriberInitExt as _;
+use wasmop::operations::tracing as traces;
 
 fn main() -> ExitCode {
     let cli = wasmop::cli::Cli::parse();
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
-    if cli.log_format == "json" {
-        builder
-            .json()
-            .with_current_span(true)
-            .with_span_list(false)
-            .init();
-    } else {
-        builder.init();
-    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -31,11 +20,60 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(wasmop::cli::run(cli)) {
+    // The OTLP exporter's gRPC transport is set up inside the runtime.
+    let _inside = runtime.enter();
+    let exporting = matches!(cli.command, wasmop::cli::Command::Run(_));
+    let traces = match init_logs(&cli.log_format, exporting) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("wasmop: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    if exporting {
+        match &traces {
+            Some(s) => {
+                tracing::info!(endpoint = %s.endpoint, transport = ?s.transport, "exporting traces over OTLP")
+            }
+            None => tracing::info!("not exporting traces (no OTEL_EXPORTER_OTLP_ENDPOINT)"),
+        }
+    }
+    let code = match runtime.block_on(wasmop::cli::run(cli)) {
         Ok(code) => code,
         Err(e) => {
             eprintln!("wasmop: {e}");
             ExitCode::FAILURE
         }
-    }
+    };
+    // Spans still queued go out, however the command ended (a no-op when already flushed).
+    traces::shutdown();
+    code
+}
+
+/// Logs to stderr (text or JSON, filtered by `RUST_LOG`, default `info`) and, when `exporting`
+/// and the environment asks for it, the host's spans over OTLP; returns the OTLP settings.
+fn init_logs(
+    format: &str,
+    exporting: bool,
+) -> Result<Option<traces::Settings>, traces::TracingError> {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let logs = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    let logs = if format == "json" {
+        logs.json()
+            .with_current_span(true)
+            .with_span_list(false)
+            .boxed()
+    } else {
+        logs.with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .boxed()
+    };
+    let subscriber = tracing_subscriber::registry().with(logs.with_filter(filter));
+    let otlp = if exporting { traces::layer()? } else { None };
+    let (layer, settings) = match otlp {
+        Some((layer, settings)) => (Some(layer), Some(settings)),
+        None => (None, None),
+    };
+    subscriber.with(layer).init();
+    Ok(settings)
 }

@@ -4,6 +4,9 @@
 //!   its own golden file out of the box, and its `k8s/` files (CRD, RBAC, WasmReconciler) are
 //!   enough for the host to reconcile the fixture's object on the cluster (the host impersonates
 //!   the generated ServiceAccount, so this proves the generated RBAC too).
+//! - `wasmop new --lang python`: a generated Python project passes its pytest, builds its
+//!   component with the pinned componentize-py (`build.sh`) and passes `wasmop test` against its
+//!   own golden file, out of the box.
 //! - Record and replay: a host with `record_failures` (what `wasmop run --record-failures`
 //!   sets) writes the request of every failed reconcile, names the file in the Warning Event,
 //!   keeps at most the bounded count, and `wasmop test --request` replays the failure offline.
@@ -524,5 +527,85 @@ async fn diff_previews_a_candidate_against_every_primary_without_writing() -> an
         "wasmop diff wrote {}",
         "drifted-out"
     );
+    Ok(())
+}
+
+/// Runs the generated Python project's `build.sh` with `args`, returning its output.
+fn python_project(dir: &Path, args: &[&str]) -> anyhow::Result<String> {
+    let out = Command::new("bash")
+        .arg(dir.join("build.sh"))
+        .args(args)
+        .current_dir(dir)
+        .output()?;
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    anyhow::ensure!(
+        out.status.success(),
+        "build.sh {} in {} failed ({}):\n{text}",
+        args.join(" "),
+        dir.display(),
+        out.status
+    );
+    Ok(text)
+}
+
+#[tokio::test]
+async fn new_python_project_passes_pytest_builds_and_passes_its_golden_test() -> anyhow::Result<()>
+{
+    let work = tempfile::tempdir()?;
+    let dir = work.path().join("hello-py");
+    let dir_s = dir.display().to_string();
+    wasmop(&["new", "hello-py", "--lang", "python", "--dir", &dir_s]).await?;
+    for file in [
+        "hello_py.py",
+        "build.sh",
+        "requirements.txt",
+        "pyproject.toml",
+        "README.md",
+        "tests/test_hello_py.py",
+        "fixtures/cr.yaml",
+        "fixtures/expected.yaml",
+        "k8s/crd.yaml",
+        "k8s/rbac.yaml",
+        "k8s/wasmreconciler.yaml",
+        "wit/reconciler.wit",
+        "wasmop_sdk/__init__.py",
+        "wasmop_sdk/_glue.py",
+    ] {
+        anyhow::ensure!(
+            dir.join(file).is_file(),
+            "wasmop new --lang python wrote no {file}"
+        );
+    }
+    // The same pins as wasmop's own Python builds: the project shares their venv.
+    assert_eq!(
+        std::fs::read_to_string(dir.join("requirements.txt"))?,
+        std::fs::read_to_string(repo().join("guest-sdk/python/requirements.txt"))?
+    );
+    // pytest (natively), then the component, out of the box.
+    let pytest = python_project(&dir, &["test"])?;
+    anyhow::ensure!(pytest.contains("1 passed"), "pytest: {pytest}");
+    let started = std::time::Instant::now();
+    python_project(&dir, &[])?;
+    println!(
+        "built the generated Python project in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    let module = dir.join("build/hello_py.wasm");
+    anyhow::ensure!(module.is_file(), "{} was not built", module.display());
+    wasmop(&[
+        "test",
+        &module.display().to_string(),
+        "--reconciler",
+        "hello-py",
+        "--object",
+        &dir.join("fixtures/cr.yaml").display().to_string(),
+        "--expect",
+        &dir.join("fixtures/expected.yaml").display().to_string(),
+    ])
+    .await?;
     Ok(())
 }

@@ -130,6 +130,34 @@ pub fn registry_binary() -> Result<PathBuf> {
         })
 }
 
+/// The pinned OpenTelemetry Collector (core `otlp` receiver, contrib `file` exporter), built from
+/// the builder-generated module under `tests/controlplane/go/otelcol/`.
+pub const OTELCOL_VERSION: &str = "v0.165.0";
+
+const OTELCOL: Component = Component {
+    name: "otelcol",
+    version: OTELCOL_VERSION,
+    binaries: &[("otelcol-wasmop", "wasmop.dev/controlplane/otelcol")],
+};
+
+/// Finds, or builds, the OpenTelemetry Collector binary (same order as the control plane's
+/// binaries).
+///
+/// # Errors
+/// As [`Assets::provide`].
+pub fn otelcol_binary() -> Result<PathBuf> {
+    let found = provide_component(&cache_dir(), OTELCOL)?;
+    found
+        .into_iter()
+        .next()
+        .ok_or_else(|| Error::MissingBinary {
+            binary: "otelcol-wasmop".into(),
+            version: OTELCOL_VERSION.into(),
+            reason: "the build produced nothing".into(),
+            cache: cache_dir(),
+        })
+}
+
 /// The cache directory: `$WASMOP_CACHE`, else `$XDG_CACHE_HOME/wasmop`, else `~/.cache/wasmop`.
 pub fn cache_dir() -> PathBuf {
     if let Some(dir) = std::env::var_os("WASMOP_CACHE").filter(|v| !v.is_empty()) {
@@ -299,9 +327,16 @@ fn build_component(cache: &Path, component: Component) -> Result<()> {
         .join("build")
         .join(format!("{}-{}", component.name, component.version));
     fs::create_dir_all(&work).map_err(Error::io("creating", &work))?;
-    for file in ["go.mod", "go.sum", "tools.go"] {
-        let from = src.join(file);
-        fs::copy(&from, work.join(file)).map_err(Error::io("copying", &from))?;
+    // go.mod, go.sum and the Go sources (tools.go, or a main package of the helper module).
+    for entry in fs::read_dir(&src).map_err(Error::io("reading", &src))? {
+        let from = entry.map_err(Error::io("reading", &src))?.path();
+        let name = from
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or_default();
+        if from.is_file() && (name.ends_with(".go") || name == "go.mod" || name == "go.sum") {
+            fs::copy(&from, work.join(name)).map_err(Error::io("copying", &from))?;
+        }
     }
     let staging = target.with_extension("partial");
     let _ = fs::remove_dir_all(&staging);

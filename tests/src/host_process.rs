@@ -47,6 +47,8 @@ pub struct HostProcess {
     child: Option<tokio::process::Child>,
     log: PathBuf,
     metrics: SocketAddr,
+    /// Environment variables set (`Some`) or removed (`None`) for the child.
+    env: Vec<(String, Option<String>)>,
 }
 
 impl HostProcess {
@@ -60,6 +62,21 @@ impl HostProcess {
         rust_log: &str,
         dir: &Path,
     ) -> anyhow::Result<Self> {
+        Self::start_with_env(binary, args, rust_log, dir, Vec::new()).await
+    }
+
+    /// As [`HostProcess::start`], with environment variables set (`Some`) or removed (`None`)
+    /// for the child (every run).
+    ///
+    /// # Errors
+    /// As [`HostProcess::start`].
+    pub async fn start_with_env(
+        binary: &Path,
+        args: Vec<String>,
+        rust_log: &str,
+        dir: &Path,
+        env: Vec<(String, Option<String>)>,
+    ) -> anyhow::Result<Self> {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         let mut host = HostProcess {
             binary: binary.to_path_buf(),
@@ -70,6 +87,7 @@ impl HostProcess {
             child: None,
             log: PathBuf::new(),
             metrics: SocketAddr::from(([127, 0, 0, 1], 0)),
+            env,
         };
         host.launch().await?;
         Ok(host)
@@ -80,7 +98,14 @@ impl HostProcess {
         self.log = self.dir.join(format!("host-{}.log", self.runs));
         let log = std::fs::File::create(&self.log)
             .with_context(|| format!("creating {}", self.log.display()))?;
-        let child = tokio::process::Command::new(&self.binary)
+        let mut command = tokio::process::Command::new(&self.binary);
+        for (key, value) in &self.env {
+            match value {
+                Some(v) => command.env(key, v),
+                None => command.env_remove(key),
+            };
+        }
+        let child = command
             .args(&self.args)
             .env_remove("RUST_BACKTRACE")
             .env("RUST_LOG", &self.rust_log)
@@ -132,6 +157,55 @@ impl HostProcess {
         // tokio's `kill` sends SIGKILL and waits for the exit.
         child.kill().await.context("SIGKILL to the host")?;
         Ok(())
+    }
+
+    /// SIGTERMs the host (a graceful shutdown) and waits up to `within` for it to exit.
+    ///
+    /// # Errors
+    /// If it was not running, cannot be signalled, or did not exit in time (it is then killed).
+    pub async fn terminate(
+        &mut self,
+        within: Duration,
+    ) -> anyhow::Result<std::process::ExitStatus> {
+        let mut child = self
+            .child
+            .take()
+            .ok_or_else(|| anyhow::anyhow!("the host is not running"))?;
+        let pid = child
+            .id()
+            .and_then(|p| i32::try_from(p).ok())
+            .ok_or_else(|| anyhow::anyhow!("the host has already exited"))?;
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGTERM,
+        )
+        .context("SIGTERM to the host")?;
+        match tokio::time::timeout(within, child.wait()).await {
+            Ok(status) => Ok(status.context("waiting for the host")?),
+            Err(_) => {
+                let _ = child.kill().await;
+                anyhow::bail!(
+                    "the host did not exit within {within:?} of SIGTERM:\n{}",
+                    self.log_text()
+                )
+            }
+        }
+    }
+
+    /// The names of the current run's threads (`/proc/<pid>/task/*/comm`, at most 15 bytes
+    /// each), empty if it is not running.
+    pub fn thread_names(&self) -> Vec<String> {
+        let Some(pid) = self.pid() else {
+            return Vec::new();
+        };
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+            return Vec::new();
+        };
+        tasks
+            .filter_map(Result::ok)
+            .filter_map(|t| std::fs::read_to_string(t.path().join("comm")).ok())
+            .map(|n| n.trim().to_string())
+            .collect()
     }
 
     /// Starts the host again with the same arguments (after [`HostProcess::kill`]).

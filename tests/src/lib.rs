@@ -10,10 +10,12 @@
 //! - [`faults`] kills and restarts components and compacts etcd; [`HostProcess`] runs `wasmop
 //!   run` as a child process that a test can SIGKILL and restart.
 //! - [`Registry`] runs a real OCI registry (TLS, basic auth) that a test can stop and restart.
+//! - [`Collector`] runs a real OpenTelemetry Collector (OTLP receiver) and reads back its spans.
 //!
 //! The `testenv` binary offers the same to people: `testenv cluster` (what `make cluster` runs).
 
 pub mod assets;
+pub mod collector;
 pub mod controlplane;
 pub mod error;
 pub mod faults;
@@ -25,6 +27,7 @@ pub mod shared;
 pub mod wait;
 
 pub use assets::Assets;
+pub use collector::Collector;
 pub use controlplane::{ControlPlane, Options};
 pub use error::{Error, Result};
 pub use host_process::HostProcess;

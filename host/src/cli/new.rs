@@ -5,10 +5,17 @@
 //! `rust-toolchain.toml`), a fixture and its golden file (`fixtures/`), the cluster side (`k8s/`:
 //! a CRD from a small schema, RBAC, the WasmReconciler) and a README.
 //!
+//! With `--lang python` the project is the Python equivalent: the reconciler (`NAME.py`, with
+//! the Python SDK), its build settings (`build.sh` and the pinned `requirements.txt`: the
+//! component is built with componentize-py, installed once, offline afterwards), pytest
+//! (`tests/`, `pyproject.toml`), the same fixtures and `k8s/` (the WasmReconciler names an OCI
+//! source: a Python component does not fit a ConfigMap), and a copy of the SDK (`wasmop_sdk/`)
+//! and of the contract (`wit/reconciler.wit`) of this wasmop, so the project needs no checkout.
+//!
 //! # Extension point: other languages
-//! A language is a [`Lang`] variant and a [`Template`] (a list of files with `{{placeholders}}`,
-//! embedded with `include_str!`). Python joins with its own template directory once its SDK
-//! exists; [`render`] and [`write_project`] are language-neutral.
+//! A language is a [`Lang`] variant and a [`Template`] (a list of files with `{{placeholders}}`
+//! in their paths and contents, embedded with `include_str!`); [`render`] and [`write_project`]
+//! are language-neutral.
 //!
 //! # Errors
 //! [`CliError::Other`] for an invalid name, kind or group, or a directory that exists and is not
@@ -41,7 +48,7 @@ pub struct Args {
     #[arg(long)]
     pub dir: Option<PathBuf>,
     /// Depend on the SDK at this path (a wasmop checkout's `guest-sdk`) instead of wasmop's git
-    /// repository.
+    /// repository (Rust only: a Python project carries its SDK).
     #[arg(long)]
     pub sdk_path: Option<PathBuf>,
 }
@@ -51,6 +58,8 @@ pub struct Args {
 pub enum Lang {
     /// Rust, with the `wasmop-sdk` crate.
     Rust,
+    /// Python, with the Python SDK, built with componentize-py.
+    Python,
 }
 
 /// A project template: relative paths and their contents, with `{{placeholders}}`.
@@ -99,6 +108,110 @@ const RUST: Template = &[
     ),
 ];
 
+const PYTHON: Template = &[
+    (
+        "{{crate}}.py",
+        include_str!("../../templates/new-python/app.py"),
+    ),
+    (
+        "build.sh",
+        include_str!("../../templates/new-python/build.sh"),
+    ),
+    // The pins of wasmop's own Python builds, byte for byte: both share one venv.
+    (
+        "requirements.txt",
+        include_str!("../../../guest-sdk/python/requirements.txt"),
+    ),
+    (
+        "pyproject.toml",
+        include_str!("../../templates/new-python/pyproject.toml"),
+    ),
+    (
+        ".gitignore",
+        include_str!("../../templates/new-python/gitignore"),
+    ),
+    (
+        "README.md",
+        include_str!("../../templates/new-python/README.md"),
+    ),
+    (
+        "tests/test_{{crate}}.py",
+        include_str!("../../templates/new-python/tests/test_app.py"),
+    ),
+    (
+        "fixtures/cr.yaml",
+        include_str!("../../templates/new-python/fixtures/cr.yaml"),
+    ),
+    (
+        "fixtures/expected.yaml",
+        include_str!("../../templates/new-python/fixtures/expected.yaml"),
+    ),
+    (
+        "k8s/crd.yaml",
+        include_str!("../../templates/new-python/k8s/crd.yaml"),
+    ),
+    (
+        "k8s/rbac.yaml",
+        include_str!("../../templates/new-python/k8s/rbac.yaml"),
+    ),
+    (
+        "k8s/wasmreconciler.yaml",
+        include_str!("../../templates/new-python/k8s/wasmreconciler.yaml"),
+    ),
+    // The contract and the SDK of this wasmop, copied as they are (they hold no placeholders).
+    (
+        "wit/reconciler.wit",
+        include_str!("../../../wit/reconciler.wit"),
+    ),
+    (
+        "wasmop_sdk/__init__.py",
+        include_str!("../../../guest-sdk/python/wasmop_sdk/__init__.py"),
+    ),
+    (
+        "wasmop_sdk/_glue.py",
+        include_str!("../../../guest-sdk/python/wasmop_sdk/_glue.py"),
+    ),
+    (
+        "wasmop_sdk/errors.py",
+        include_str!("../../../guest-sdk/python/wasmop_sdk/errors.py"),
+    ),
+    (
+        "wasmop_sdk/k8s.py",
+        include_str!("../../../guest-sdk/python/wasmop_sdk/k8s.py"),
+    ),
+    (
+        "wasmop_sdk/kinds.py",
+        include_str!("../../../guest-sdk/python/wasmop_sdk/kinds.py"),
+    ),
+    (
+        "wasmop_sdk/log.py",
+        include_str!("../../../guest-sdk/python/wasmop_sdk/log.py"),
+    ),
+    (
+        "wasmop_sdk/reconciler.py",
+        include_str!("../../../guest-sdk/python/wasmop_sdk/reconciler.py"),
+    ),
+    (
+        "wasmop_sdk/request.py",
+        include_str!("../../../guest-sdk/python/wasmop_sdk/request.py"),
+    ),
+    (
+        "wasmop_sdk/response.py",
+        include_str!("../../../guest-sdk/python/wasmop_sdk/response.py"),
+    ),
+    (
+        "wasmop_sdk/testing.py",
+        include_str!("../../../guest-sdk/python/wasmop_sdk/testing.py"),
+    ),
+];
+
+/// Python's keywords: a module (`NAME.py`, imported by its tests) cannot be named after one.
+const PYTHON_KEYWORDS: &[&str] = &[
+    "and", "as", "assert", "async", "await", "break", "class", "continue", "def", "del", "elif",
+    "else", "except", "finally", "for", "from", "global", "if", "import", "in", "is", "lambda",
+    "nonlocal", "not", "or", "pass", "raise", "return", "try", "while", "with", "yield",
+];
+
 /// The SDK dependency a project gets without `--sdk-path`.
 const SDK_FROM_GIT: &str = r#"wasmop-sdk = { git = "https://github.com/wasmop/wasmop" }"#;
 
@@ -106,6 +219,7 @@ impl Lang {
     fn template(self) -> Template {
         match self {
             Lang::Rust => RUST,
+            Lang::Python => PYTHON,
         }
     }
 }
@@ -161,6 +275,19 @@ impl Names {
                 "--namespace {namespace:?} is not a valid namespace name"
             )));
         }
+        let krate = name.replace('-', "_");
+        if args.lang == Lang::Python {
+            if args.sdk_path.is_some() {
+                return Err(CliError::Other(
+                    "--sdk-path is for --lang rust: a Python project carries a copy of the SDK (wasmop_sdk/)".into(),
+                ));
+            }
+            if PYTHON_KEYWORDS.contains(&krate.as_str()) {
+                return Err(CliError::Other(format!(
+                    "{name:?} is a Python keyword and cannot name the module's file (e.g. use {name}-op)"
+                )));
+            }
+        }
         let sdk_dependency = match &args.sdk_path {
             Some(path) => format!(
                 "wasmop-sdk = {{ path = {:?} }}",
@@ -170,7 +297,7 @@ impl Names {
         };
         Ok(Names {
             name: name.to_string(),
-            krate: name.replace('-', "_"),
+            krate,
             plural: format!("{}s", kind.to_ascii_lowercase()),
             kind,
             group: args.group.clone(),
@@ -227,7 +354,7 @@ pub fn write_project(dir: &Path, template: Template, names: &Names) -> Result<()
         )));
     }
     for (relative, text) in template {
-        let path = dir.join(relative);
+        let path = dir.join(render(relative, names));
         let write = |source| CliError::Io {
             action: "cannot write",
             path: path.clone(),
@@ -237,6 +364,11 @@ pub fn write_project(dir: &Path, template: Template, names: &Names) -> Result<()
             std::fs::create_dir_all(parent).map_err(write)?;
         }
         std::fs::write(&path, render(text, names)).map_err(write)?;
+        if relative.ends_with(".sh") {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755))
+                .map_err(write)?;
+        }
     }
     Ok(())
 }
@@ -248,9 +380,18 @@ pub(crate) fn run(args: Args) -> Result<ExitCode, CliError> {
         .clone()
         .unwrap_or_else(|| PathBuf::from(&names.name));
     write_project(&dir, args.lang.template(), &names)?;
-    let wasm = format!("target/wasm32-wasip2/release/{}.wasm", names.krate);
+    let (build, wasm) = match args.lang {
+        Lang::Rust => (
+            "cargo build --release --target wasm32-wasip2\n  ".to_string(),
+            format!("target/wasm32-wasip2/release/{}.wasm", names.krate),
+        ),
+        Lang::Python => (
+            "./build.sh\n  ./build.sh test\n  ".to_string(),
+            format!("build/{}.wasm", names.krate),
+        ),
+    };
     eprintln!(
-        "created {} ({} {} in {}/v1)\nnext:\n  cd {}\n  cargo build --release --target wasm32-wasip2\n  wasmop test {wasm} --reconciler {} --object fixtures/cr.yaml --expect fixtures/expected.yaml",
+        "created {} ({} {} in {}/v1)\nnext:\n  cd {}\n  {build}wasmop test {wasm} --reconciler {} --object fixtures/cr.yaml --expect fixtures/expected.yaml",
         dir.display(),
         names.name,
         names.kind,
@@ -301,10 +442,30 @@ mod tests {
     #[test]
     fn every_placeholder_is_substituted() {
         let names = Names::from_args(&args("hello-op")).ok();
-        for (path, text) in RUST {
+        for (path, text) in RUST.iter().chain(PYTHON) {
             let rendered = names.as_ref().map(|n| render(text, n)).unwrap_or_default();
             assert!(!rendered.contains("{{"), "{path} keeps a placeholder");
+            let path = names.as_ref().map(|n| render(path, n)).unwrap_or_default();
+            assert!(!path.contains("{{"), "{path} keeps a placeholder");
         }
+    }
+
+    #[test]
+    fn python_names_its_files_after_the_module_and_refuses_what_python_cannot_import() {
+        let mut a = args("hello-op");
+        a.lang = Lang::Python;
+        let names = Names::from_args(&a).ok();
+        let paths: Vec<String> = PYTHON
+            .iter()
+            .filter_map(|(p, _)| names.as_ref().map(|n| render(p, n)))
+            .collect();
+        assert!(paths.contains(&"hello_op.py".to_string()), "{paths:?}");
+        assert!(paths.contains(&"tests/test_hello_op.py".to_string()));
+        let mut keyword = args("import");
+        keyword.lang = Lang::Python;
+        assert!(Names::from_args(&keyword).is_err());
+        a.sdk_path = Some(PathBuf::from("/x"));
+        assert!(Names::from_args(&a).is_err());
     }
 
     #[test]

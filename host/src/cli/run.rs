@@ -379,6 +379,8 @@ pub(crate) async fn run(args: Args) -> Result<ExitCode, CliError> {
     host.shutdown()
         .await
         .map_err(|e| CliError::Other(e.to_string()))?;
+    // The spans of the last reconciles are queued: send them before the process exits.
+    let _ = tokio::task::spawn_blocking(crate::operations::tracing::shutdown).await;
     tracing::info!("stopped");
     Ok(ExitCode::SUCCESS)
 }

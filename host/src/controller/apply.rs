@@ -37,9 +37,11 @@ use kube::api::{
 use kube::runtime::events::{Event as KubeEvent, EventType as KubeEventType, Recorder};
 use kube::{Client, ResourceExt};
 use serde_json::Value;
+use tracing::field::Empty;
+use tracing::{Instrument, info_span};
 
 use crate::contract::{Action, EventType, Gvk, ObjectRef, Propagation};
-use crate::controller::intents::{Validated, status_object};
+use crate::controller::intents::{PreparedSet, Validated, status_object};
 use crate::controller::noop::{self, Applied, Target};
 use crate::discovery::{Discovery, Resolved};
 
@@ -251,7 +253,7 @@ impl Applier {
         let primary_uid = primary.uid().unwrap_or_default();
         let params = PatchParams::apply(&self.field_manager).force();
 
-        // Children, concurrently within each kind.
+        // Children, concurrently within each kind, then the prune of that kind.
         for set in &validated.children {
             let Some(resolved) = self
                 .resolve(&set.kind, &format!("apply {}", set.kind), &mut report)
@@ -259,138 +261,249 @@ impl Applier {
             else {
                 continue;
             };
-            let ours: std::collections::BTreeMap<(Option<String>, String), &DynamicObject> =
-                observed
-                    .iter()
-                    .filter(|o| o.kind == set.kind)
-                    .flat_map(|o| o.objects.iter())
-                    .filter(|o| controlled_by(o, &primary_uid))
-                    .map(|o| ((o.namespace(), o.name_any()), o))
-                    .collect();
-            let remembered = &report.remembered;
-            // Collected first: a stream over a closure-mapped iterator is not provably Send.
-            let writes: Vec<_> = set.objects.iter().map(|child| {
-                let api = api_for(&self.client, &resolved, child.namespace.as_deref());
-                let reader = api_for(&self.reader, &resolved, child.namespace.as_deref());
-                let params = params.clone();
-                let current = ours.get(&(child.namespace.clone(), child.name.clone())).copied();
-                let known = current.is_some();
-                let primary_uid = primary_uid.clone();
-                let target: Target = (set.kind.clone(), child.namespace.clone(), child.name.clone());
-                let fingerprint = noop::fingerprint(&child.object);
-                let unchanged = remembered.get(&target) == Some(&fingerprint)
-                    && current.is_some_and(|c| {
-                        serde_json::to_value(c)
-                            .is_ok_and(|c| noop::covers_object(&child.object, &c))
-                    });
-                async move {
-                    if unchanged {
-                        return Ok((target, fingerprint, false));
-                    }
-                    let intent = format!(
-                        "apply {} {}",
-                        set.kind,
-                        display_name(child.namespace.as_deref(), &child.name)
-                    );
-                    // Server-side apply with force would take over an object of the same name
-                    // that someone else made (and a later prune would delete it): a child not
-                    // yet known as ours is checked first. Ours are the only ones the watch
-                    // cache may not have caught up with.
-                    if !known {
-                        match reader.get_opt(&child.name).await {
-                            Ok(Some(existing)) if !controlled_by(&existing, &primary_uid) => {
-                                let owner = existing
-                                    .metadata
-                                    .owner_references
-                                    .iter()
-                                    .flatten()
-                                    .find(|o| o.controller == Some(true))
-                                    .map(|o| format!("is controlled by {} {} (uid {})", o.kind, o.name, o.uid))
-                                    .unwrap_or_else(|| "was not created by this reconciler".into());
-                                return Err(WriteFailure {
-                                    intent,
-                                    kind: FailureKind::Invalid,
-                                    message: format!(
-                                        "an object with this name already exists and {owner}; wasmop does not take over objects it does not control: delete or rename it, or give the child another name"
-                                    ),
-                                });
-                            }
-                            Ok(_) => {}
-                            Err(e) => return Err(classify(intent, &e)),
-                        }
-                    }
-                    api.patch(&child.name, &params, &Patch::Apply(&child.object))
-                        .await
-                        .map(|_| (target, fingerprint, true))
-                        .map_err(|e| classify(intent, &e))
-                }
-            }).collect();
-            let results: Vec<Result<(Target, u64, bool), WriteFailure>> =
-                futures::stream::iter(writes)
-                    .buffer_unordered(APPLY_CONCURRENCY)
-                    .collect()
-                    .await;
-            for result in results {
-                match result {
-                    Ok((target, fingerprint, written)) => {
-                        if written {
-                            report.applied += 1;
-                        } else {
-                            report.unchanged += 1;
-                        }
-                        report.remembered.insert(target, fingerprint);
-                    }
-                    Err(f) => report.failures.push(f),
-                }
-            }
-            // Prune what this primary owns of this kind that is not in the complete set.
-            let keep: BTreeSet<(Option<String>, String)> = set
-                .objects
-                .iter()
-                .map(|c| (c.namespace.clone(), c.name.clone()))
-                .collect();
-            let stale = observed
-                .iter()
-                .filter(|o| o.kind == set.kind)
-                .flat_map(|o| o.objects.iter())
-                .filter(|o| controlled_by(o, &primary_uid))
-                .filter(|o| !keep.contains(&(o.namespace(), o.name_any())));
-            for object in stale {
-                let namespace = object.namespace();
-                let intent = format!(
-                    "prune {} {}",
-                    set.kind,
-                    display_name(namespace.as_deref(), &object.name_any())
-                );
-                let api = api_for(&self.client, &resolved, namespace.as_deref());
-                report
-                    .remembered
-                    .remove(&(set.kind.clone(), namespace.clone(), object.name_any()));
-                let params = DeleteParams {
-                    preconditions: uid_precondition(object.uid()),
-                    ..DeleteParams::background()
-                };
-                match api.delete(&object.name_any(), &params).await {
-                    Ok(_) => report.pruned += 1,
-                    Err(e) if is_gone(&e) => {}
-                    Err(e) => report.failures.push(classify(intent, &e)),
-                }
-            }
-        }
-
-        for action in validated.actions {
-            let uid = observed_uid(primary, observed, action.target());
-            if self.action(&action, uid, &mut report).await {
-                report.actions += 1;
-            }
-        }
-
-        if let Some(status) = &validated.status {
-            self.status(primary, primary_resource, status, &mut report)
+            let span = info_span!(
+                "apply.children",
+                kind = %set.kind,
+                children = set.objects.len() as i64,
+                applied = Empty,
+                unchanged = Empty,
+                failed = Empty,
+            );
+            self.children(set, &resolved, observed, &primary_uid, &params, &mut report)
+                .instrument(span)
+                .await;
+            let span = info_span!("apply.prune", kind = %set.kind, pruned = Empty, failed = Empty);
+            self.prune(set, &resolved, observed, &primary_uid, &mut report)
+                .instrument(span)
                 .await;
         }
 
-        for event in &validated.events {
+        if !validated.actions.is_empty() {
+            let span = info_span!(
+                "apply.actions",
+                actions = validated.actions.len() as i64,
+                done = Empty,
+                failed = Empty,
+            );
+            self.actions(primary, observed, validated.actions, &mut report)
+                .instrument(span)
+                .await;
+        }
+
+        if let Some(status) = &validated.status {
+            let span = info_span!(
+                "apply.status",
+                written = Empty,
+                unchanged = Empty,
+                failed = Empty
+            );
+            async {
+                let (unchanged, failures) = (report.unchanged, report.failures.len());
+                self.status(primary, primary_resource, status, &mut report)
+                    .await;
+                let current = tracing::Span::current();
+                current.record("written", report.status_written);
+                current.record("unchanged", report.unchanged > unchanged);
+                current.record("failed", (report.failures.len() - failures) as i64);
+            }
+            .instrument(span)
+            .await;
+        }
+
+        if !validated.events.is_empty() {
+            let span = info_span!(
+                "apply.events",
+                events = validated.events.len() as i64,
+                recorded = Empty,
+                failed = Empty,
+            );
+            self.events(primary, &primary_uid, &validated.events, &mut report)
+                .instrument(span)
+                .await;
+        }
+        report
+    }
+
+    /// Applies one complete child set (server-side apply, [`APPLY_CONCURRENCY`] at a time),
+    /// skipping unchanged children; records the counts on the current span.
+    async fn children(
+        &self,
+        set: &PreparedSet,
+        resolved: &Resolved,
+        observed: &[Observed],
+        primary_uid: &str,
+        params: &PatchParams,
+        report: &mut ApplyReport,
+    ) {
+        let (applied, unchanged, failures) =
+            (report.applied, report.unchanged, report.failures.len());
+        let ours: std::collections::BTreeMap<(Option<String>, String), &DynamicObject> = observed
+            .iter()
+            .filter(|o| o.kind == set.kind)
+            .flat_map(|o| o.objects.iter())
+            .filter(|o| controlled_by(o, primary_uid))
+            .map(|o| ((o.namespace(), o.name_any()), o))
+            .collect();
+        let remembered = &report.remembered;
+        // Collected first: a stream over a closure-mapped iterator is not provably Send.
+        let writes: Vec<_> = set.objects.iter().map(|child| {
+            let api = api_for(&self.client, resolved, child.namespace.as_deref());
+            let reader = api_for(&self.reader, resolved, child.namespace.as_deref());
+            let params = params.clone();
+            let current = ours.get(&(child.namespace.clone(), child.name.clone())).copied();
+            let known = current.is_some();
+            let primary_uid = primary_uid.to_string();
+            let target: Target = (set.kind.clone(), child.namespace.clone(), child.name.clone());
+            let fingerprint = noop::fingerprint(&child.object);
+            let unchanged = remembered.get(&target) == Some(&fingerprint)
+                && current.is_some_and(|c| {
+                    serde_json::to_value(c)
+                        .is_ok_and(|c| noop::covers_object(&child.object, &c))
+                });
+            async move {
+                if unchanged {
+                    return Ok((target, fingerprint, false));
+                }
+                let intent = format!(
+                    "apply {} {}",
+                    set.kind,
+                    display_name(child.namespace.as_deref(), &child.name)
+                );
+                // Server-side apply with force would take over an object of the same name
+                // that someone else made (and a later prune would delete it): a child not
+                // yet known as ours is checked first. Ours are the only ones the watch
+                // cache may not have caught up with.
+                if !known {
+                    match reader.get_opt(&child.name).await {
+                        Ok(Some(existing)) if !controlled_by(&existing, &primary_uid) => {
+                            let owner = existing
+                                .metadata
+                                .owner_references
+                                .iter()
+                                .flatten()
+                                .find(|o| o.controller == Some(true))
+                                .map(|o| format!("is controlled by {} {} (uid {})", o.kind, o.name, o.uid))
+                                .unwrap_or_else(|| "was not created by this reconciler".into());
+                            return Err(WriteFailure {
+                                intent,
+                                kind: FailureKind::Invalid,
+                                message: format!(
+                                    "an object with this name already exists and {owner}; wasmop does not take over objects it does not control: delete or rename it, or give the child another name"
+                                ),
+                            });
+                        }
+                        Ok(_) => {}
+                        Err(e) => return Err(classify(intent, &e)),
+                    }
+                }
+                api.patch(&child.name, &params, &Patch::Apply(&child.object))
+                    .await
+                    .map(|_| (target, fingerprint, true))
+                    .map_err(|e| classify(intent, &e))
+            }
+        }).collect();
+        let results: Vec<Result<(Target, u64, bool), WriteFailure>> = futures::stream::iter(writes)
+            .buffer_unordered(APPLY_CONCURRENCY)
+            .collect()
+            .await;
+        for result in results {
+            match result {
+                Ok((target, fingerprint, written)) => {
+                    if written {
+                        report.applied += 1;
+                    } else {
+                        report.unchanged += 1;
+                    }
+                    report.remembered.insert(target, fingerprint);
+                }
+                Err(f) => report.failures.push(f),
+            }
+        }
+        let current = tracing::Span::current();
+        current.record("applied", (report.applied - applied) as i64);
+        current.record("unchanged", (report.unchanged - unchanged) as i64);
+        current.record("failed", (report.failures.len() - failures) as i64);
+    }
+
+    /// Prunes what this primary owns of the set's kind that is not in the complete set; records
+    /// the counts on the current span.
+    async fn prune(
+        &self,
+        set: &PreparedSet,
+        resolved: &Resolved,
+        observed: &[Observed],
+        primary_uid: &str,
+        report: &mut ApplyReport,
+    ) {
+        let (pruned, failures) = (report.pruned, report.failures.len());
+        // Prune what this primary owns of this kind that is not in the complete set.
+        let keep: BTreeSet<(Option<String>, String)> = set
+            .objects
+            .iter()
+            .map(|c| (c.namespace.clone(), c.name.clone()))
+            .collect();
+        let stale = observed
+            .iter()
+            .filter(|o| o.kind == set.kind)
+            .flat_map(|o| o.objects.iter())
+            .filter(|o| controlled_by(o, primary_uid))
+            .filter(|o| !keep.contains(&(o.namespace(), o.name_any())));
+        for object in stale {
+            let namespace = object.namespace();
+            let intent = format!(
+                "prune {} {}",
+                set.kind,
+                display_name(namespace.as_deref(), &object.name_any())
+            );
+            let api = api_for(&self.client, resolved, namespace.as_deref());
+            report
+                .remembered
+                .remove(&(set.kind.clone(), namespace.clone(), object.name_any()));
+            let params = DeleteParams {
+                preconditions: uid_precondition(object.uid()),
+                ..DeleteParams::background()
+            };
+            match api.delete(&object.name_any(), &params).await {
+                Ok(_) => report.pruned += 1,
+                Err(e) if is_gone(&e) => {}
+                Err(e) => report.failures.push(classify(intent, &e)),
+            }
+        }
+        let current = tracing::Span::current();
+        current.record("pruned", (report.pruned - pruned) as i64);
+        current.record("failed", (report.failures.len() - failures) as i64);
+    }
+
+    /// Carries out the actions in order; records the counts on the current span.
+    async fn actions(
+        &self,
+        primary: &DynamicObject,
+        observed: &[Observed],
+        actions: Vec<Action>,
+        report: &mut ApplyReport,
+    ) {
+        let (done, failures) = (report.actions, report.failures.len());
+        for action in actions {
+            let uid = observed_uid(primary, observed, action.target());
+            if self.action(&action, uid, report).await {
+                report.actions += 1;
+            }
+        }
+        let current = tracing::Span::current();
+        current.record("done", (report.actions - done) as i64);
+        current.record("failed", (report.failures.len() - failures) as i64);
+    }
+
+    /// Records the module's Events; records the counts on the current span.
+    async fn events(
+        &self,
+        primary: &DynamicObject,
+        primary_uid: &str,
+        events: &[crate::contract::Event],
+        report: &mut ApplyReport,
+    ) {
+        let (recorded, failures) = (report.events, report.failures.len());
+        for event in events {
             let regarding = event.regarding.clone().unwrap_or_else(|| ObjectRef {
                 api_version: primary
                     .types
@@ -407,7 +520,7 @@ impl Applier {
             });
             let uid = (regarding.name == primary.name_any()
                 && regarding.namespace == primary.namespace())
-            .then(|| primary_uid.clone());
+            .then(|| primary_uid.to_string());
             let ev = KubeEvent {
                 type_: match event.type_ {
                     EventType::Normal => KubeEventType::Normal,
@@ -430,7 +543,9 @@ impl Applier {
                 )),
             }
         }
-        report
+        let current = tracing::Span::current();
+        current.record("recorded", (report.events - recorded) as i64);
+        current.record("failed", (report.failures.len() - failures) as i64);
     }
 
     /// Carries out one action; true on success. A delete is conditioned on `uid` when given.

@@ -67,6 +67,7 @@ use kube::runtime::reflector::{ObjectRef as KubeRef, Store, store::Writer};
 use kube::runtime::{WatchStreamExt, utils::PredicateConfig, watcher};
 use kube::{Client, ResourceExt};
 use serde_json::json;
+use tracing::field::Empty;
 use tracing::{Instrument, info_span};
 
 use self::apply::{Applier, FailureKind, Observed, object_reference};
@@ -1092,13 +1093,31 @@ async fn reconcile(
     let active = shared.slot.active();
     let sha = active.module.sha256().to_string();
     let (trigger, attempt) = shared.begin(&key, primary.resource_version().as_deref(), &sha);
+    // A root span: one trace per reconcile (not a child of kube-runtime's scheduling span).
+    // Exported over OTLP when configured (see `crate::operations::tracing`). Counts are recorded
+    // as i64: the OpenTelemetry bridge would export unsigned integers as strings.
     let span = info_span!(
+        parent: None,
         "reconcile",
         reconciler = %shared.settings.name,
+        kind = %shared.settings.primary.0,
         object = %match &key.0 { Some(ns) => format!("{ns}/{}", key.1), None => key.1.clone() },
         trigger = trigger.name(),
-        attempt,
+        attempt = i64::from(attempt),
         module = %&sha[..12.min(sha.len())],
+        module.name = %active.module.metadata().name,
+        module.sha256 = %sha,
+        intents.children = Empty,
+        intents.actions = Empty,
+        intents.status = Empty,
+        intents.events = Empty,
+        apply.applied = Empty,
+        apply.unchanged = Empty,
+        apply.pruned = Empty,
+        apply.failed = Empty,
+        outcome = Empty,
+        otel.status_code = Empty,
+        otel.status_description = Empty,
     );
     let started = Instant::now();
     let m = metrics::global();
@@ -1120,6 +1139,13 @@ async fn reconcile(
     {
         shared.queue.requeued(false);
     }
+    span.record("outcome", outcome(&result));
+    match &result {
+        Ok(_) => span.record("otel.status_code", "OK"),
+        Err(e) => span
+            .record("otel.status_code", "ERROR")
+            .record("otel.status_description", e.to_string().as_str()),
+    };
     let _enter = span.enter();
     match &result {
         Ok(_) => tracing::debug!(elapsed_ms = elapsed.as_millis() as u64, "reconciled"),
@@ -1137,6 +1163,19 @@ async fn reconcile(
         shared.forget(&key);
     }
     result
+}
+
+/// What a reconcile came to, for its span: `ok`, or the kind of failure.
+fn outcome(result: &Result<Action, ReconcileError>) -> &'static str {
+    match result {
+        Ok(_) => "ok",
+        Err(ReconcileError::Module(_)) => "module_failed",
+        Err(ReconcileError::Rejected(_)) => "rejected",
+        Err(ReconcileError::Conflict(_)) => "conflict",
+        Err(ReconcileError::Apply(_)) => "apply_failed",
+        Err(ReconcileError::Api(_)) => "api_error",
+        Err(ReconcileError::Join(_)) => "call_failed",
+    }
 }
 
 async fn run_once(
@@ -1206,6 +1245,13 @@ async fn run_once(
     let recorder = shared.settings.recorder.as_deref();
     let recorded = recorder.map(|_| request.clone());
     let call_module = module.clone();
+    let call_span = info_span!(
+        "module.call",
+        call = if deleting { "finalize" } else { "reconcile" },
+        instantiate_us = Empty,
+        call_us = Empty,
+        memory_peak = Empty,
+    );
     let outcome = tokio::task::spawn_blocking(move || {
         if deleting {
             let o = call_module.finalize(request, &limits);
@@ -1221,9 +1267,15 @@ async fn run_once(
             (o.result.map(|r| (None, r)), o.stats)
         }
     })
+    .instrument(call_span.clone())
     .await
     .map_err(|e| ReconcileError::Join(e.to_string()))?;
     let (result, stats) = outcome;
+    call_span
+        .record("instantiate_us", stats.instantiate.as_micros() as i64)
+        .record("call_us", stats.call.as_micros() as i64)
+        .record("memory_peak", stats.memory_peak as i64);
+    drop(call_span);
     metrics::global().module_call(
         &shared.settings.name,
         if deleting { "finalize" } else { "reconcile" },
@@ -1295,6 +1347,18 @@ async fn run_once(
         }
     };
     let requeue = validated.requeue_after;
+    let span = tracing::Span::current();
+    span.record(
+        "intents.children",
+        validated
+            .children
+            .iter()
+            .map(|set| set.objects.len() as i64)
+            .sum::<i64>(),
+    )
+    .record("intents.actions", validated.actions.len() as i64)
+    .record("intents.status", validated.status.is_some())
+    .record("intents.events", validated.events.len() as i64);
     let applied = shared.applied(&key);
     let report = shared
         .applier
@@ -1306,6 +1370,10 @@ async fn run_once(
             applied,
         )
         .await;
+    span.record("apply.applied", report.applied as i64)
+        .record("apply.unchanged", report.unchanged as i64)
+        .record("apply.pruned", report.pruned as i64)
+        .record("apply.failed", report.failures.len() as i64);
     shared.remember(&key, report.remembered.clone());
     let forbidden: Vec<String> = report
         .of(FailureKind::Forbidden)

@@ -1,6 +1,6 @@
 //! Running the host in production: leader election, Prometheus metrics, health and readiness
 //! probes, the API server's health as a readiness component, the connection limits of the
-//! host's servers, and the client-side rate limit of its API requests.
+//! host's servers, the client-side rate limit of its API requests, and traces over OTLP.
 
 pub mod api_health;
 pub mod leader;
@@ -9,3 +9,4 @@ pub mod probes;
 pub mod ratelimit;
 pub mod readiness;
 pub mod serving;
+pub mod tracing;

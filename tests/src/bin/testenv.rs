@@ -57,6 +57,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             let registry =
                 tokio::task::spawn_blocking(wasmop_testenv::assets::registry_binary).await??;
             println!("registry: {}", registry.display());
+            let otelcol =
+                tokio::task::spawn_blocking(wasmop_testenv::assets::otelcol_binary).await??;
+            println!("otelcol: {}", otelcol.display());
             eprintln!("provisioned in {:.1}s", start.elapsed().as_secs_f64());
         }
         Cmd::Which { binary } => {
