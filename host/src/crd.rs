@@ -233,6 +233,31 @@ pub struct OciModule {
     /// registry, besides the system roots.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ca_config_map: Option<LocalKey>,
+    /// Require a cosign signature by this key on the manifest digest (the `sha256-<digest>.sig`
+    /// tag, as `cosign sign --key` and `wasmop push --sign` write it); an unsigned or wrongly
+    /// signed module is refused and the active one keeps serving.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verify: Option<SignaturePolicy>,
+}
+
+/// The public key an OCI module must be signed with: exactly one of `key`, `keyConfigMap` or
+/// `keySecret`.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Hash, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [{
+    "rule": "(has(self.key) ? 1 : 0) + (has(self.keyConfigMap) ? 1 : 0) + (has(self.keySecret) ? 1 : 0) == 1",
+    "message": "spec.module.oci.verify names exactly one of key, keyConfigMap or keySecret"
+}]))]
+pub struct SignaturePolicy {
+    /// The public key, PEM (`cosign.pub`, as `cosign generate-key-pair` writes it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    /// A ConfigMap key (in the host's namespace) holding the PEM public key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_config_map: Option<LocalKey>,
+    /// A Secret key (in the host's namespace) holding the PEM public key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_secret: Option<LocalKey>,
 }
 
 /// A key of a ConfigMap or Secret in the host's namespace.

@@ -63,9 +63,9 @@ use crate::crd::{
 };
 use crate::discovery::{Discovery, Resolved};
 use crate::engine::{CallError, Compiled, Engine, Limits, Module, sha256_hex};
-use crate::modules::oci;
 use crate::modules::slot::{Active, Fit, ModuleSlot};
 use crate::modules::source::{self, ModuleBytes};
+use crate::modules::{oci, signature};
 use crate::{controller::conditions, controller::conflict, modules::copy};
 use crate::{operations::metrics, operations::readiness};
 
@@ -543,6 +543,10 @@ enum SwapError {
 /// not the module's fault.
 const HOST_BUSY: &str = "HostBusy";
 
+/// The reason a ConfigMap module is refused by a host that requires signed modules
+/// (`--require-signed-modules`): a ConfigMap cannot carry a cosign signature.
+const SIGNATURE_REQUIRED: &str = "SignatureRequired";
+
 impl From<SetupError> for SwapError {
     fn from(e: SetupError) -> Self {
         if e.reason == HOST_BUSY {
@@ -610,6 +614,8 @@ fn is_transient(reason: &str) -> bool {
             | "RegistryCredentialsInvalid"
             | "RegistryError"
             | "ModuleNotFound"
+            | signature::SIGNATURE_INVALID
+            | signature::KEY_INVALID
     )
 }
 
@@ -714,6 +720,9 @@ impl Supervisor {
                             | "RegistryUnauthorized"
                             | "RegistryCredentialsInvalid"
                             | "RegistryError"
+                            | signature::SIGNATURE_INVALID
+                            | signature::KEY_INVALID
+                            | SIGNATURE_REQUIRED
                     );
                     self.condition("Ready", false, e.reason, &e.message);
                     if !loaded {
@@ -899,6 +908,15 @@ impl Supervisor {
         };
         match self.wr.spec.module.kind().map_err(invalid)? {
             SourceKind::ConfigMap(source) => {
+                if let Some(key) = &self.ctx.oci.required_key {
+                    return Err(SetupError {
+                        reason: SIGNATURE_REQUIRED,
+                        message: format!(
+                            "the host requires modules signed by key {} ({}), and a module in ConfigMap {}/{} cannot carry a signature: push it to a registry with `wasmop push --oci REF --sign KEY` and name it in spec.module.oci",
+                            key.fingerprint, key.source, source.namespace, source.name
+                        ),
+                    });
+                }
                 let bytes = match cm {
                     Some(cm) => source::from_config_map(cm, source),
                     None => source::fetch(&self.ctx.client, source).await,

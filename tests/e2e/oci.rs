@@ -318,3 +318,389 @@ async fn a_module_over_one_mib_loads_from_the_registry() -> anyhow::Result<()> {
     .await?;
     Ok(())
 }
+
+// Signatures: cosign's key-based format, with the real cosign (v2.6.5, built from Go modules
+// and cached like the registry) on the same registry, in both directions.
+
+/// The password of every key cosign generates here.
+const KEY_PASSWORD: &str = "e2e-key-password";
+
+/// cosign against the test registry: its binary, a directory for keys, the registry's CA.
+struct Cosign {
+    bin: std::path::PathBuf,
+    dir: tempfile::TempDir,
+    ca: std::path::PathBuf,
+    username: String,
+    password: String,
+}
+
+impl Cosign {
+    async fn new(registry: &Registry) -> anyhow::Result<Self> {
+        let bin = tokio::task::spawn_blocking(wasmop_testenv::assets::cosign_binary).await??;
+        let dir = tempfile::tempdir()?;
+        let ca = dir.path().join("registry-ca.pem");
+        std::fs::write(&ca, &registry.ca_pem)?;
+        Ok(Cosign {
+            bin,
+            dir,
+            ca,
+            username: registry.username.clone(),
+            password: registry.password.clone(),
+        })
+    }
+
+    async fn run(&self, args: &[&str]) -> anyhow::Result<String> {
+        let out = tokio::process::Command::new(&self.bin)
+            .args(args)
+            .env("COSIGN_PASSWORD", KEY_PASSWORD)
+            .current_dir(self.dir.path())
+            .output()
+            .await?;
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        anyhow::ensure!(
+            out.status.success(),
+            "cosign {} failed: {text}",
+            args.join(" ")
+        );
+        Ok(text)
+    }
+
+    /// A new key pair `name`: (private key file, public key PEM file).
+    async fn key_pair(
+        &self,
+        name: &str,
+    ) -> anyhow::Result<(std::path::PathBuf, std::path::PathBuf)> {
+        let prefix = self.dir.path().join(name);
+        self.run(&[
+            "generate-key-pair",
+            "--output-key-prefix",
+            &prefix.display().to_string(),
+        ])
+        .await?;
+        Ok((prefix.with_extension("key"), prefix.with_extension("pub")))
+    }
+
+    fn registry_args(&self) -> Vec<String> {
+        vec![
+            format!("--registry-cacert={}", self.ca.display()),
+            format!("--registry-username={}", self.username),
+            format!("--registry-password={}", self.password),
+        ]
+    }
+
+    /// `cosign sign --key` without a transparency log (the test machine has none).
+    async fn sign(&self, key: &std::path::Path, reference: &str) -> anyhow::Result<()> {
+        let key = key.display().to_string();
+        let mut args = vec!["sign", "--yes", "--tlog-upload=false", "--key", &key];
+        let registry = self.registry_args();
+        args.extend(registry.iter().map(String::as_str));
+        args.push(reference);
+        self.run(&args).await.map(|_| ())
+    }
+
+    /// `cosign verify --key`, offline.
+    async fn verify(&self, public: &std::path::Path, reference: &str) -> anyhow::Result<String> {
+        let public = public.display().to_string();
+        let mut args = vec![
+            "verify",
+            "--offline=true",
+            "--insecure-ignore-tlog=true",
+            "--key",
+            &public,
+        ];
+        let registry = self.registry_args();
+        args.extend(registry.iter().map(String::as_str));
+        args.push(reference);
+        self.run(&args).await
+    }
+}
+
+/// `spec.module` naming `reference` pinned, with `verify`.
+fn signed_module(registry: &Registry, reference: &str, verify: Value) -> Value {
+    let mut module = oci_module(registry, reference, None, "registry");
+    module["oci"]["verify"] = verify;
+    module
+}
+
+/// The fingerprint the host names a public key by.
+fn fingerprint(public: &std::path::Path) -> anyhow::Result<String> {
+    let pem = std::fs::read_to_string(public)?;
+    Ok(wasmop::modules::signature::TrustedKey::from_pem(&pem, "test")?.fingerprint)
+}
+
+/// Runs a `wasmop` command line in this process, as the binary would.
+async fn wasmop_cli(args: &[&str]) -> anyhow::Result<()> {
+    let cli = <wasmop::cli::Cli as clap::Parser>::try_parse_from(
+        std::iter::once("wasmop").chain(args.iter().copied()),
+    )?;
+    let code = wasmop::cli::run(cli)
+        .await
+        .map_err(|e| anyhow::anyhow!("wasmop {}: {e}", args.join(" ")))?;
+    anyhow::ensure!(
+        code == std::process::ExitCode::SUCCESS,
+        "wasmop {} exited with {code:?}",
+        args.join(" ")
+    );
+    Ok(())
+}
+
+/// v2 of image-updater made distinct (another digest) by a custom section.
+fn distinct(mut bytes: Vec<u8>, tag: &str) -> Vec<u8> {
+    wasm_encoder::CustomSection {
+        name: "wasmop-test-variant".into(),
+        data: tag.as_bytes().to_vec().into(),
+    }
+    .append_to_component(&mut bytes);
+    bytes
+}
+
+#[tokio::test]
+async fn a_module_signed_by_cosign_loads_and_cosign_verifies_what_wasmop_push_signs()
+-> anyhow::Result<()> {
+    let env = TestEnv::get("oci-signed").await?;
+    let registry = Registry::start().await?;
+    let cosign = Cosign::new(&registry).await?;
+    let (key, public) = cosign.key_pair("release").await?;
+    let public_pem = std::fs::read_to_string(&public)?;
+    let repo = format!("{}/mods/signed", registry.host);
+
+    // v1, signed by cosign: the host verifies cosign's signature.
+    let v1 = wasmop_test_modules::bytes(wasmop_test_modules::IMAGE_UPDATER);
+    let d1 = push(&registry, "mods/signed:v1", v1).await?;
+    cosign.sign(&key, &format!("{repo}@{d1}")).await?;
+    pull_secret(&env, &registry, "registry", &registry.password).await?;
+    let (wr, _host) = register(
+        &env,
+        "iu",
+        signed_module(
+            &registry,
+            &format!("{repo}@{d1}"),
+            json!({"key": public_pem}),
+        ),
+    )
+    .await?;
+    assert!(!app_served(&env, "first").await?, "v1 serves the first App");
+
+    // v2, pushed and signed by `wasmop push --oci --sign` with cosign's encrypted key: cosign
+    // verifies wasmop's signature, and the host swaps it in.
+    let v2 = wasmop_test_modules::bytes(wasmop_test_modules::IMAGE_UPDATER_V2);
+    let v2_sha = wasmop::engine::sha256_hex(&v2);
+    let v2_file = cosign.dir.path().join("v2.wasm");
+    std::fs::write(&v2_file, &v2)?;
+    wasmop_cli(&[
+        "push",
+        &v2_file.display().to_string(),
+        "--oci",
+        &format!("{repo}:v2"),
+        "--registry-username",
+        &registry.username,
+        "--registry-password",
+        &registry.password,
+        "--ca-bundle",
+        &cosign.ca.display().to_string(),
+        "--sign",
+        &key.display().to_string(),
+        "--sign-password",
+        KEY_PASSWORD,
+    ])
+    .await?;
+    let access = oci::Access {
+        auth: Some((registry.username.clone(), registry.password.clone())),
+        ca_pem: Some(registry.ca_pem.clone()),
+    };
+    let d2 = oci::resolve(&format!("{repo}:v2"), &access).await?;
+    let verified = cosign.verify(&public, &format!("{repo}@{d2}")).await?;
+    assert!(verified.contains(&d2), "cosign verified: {verified}");
+
+    set_module(
+        &env.client,
+        &wr,
+        signed_module(
+            &registry,
+            &format!("{repo}@{d2}"),
+            json!({"key": public_pem}),
+        ),
+    )
+    .await?;
+    eventually("v2 active", WAIT, || async {
+        Ok(active(&env.client, &wr)
+            .await?
+            .filter(|a| a.sha256 == v2_sha))
+    })
+    .await?;
+    assert!(app_served(&env, "second").await?, "v2 serves the next App");
+    Ok(())
+}
+
+#[tokio::test]
+async fn unsigned_and_wrongly_signed_modules_are_refused_and_the_old_keeps_serving()
+-> anyhow::Result<()> {
+    let env = TestEnv::get("oci-unsigned").await?;
+    let registry = Registry::start().await?;
+    let cosign = Cosign::new(&registry).await?;
+    let (key, public) = cosign.key_pair("trusted").await?;
+    let (other_key, _) = cosign.key_pair("other").await?;
+    let trusted = fingerprint(&public)?;
+    // The key lives in a ConfigMap of the host's namespace.
+    let cms: Api<k8s_openapi::api::core::v1::ConfigMap> = env.api();
+    let cm: k8s_openapi::api::core::v1::ConfigMap = serde_json::from_value(json!({
+        "metadata": {"name": "module-keys"},
+        "data": {"cosign.pub": std::fs::read_to_string(&public)?},
+    }))?;
+    cms.create(&PostParams::default(), &cm).await?;
+    let verify = json!({"keyConfigMap": {"name": "module-keys", "key": "cosign.pub"}});
+    let repo = format!("{}/mods/policy", registry.host);
+
+    let v1 = wasmop_test_modules::bytes(wasmop_test_modules::IMAGE_UPDATER);
+    let v1_sha = wasmop::engine::sha256_hex(&v1);
+    let d1 = push(&registry, "mods/policy:v1", v1).await?;
+    cosign.sign(&key, &format!("{repo}@{d1}")).await?;
+    pull_secret(&env, &registry, "registry", &registry.password).await?;
+    let (wr, _host) = register(
+        &env,
+        "iu",
+        signed_module(&registry, &format!("{repo}@{d1}"), verify.clone()),
+    )
+    .await?;
+    assert!(!app_served(&env, "before").await?, "v1 serves");
+
+    // Unsigned: refused, naming the key and the digest; v1 keeps serving.
+    let v2 = wasmop_test_modules::bytes(wasmop_test_modules::IMAGE_UPDATER_V2);
+    let d2 = push(&registry, "mods/policy:v2", v2.clone()).await?;
+    set_module(
+        &env.client,
+        &wr,
+        signed_module(&registry, &format!("{repo}@{d2}"), verify.clone()),
+    )
+    .await?;
+    let message = refused_with(&env.client, &wr, "SignatureInvalid").await?;
+    assert!(
+        message.contains(&d2) && message.contains(&trusted) && message.contains("not signed"),
+        "{message}"
+    );
+    assert!(!app_served(&env, "unsigned").await?, "v1 keeps serving");
+    let recorded = cluster_events(&env.client, &wr).await?;
+    assert!(
+        recorded
+            .iter()
+            .any(|e| e.reason.as_deref() == Some("SignatureInvalid")),
+        "a Warning Event on the reconciler: {recorded:?}"
+    );
+
+    // Signed, but with another key: refused too.
+    let v3 = distinct(v2, "other-key");
+    let v3_sha = wasmop::engine::sha256_hex(&v3);
+    let d3 = push(&registry, "mods/policy:v3", v3).await?;
+    cosign.sign(&other_key, &format!("{repo}@{d3}")).await?;
+    set_module(
+        &env.client,
+        &wr,
+        signed_module(&registry, &format!("{repo}@{d3}"), verify.clone()),
+    )
+    .await?;
+    let message = eventually("refused for the other key's signature", WAIT, || async {
+        Ok(wr_condition(&env.client, &wr, "ModuleLoaded")
+            .await?
+            .filter(|(s, r, m)| s == "False" && r == "SignatureInvalid" && m.contains(&d3))
+            .map(|(_, _, m)| m))
+    })
+    .await?;
+    assert!(
+        message.contains(&trusted) && message.contains("not signed by key"),
+        "{message}"
+    );
+    assert!(!app_served(&env, "other-key").await?, "v1 keeps serving");
+    assert_eq!(
+        active(&env.client, &wr).await?.map(|a| a.sha256),
+        Some(v1_sha)
+    );
+
+    // The trusted key signs it too (cosign adds its signature): retried, it swaps in without
+    // a change to the spec.
+    cosign.sign(&key, &format!("{repo}@{d3}")).await?;
+    eventually("v3 active once signed", WAIT * 2, || async {
+        Ok(active(&env.client, &wr)
+            .await?
+            .filter(|a| a.sha256 == v3_sha))
+    })
+    .await?;
+    assert!(app_served(&env, "signed").await?, "v3 serves");
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_host_requiring_signatures_refuses_configmap_modules_and_loads_signed_ones()
+-> anyhow::Result<()> {
+    let env = TestEnv::get("oci-required").await?;
+    let registry = Registry::start().await?;
+    let cosign = Cosign::new(&registry).await?;
+    let (key, public) = cosign.key_pair("host").await?;
+    let host_key = wasmop::modules::signature::TrustedKey::from_pem(
+        &std::fs::read_to_string(&public)?,
+        "--require-signed-modules",
+    )?;
+    let v1 = wasmop_test_modules::bytes(wasmop_test_modules::IMAGE_UPDATER);
+    let v1_sha = wasmop::engine::sha256_hex(&v1);
+    let d1 = push(&registry, "mods/required:v1", v1).await?;
+    cosign
+        .sign(&key, &format!("{}/mods/required@{d1}", registry.host))
+        .await?;
+    pull_secret(&env, &registry, "registry", &registry.password).await?;
+
+    // A ConfigMap module cannot carry a signature: refused.
+    install_crds(&env.client).await?;
+    service_account(&env.client, &env.namespace, "iu", image_updater_rules(true)).await?;
+    push_module(
+        &env.client,
+        &env.namespace,
+        "iu-module",
+        wasmop_test_modules::IMAGE_UPDATER,
+    )
+    .await?;
+    let wr = format!("{}-iu", env.namespace);
+    let spec = reconciler(
+        &env,
+        &wr,
+        "iu-module",
+        ("example.wasmop.dev/v1", "App"),
+        &[("apps/v1", "Deployment"), ("v1", "Service")],
+        "iu",
+        json!({}),
+    );
+    apply_reconciler(&env.client, &spec).await?;
+    let ns = env.namespace.clone();
+    let _host = start_host_with(&env, |o| {
+        o.oci.namespace = Some(ns);
+        o.oci.required_key = Some(host_key.clone());
+    })
+    .await?;
+    let message = refused_with(&env.client, &wr, "SignatureRequired").await?;
+    assert!(message.contains(&host_key.fingerprint), "{message}");
+
+    // The same module from the registry, signed by the host's key, loads (no key in the spec).
+    let api: Api<WasmReconciler> = Api::all(env.client.clone());
+    api.patch(
+        &wr,
+        &PatchParams::default(),
+        &Patch::Merge(&json!({"spec": {"module": {
+            "configMap": null,
+            "oci": oci_module(&registry, &format!("{}/mods/required@{d1}", registry.host), None, "registry")["oci"],
+        }}})),
+    )
+    .await?;
+    eventually("the signed module active", WAIT, || async {
+        Ok(active(&env.client, &wr)
+            .await?
+            .filter(|a| a.sha256 == v1_sha))
+    })
+    .await?;
+    assert!(
+        !app_served(&env, "signed").await?,
+        "the signed module serves"
+    );
+    Ok(())
+}

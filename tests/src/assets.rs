@@ -113,18 +113,58 @@ const REGISTRY: Component = Component {
     )],
 };
 
+/// The pinned cosign release (`cmd/cosign`): proves that module signatures are
+/// cosign-compatible, in both directions.
+pub const COSIGN_VERSION: &str = "v2.6.5";
+
+const COSIGN: Component = Component {
+    name: "cosign",
+    version: COSIGN_VERSION,
+    binaries: &[("cosign", "github.com/sigstore/cosign/v2/cmd/cosign")],
+};
+
+/// The pinned go-containerregistry release (`cmd/crane`): assembles and pushes the host's image
+/// without a container daemon (`make image`).
+pub const CRANE_VERSION: &str = "v0.22.1";
+
+const CRANE: Component = Component {
+    name: "crane",
+    version: CRANE_VERSION,
+    binaries: &[("crane", "github.com/google/go-containerregistry/cmd/crane")],
+};
+
 /// Finds, or builds, the OCI registry binary (same order as the control plane's binaries).
 ///
 /// # Errors
 /// As [`Assets::provide`].
 pub fn registry_binary() -> Result<PathBuf> {
-    let found = provide_component(&cache_dir(), REGISTRY)?;
+    single_binary(REGISTRY)
+}
+
+/// Finds, or builds, the cosign binary (same order as the control plane's binaries).
+///
+/// # Errors
+/// As [`Assets::provide`].
+pub fn cosign_binary() -> Result<PathBuf> {
+    single_binary(COSIGN)
+}
+
+/// Finds, or builds, the crane binary (same order as the control plane's binaries).
+///
+/// # Errors
+/// As [`Assets::provide`].
+pub fn crane_binary() -> Result<PathBuf> {
+    single_binary(CRANE)
+}
+
+fn single_binary(component: Component) -> Result<PathBuf> {
+    let found = provide_component(&cache_dir(), component)?;
     found
         .into_iter()
         .next()
         .ok_or_else(|| Error::MissingBinary {
-            binary: "registry".into(),
-            version: REGISTRY_VERSION.into(),
+            binary: component.name.into(),
+            version: component.version.into(),
             reason: "the build produced nothing".into(),
             cache: cache_dir(),
         })

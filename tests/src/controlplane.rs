@@ -117,11 +117,19 @@ pub fn write_kubeconfig(
     std::fs::write(path, text).map_err(Error::io("writing", path))
 }
 
+/// Makes ring the process's rustls crypto provider, once. Builds that also link the wasmop host
+/// compile rustls with a second provider (aws-lc-rs, for sigstore), and then kube cannot build a
+/// TLS client until a default is installed; every client made here calls this first.
+pub fn install_crypto_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
 /// Builds a client from a kubeconfig file.
 ///
 /// # Errors
 /// [`Error::Kubeconfig`] if it cannot be read, [`Error::Kube`] if no client can be made from it.
 pub async fn client_from_kubeconfig(path: &Path) -> Result<Client> {
+    install_crypto_provider();
     let kubeconfig = Kubeconfig::read_from(path).map_err(|e| Error::Kubeconfig {
         path: path.into(),
         detail: e.to_string(),
@@ -453,6 +461,7 @@ impl ControlPlane {
             )?);
             // Their serving certificates are self-signed; only liveness is asked of them.
             config.accept_invalid_certs = true;
+            install_crypto_provider();
             let client = Client::try_from(config)?;
             self.wait_for(&format!("{name} /healthz"), options.ready_timeout, || {
                 let client = client.clone();

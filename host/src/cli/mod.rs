@@ -180,6 +180,7 @@ pub(crate) async fn off_runtime<T: Send + 'static>(
 
 /// Runs a parsed command line.
 pub async fn run(cli: Cli) -> Result<ExitCode, CliError> {
+    crate::host::install_crypto_provider();
     match cli.command {
         Command::Inspect(args) => off_runtime(move || inspect::run(args)).await,
         Command::Test(args) => test::run_with_capture(args).await,

@@ -1,6 +1,7 @@
 //! `wasmop push MODULE.wasm --name NAME [-n NAMESPACE] [--dry-run]`: put a module in a ConfigMap;
 //! `wasmop push MODULE.wasm --oci REGISTRY/REPOSITORY:TAG`: push it to an OCI registry as a Wasm
-//! artifact, and print the reference by digest to pin in `spec.module.oci.reference`.
+//! artifact, and print the reference by digest to pin in `spec.module.oci.reference`; with
+//! `--sign KEYFILE`, also sign it the way `cosign sign --key` does.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -11,7 +12,7 @@ use kube::api::{Api, Patch, PatchParams};
 use super::{CliError, engine, to_yaml};
 use crate::engine::Limits;
 use crate::host::kube_config;
-use crate::modules::{oci, source};
+use crate::modules::{oci, signature, source};
 
 /// Arguments of `push`.
 #[derive(Debug, clap::Args)]
@@ -38,6 +39,19 @@ pub struct Args {
     /// A PEM file of CA certificates to trust for the registry, besides the system roots.
     #[arg(long, requires = "oci")]
     pub ca_bundle: Option<PathBuf>,
+    /// Sign the pushed module with this private key (cosign's, from `cosign generate-key-pair`,
+    /// or a PKCS#8 PEM ECDSA P-256 key), as `cosign sign --key` does: the signature goes to
+    /// the `sha256-<digest>.sig` tag, replacing any signatures there.
+    #[arg(long, value_name = "KEYFILE", requires = "oci")]
+    pub sign: Option<PathBuf>,
+    /// The password of an encrypted --sign key (cosign's variable).
+    #[arg(
+        long,
+        env = "COSIGN_PASSWORD",
+        hide_env_values = true,
+        default_value = ""
+    )]
+    pub sign_password: String,
     /// The ConfigMap's namespace.
     #[arg(short, long, default_value = "default")]
     pub namespace: String,
@@ -146,6 +160,17 @@ async fn push_oci(
         Some(path) => Some(std::fs::read_to_string(path).map_err(CliError::read(path))?),
         None => None,
     };
+    // The key is opened before anything is pushed: a wrong password fails early.
+    let key = match &args.sign {
+        Some(path) => {
+            let pem = std::fs::read(path).map_err(CliError::read(path))?;
+            let source = path.display().to_string();
+            let key = signature::SigningKey::from_pem(&pem, args.sign_password.as_bytes(), &source)
+                .map_err(|e| CliError::Other(e.to_string()))?;
+            Some(key)
+        }
+        None => None,
+    };
     let m = module.metadata();
     let annotations = std::collections::BTreeMap::from([
         ("org.opencontainers.image.title".to_string(), m.name.clone()),
@@ -171,6 +196,21 @@ async fn push_oci(
         Some((r, tag)) if !tag.contains('/') => r,
         _ => repository,
     };
+    if let Some(key) = &key {
+        let pinned = oci::pin(&crate::crd::OciModule {
+            reference: format!("{repository}@{digest}"),
+            digest: None,
+            pull_secret: None,
+            ca_bundle: None,
+            ca_config_map: None,
+            verify: None,
+        })
+        .map_err(|e| CliError::Other(e.to_string()))?;
+        let tag = signature::sign(&pinned, key, &access)
+            .await
+            .map_err(|e| CliError::Other(e.to_string()))?;
+        eprintln!("signed with key {} ({tag})", key.fingerprint);
+    }
     eprintln!("pushed; pin it in spec.module.oci.reference:");
     println!("{repository}@{digest}");
     Ok(ExitCode::SUCCESS)

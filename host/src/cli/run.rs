@@ -10,6 +10,7 @@ use super::{CliError, cache_dir};
 use crate::admission::config::WebhookTarget;
 use crate::crd::parse_duration;
 use crate::host::{Host, HostError, HostOptions, WebhookOptions};
+use crate::modules::signature::TrustedKey;
 use crate::operations::leader::LeaderConfig;
 use crate::operations::serving::ServerLimits;
 
@@ -154,6 +155,20 @@ pub struct Args {
     #[arg(long, env = "WASMOP_MAX_MODULE_BYTES", default_value_t = crate::modules::oci::DEFAULT_MAX_MODULE_BYTES,
           value_parser = clap::value_parser!(u64).range(1..=(4u64 << 30)))]
     pub max_module_bytes: u64,
+    /// Require every module to come from an OCI registry signed with this public key (a PEM
+    /// file, `cosign.pub`): unsigned or wrongly signed modules, and ConfigMap modules, are
+    /// refused.
+    #[arg(long, env = "WASMOP_REQUIRE_SIGNED_MODULES", value_name = "KEYFILE")]
+    pub require_signed_modules: Option<std::path::PathBuf>,
+}
+
+/// The host-wide signature key, read from `path`.
+fn required_key(path: &std::path::Path) -> Result<TrustedKey, CliError> {
+    let pem = std::fs::read_to_string(path).map_err(CliError::read(path))?;
+    let key = TrustedKey::from_pem(&pem, format!("--require-signed-modules {}", path.display()))
+        .map_err(|e| CliError::Other(e.to_string()))?;
+    tracing::info!(key = %key.fingerprint, "modules must be signed");
+    Ok(key)
 }
 
 /// `:8080` (every address), `127.0.0.1:0`, `[::1]:9443`, or `off`.
@@ -352,6 +367,10 @@ pub(crate) async fn run(args: Args) -> Result<ExitCode, CliError> {
         oci: crate::modules::oci::OciOptions {
             namespace: args.namespace.clone(),
             max_module_bytes: args.max_module_bytes,
+            required_key: match &args.require_signed_modules {
+                Some(path) => Some(required_key(path)?),
+                None => None,
+            },
         },
         ..HostOptions::default()
     };

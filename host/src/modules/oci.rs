@@ -31,6 +31,7 @@ use oci_client::secrets::RegistryAuth;
 use oci_client::{Reference, errors::OciDistributionError};
 
 use crate::crd::OciModule;
+use crate::modules::signature::{self, SignatureError, TrustedKey};
 
 /// The config media type of a Wasm artifact.
 pub const WASM_CONFIG: &str = "application/vnd.wasm.config.v0+json";
@@ -55,6 +56,9 @@ pub struct OciOptions {
     pub namespace: Option<String>,
     /// The largest module pulled.
     pub max_module_bytes: u64,
+    /// The key every module must be signed with (`--require-signed-modules`), besides the one
+    /// a WasmReconciler's `spec.module.oci.verify` names.
+    pub required_key: Option<TrustedKey>,
 }
 
 impl Default for OciOptions {
@@ -62,6 +66,7 @@ impl Default for OciOptions {
         OciOptions {
             namespace: None,
             max_module_bytes: DEFAULT_MAX_MODULE_BYTES,
+            required_key: None,
         }
     }
 }
@@ -160,6 +165,9 @@ pub enum OciError {
         /// What failed.
         detail: String,
     },
+    /// The module's signatures do not satisfy the policy, or its key cannot be used.
+    #[error(transparent)]
+    Signature(#[from] SignatureError),
 }
 
 impl OciError {
@@ -174,11 +182,12 @@ impl OciError {
             OciError::DigestMismatch { .. } => "DigestMismatch",
             OciError::NotWasm { .. } | OciError::TooLarge { .. } => "ModuleInvalid",
             OciError::Registry { .. } => "RegistryError",
+            OciError::Signature(e) => e.reason(),
         }
     }
 
     /// Whether trying again later may succeed without the spec changing (the registry comes
-    /// back, the Secret or the repository is fixed).
+    /// back, the Secret or the repository is fixed, a signature is pushed).
     pub fn is_transient(&self) -> bool {
         matches!(
             self,
@@ -187,6 +196,7 @@ impl OciError {
                 | OciError::NotFound { .. }
                 | OciError::Credentials { .. }
                 | OciError::Registry { .. }
+                | OciError::Signature(_)
         )
     }
 }
@@ -286,7 +296,7 @@ impl Access {
 
     fn client(&self) -> oci_client::Client {
         // reqwest is built without a crypto provider of its own: use the host's (ring).
-        let _ = rustls::crypto::ring::default_provider().install_default();
+        crate::host::install_crypto_provider();
         let extra_root_certificates = self
             .ca_pem
             .iter()
@@ -439,7 +449,9 @@ pub struct Pulled {
 /// host's namespace) and the host's cap.
 ///
 /// # Guarantees
-/// With a tag and a digest policy, the tag is resolved first and must point at the digest.
+/// - With a tag and a digest policy, the tag is resolved first and must point at the digest.
+/// - When a signature is required (`spec.verify` or the host's key), the manifest digest's
+///   cosign signatures are checked before the layer is pulled ([`signature::verify`]).
 ///
 /// # Errors
 /// See [`OciError`].
@@ -455,22 +467,43 @@ pub async fn fetch(
         .reference
         .parse()
         .map_err(|e| OciError::InvalidSpec(format!("reference {:?}: {e}", spec.reference)))?;
-    if tagged.digest().is_none() {
-        let resolved = access
-            .client()
-            .fetch_manifest_digest(&tagged, &access.registry_auth())
-            .await
-            .map_err(|e| classify(&tagged, e))?;
-        if resolved != pinned.digest {
-            return Err(OciError::DigestMismatch {
-                reference: spec.reference.clone(),
-                detail: format!(
-                    "the tag resolves to {resolved}, but spec.module.oci.digest requires {}",
-                    pinned.digest
-                ),
-            });
-        }
+    let keys = signature::required_keys(
+        client,
+        &options.namespace(),
+        spec,
+        options.required_key.as_ref(),
+    )
+    .await?;
+    // The tag, or the pinned manifest, is asked for first: an outage or refused credentials
+    // are reported as such rather than as a missing signature.
+    let resolved = if tagged.digest().is_none() || !keys.is_empty() {
+        let asked = if tagged.digest().is_none() {
+            &tagged
+        } else {
+            &pinned.reference
+        };
+        Some(
+            access
+                .client()
+                .fetch_manifest_digest(asked, &access.registry_auth())
+                .await
+                .map_err(|e| classify(asked, e))?,
+        )
+    } else {
+        None
+    };
+    if let Some(resolved) = resolved
+        && resolved != pinned.digest
+    {
+        return Err(OciError::DigestMismatch {
+            reference: spec.reference.clone(),
+            detail: format!(
+                "the tag resolves to {resolved}, but spec.module.oci.digest requires {}",
+                pinned.digest
+            ),
+        });
     }
+    signature::verify(&pinned, &access, &keys).await?;
     pull(&pinned, &access, options.max_module_bytes).await
 }
 
@@ -661,6 +694,21 @@ fn source_chain(e: &dyn std::error::Error) -> String {
     out
 }
 
+/// The manifest digest `reference` (a tag or a digest) resolves to now.
+///
+/// # Errors
+/// See [`OciError`].
+pub async fn resolve(reference: &str, access: &Access) -> Result<String, OciError> {
+    let reference: Reference = reference
+        .parse()
+        .map_err(|e| OciError::InvalidSpec(format!("reference {reference:?}: {e}")))?;
+    access
+        .client()
+        .fetch_manifest_digest(&reference, &access.registry_auth())
+        .await
+        .map_err(|e| classify(&reference, e))
+}
+
 /// Pushes `module` to `reference` as a Wasm artifact and returns the manifest digest to pin.
 ///
 /// # Errors
@@ -708,6 +756,7 @@ mod tests {
             pull_secret: None,
             ca_bundle: None,
             ca_config_map: None,
+            verify: None,
         }
     }
 

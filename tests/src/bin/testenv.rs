@@ -20,7 +20,8 @@ struct Cli {
 enum Cmd {
     /// Find or build the binaries (into the cache), and print their paths.
     Provision,
-    /// Print the path of one provided binary (etcd, kube-apiserver, kubectl, kwok, ...).
+    /// Print the path of one provided binary (etcd, kube-apiserver, kubectl, kwok, registry,
+    /// cosign, crane, ...), building it first if needed.
     Which {
         /// The binary's name.
         binary: String,
@@ -35,6 +36,9 @@ enum Cmd {
         kubeconfig_out: Option<PathBuf>,
     },
 }
+
+/// Finds or builds one tool binary.
+type Provide = fn() -> wasmop_testenv::Result<PathBuf>;
 
 #[tokio::main]
 async fn main() -> ExitCode {
@@ -63,6 +67,17 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             eprintln!("provisioned in {:.1}s", start.elapsed().as_secs_f64());
         }
         Cmd::Which { binary } => {
+            let tool = match binary.as_str() {
+                "registry" => Some(wasmop_testenv::assets::registry_binary as Provide),
+                "cosign" => Some(wasmop_testenv::assets::cosign_binary as Provide),
+                "crane" => Some(wasmop_testenv::assets::crane_binary as Provide),
+                _ => None,
+            };
+            if let Some(provide) = tool {
+                let path = tokio::task::spawn_blocking(provide).await??;
+                println!("{}", path.display());
+                return Ok(());
+            }
             let assets = tokio::task::spawn_blocking(Assets::provide).await??;
             let path = match binary.as_str() {
                 "etcd" => assets.etcd,
@@ -72,7 +87,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 "kubectl" => assets.kubectl,
                 "kwok" => assets.kwok,
                 other => anyhow::bail!(
-                    "unknown binary {other:?}: one of etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, kwok"
+                    "unknown binary {other:?}: one of etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, kwok, registry, cosign, crane"
                 ),
             };
             println!("{}", path.display());

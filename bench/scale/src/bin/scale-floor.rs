@@ -73,6 +73,8 @@ async fn run() -> Result<(), String> {
         .ok_or("missing argument 2: concurrency")?
         .parse()
         .map_err(|e| format!("concurrency: {e}"))?;
+    // Linked with the host's crates, rustls has two providers: pick ring before any client.
+    wasmop_testenv::controlplane::install_crypto_provider();
     let client = Client::try_default()
         .await
         .map_err(|e| format!("kubeconfig: {e}"))?;

@@ -161,6 +161,8 @@ async fn run() -> Result<(), String> {
     let resync: f64 = arg(&args, 3, "resync seconds")?
         .parse()
         .map_err(|e| format!("resync seconds: {e}"))?;
+    // Linked with the host's crates, rustls has two providers: pick ring before any client.
+    wasmop_testenv::controlplane::install_crypto_provider();
     let client = Client::try_default()
         .await
         .map_err(|e| format!("kubeconfig: {e}"))?;
