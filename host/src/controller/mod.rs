@@ -669,16 +669,16 @@ pub fn start(
             (wc, store.clone()),
             related_by,
         )
-            .modify(strip)
-            .inspect(move |e| h.watched(&k, e))
-            .reflect(writer)
-            .inspect(cached(&settings.name, kind, store.clone()))
-            .inspect(move |e| {
-                if let Ok(e) = e {
-                    ix.record(e);
-                }
-            })
-            .touched_objects();
+        .modify(strip)
+        .inspect(move |e| h.watched(&k, e))
+        .reflect(writer)
+        .inspect(cached(&settings.name, kind, store.clone()))
+        .inspect(move |e| {
+            if let Ok(e) = e {
+                ix.record(e);
+            }
+        })
+        .touched_objects();
         let (primary_ar, objects, kind2, primaries, slot, q, primary_index) = (
             primary_ar.clone(),
             objects.clone(),
