@@ -42,6 +42,15 @@ async fn active_sha(client: &Client, wr: &str) -> anyhow::Result<Option<String>>
         .map(|m| m.sha256))
 }
 
+/// Waits until the status names `sha` as the active module: the status follows the swap (the
+/// controller reconciles with a new module before the status write lands).
+async fn wait_active(client: &Client, wr: &str, sha: &str) -> anyhow::Result<()> {
+    eventually(&format!("{wr} serving {sha}"), WAIT, || async {
+        Ok((active_sha(client, wr).await?.as_deref() == Some(sha)).then_some(()))
+    })
+    .await
+}
+
 fn revision(d: &Deployment) -> Option<String> {
     d.annotations()
         .get("example.wasmop.dev/module-revision")
@@ -89,10 +98,7 @@ async fn v1_to_v2_swaps_without_failures_garbage_is_refused_and_v2_keeps_serving
         },
     )
     .await?;
-    assert_eq!(
-        active_sha(&env.client, &wr).await?.as_deref(),
-        Some(v1.as_str())
-    );
+    wait_active(&env.client, &wr, &v1).await?;
 
     // v2 annotates its children. Keep the Apps busy while it is pushed.
     let editor = {
@@ -129,10 +135,7 @@ async fn v1_to_v2_swaps_without_failures_garbage_is_refused_and_v2_keeps_serving
     })
     .await?;
     editor.await?;
-    assert_eq!(
-        active_sha(&env.client, &wr).await?.as_deref(),
-        Some(v2.as_str())
-    );
+    wait_active(&env.client, &wr, &v2).await?;
     assert_eq!(
         module_failures(&env).await?,
         0,

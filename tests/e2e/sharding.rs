@@ -57,32 +57,6 @@ async fn serial() -> tokio::sync::MutexGuard<'static, ()> {
     SERIAL.lock().await
 }
 
-/// The `wasmop` binary, built once per test process (a no-op when it is fresh).
-async fn wasmop_binary() -> anyhow::Result<&'static Path> {
-    static BIN: OnceCell<PathBuf> = OnceCell::const_new();
-    let path = BIN
-        .get_or_try_init(|| async {
-            // <target>/debug/deps/sharding-<hash> -> <target>
-            let exe = std::env::current_exe()?;
-            let target = exe
-                .ancestors()
-                .nth(3)
-                .ok_or_else(|| anyhow::anyhow!("unexpected test binary path {}", exe.display()))?
-                .to_path_buf();
-            let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-            let status = tokio::process::Command::new(cargo)
-                .args(["build", "-p", "wasmop", "--bin", "wasmop", "--target-dir"])
-                .arg(&target)
-                .current_dir(repo())
-                .status()
-                .await?;
-            anyhow::ensure!(status.success(), "cargo build -p wasmop failed: {status}");
-            Ok::<_, anyhow::Error>(target.join("debug").join("wasmop"))
-        })
-        .await?;
-    Ok(path.as_path())
-}
-
 fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)

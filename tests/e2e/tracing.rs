@@ -27,32 +27,6 @@ const EXPORTER_THREAD: &str = "OpenTelemetry.T";
 /// How long a host may take to flush and exit after SIGTERM.
 const EXIT: Duration = Duration::from_secs(60);
 
-/// The `wasmop` binary, built once per test process (a no-op when it is fresh).
-async fn wasmop_binary() -> anyhow::Result<&'static Path> {
-    static BIN: OnceCell<PathBuf> = OnceCell::const_new();
-    let path = BIN
-        .get_or_try_init(|| async {
-            // <target>/debug/deps/tracing-<hash> -> <target>
-            let exe = std::env::current_exe()?;
-            let target = exe
-                .ancestors()
-                .nth(3)
-                .ok_or_else(|| anyhow::anyhow!("unexpected test binary path {}", exe.display()))?
-                .to_path_buf();
-            let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-            let status = tokio::process::Command::new(cargo)
-                .args(["build", "-p", "wasmop", "--bin", "wasmop", "--target-dir"])
-                .arg(&target)
-                .current_dir(repo())
-                .status()
-                .await?;
-            anyhow::ensure!(status.success(), "cargo build -p wasmop failed: {status}");
-            Ok::<_, anyhow::Error>(target.join("debug").join("wasmop"))
-        })
-        .await?;
-    Ok(path.as_path())
-}
-
 /// Every OTLP variable a host could pick up from the test's own environment, removed unless
 /// `set` gives it.
 fn otel_env(set: &[(&str, String)]) -> Vec<(String, Option<String>)> {

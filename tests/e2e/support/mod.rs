@@ -582,3 +582,30 @@ pub fn tenants(client: &Client) -> Api<DynamicObject> {
     );
     Api::all_with(client.clone(), &ar)
 }
+
+/// The `wasmop` binary in the test binary's target directory, built once per test process (a
+/// no-op when it is fresh), for tests that run the host as a child process.
+pub async fn wasmop_binary() -> anyhow::Result<&'static Path> {
+    static BIN: tokio::sync::OnceCell<std::path::PathBuf> = tokio::sync::OnceCell::const_new();
+    let path = BIN
+        .get_or_try_init(|| async {
+            // <target>/debug/deps/<test>-<hash> -> <target>
+            let exe = std::env::current_exe()?;
+            let target = exe
+                .ancestors()
+                .nth(3)
+                .ok_or_else(|| anyhow::anyhow!("unexpected test binary path {}", exe.display()))?
+                .to_path_buf();
+            let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+            let status = tokio::process::Command::new(cargo)
+                .args(["build", "-p", "wasmop", "--bin", "wasmop", "--target-dir"])
+                .arg(&target)
+                .current_dir(repo())
+                .status()
+                .await?;
+            anyhow::ensure!(status.success(), "cargo build -p wasmop failed: {status}");
+            Ok::<_, anyhow::Error>(target.join("debug").join("wasmop"))
+        })
+        .await?;
+    Ok(path.as_path())
+}
