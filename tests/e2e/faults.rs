@@ -12,7 +12,7 @@
 mod support;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -27,7 +27,6 @@ use kube::api::{
 use kube::{Client, ResourceExt};
 use serde_json::json;
 use support::*;
-use tokio::sync::OnceCell;
 use wasmop_testenv::{HostProcess, TestEnv, eventually};
 
 /// How long kube-apiserver stays down in the restart test.

@@ -19,7 +19,6 @@ use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 use support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::sync::OnceCell;
 use wasmop_testenv::{TestEnv, eventually};
 
 fn app(name: &str, image: &str) -> anyhow::Result<DynamicObject> {

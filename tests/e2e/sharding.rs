@@ -30,7 +30,6 @@ use kube::Client;
 use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 use support::*;
-use tokio::sync::OnceCell;
 use wasmop_testenv::{ControlPlane, HostProcess, Options, eventually};
 
 /// Namespaces of Widgets, and Widgets per namespace (namespaced primaries shard by namespace).

@@ -9,14 +9,13 @@
 
 mod support;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
 use kube::api::{Api, DynamicObject, PostParams};
 use serde_json::json;
 use support::*;
-use tokio::sync::OnceCell;
 use wasmop_testenv::collector::Span;
 use wasmop_testenv::{Collector, HostProcess, TestEnv, eventually};
 
