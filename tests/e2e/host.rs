@@ -169,12 +169,10 @@ async fn an_app_becomes_a_deployment_and_a_service_rolls_out_and_is_finalized() 
         "{rolled:?}"
     );
 
-    // The WasmReconciler reports the module it serves.
+    // The WasmReconciler reports the module it serves (written with Ready, after the controller
+    // started: wait for it rather than read once).
     let wr_name = format!("{}-image-updater", env.namespace);
-    let (ready_status, _, _) = wr_condition(&env.client, &wr_name, "Ready")
-        .await?
-        .unwrap_or_default();
-    assert_eq!(ready_status, "True");
+    wait_wr_ready(&env.client, &wr_name).await?;
     let wr: wasmop::crd::WasmReconciler = Api::all(env.client.clone()).get(&wr_name).await?;
     assert_eq!(
         wr.status.and_then(|s| s.active_module).map(|m| m.sha256),
