@@ -1532,7 +1532,6 @@ impl Supervisor {
                 .map(|(_, o)| o.clone()),
         });
         self.status.ungranted = active.fit.ungranted.clone();
-        self.save_copy(m).await;
         let loaded = !matches!(kind, KubeEventType::Warning);
         self.condition("ModuleLoaded", loaded, reason, &message);
         let watching = format!("watching {}", self.wr.spec.primary.kind);
@@ -1542,6 +1541,13 @@ impl Supervisor {
         }
         self.write_status().await;
         self.event_on_wr(kind, reason, &message).await;
+        // The copy (gzip of up to --max-module-bytes, then a ConfigMap write) comes after the
+        // status, so the status names the serving module as soon as it serves.
+        let copy_before = self.status.module_copy.clone();
+        self.save_copy(m).await;
+        if self.status.module_copy != copy_before {
+            self.write_status().await;
+        }
     }
 
     async fn refused(&mut self, cm: Option<&ConfigMap>, e: &SetupError) {
