@@ -217,7 +217,7 @@ fn bench(label: &str, first: &[u8], second: &[u8], rounds: usize) -> Vec<(Candid
         let cached = results
             .iter()
             .map(|r| (r.hits, r.misses, r.cache_bytes))
-            .last();
+            .next_back();
         let first_ms = median(results.iter().map(|r| r.first).collect());
         let second_ms = median(results.iter().map(|r| r.second).collect());
         let cache = match cached {
