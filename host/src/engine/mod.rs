@@ -308,7 +308,7 @@ impl Engine {
                 // Winch compiles function bodies; the trampolines (one per function that
                 // escapes through a table or an export: thousands for CPython) are still
                 // compiled by Cranelift, at this config's opt level. Unoptimized trampolines cut
-                // the fast build of the Python example by ~20% (docs/benchmarks.md).
+                // the fast build of the Python example by 17-31% (docs/benchmarks.md).
                 FastCompiler::Winch => fc
                     .strategy(wasmtime::Strategy::Winch)
                     .cranelift_opt_level(wasmtime::OptLevel::None),
