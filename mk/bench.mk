@@ -12,6 +12,13 @@ bench-dispatch: prereqs
 bench-hotswap: prereqs provision
 	$(CARGO) bench -p wasmop-testenv --bench hotswap
 
+.PHONY: bench-hotswap-compile
+## The fast tier's compile of a NEW build (two builds of the Rust and of the Python example):
+## Winch against Cranelift with its incremental compilation cache. Last line
+## `hotswap compile python second build winch ms: N`; WASMOP_BENCH_ROUNDS (default 3).
+bench-hotswap-compile: prereqs
+	$(CARGO) bench -p wasmop --bench hotswap_compile
+
 .PHONY: bench-scale
 ## N image-updater Apps converged by wasmop, native kube-rs, controller-runtime (Go) and the
 ## API server's write floor, each on a fresh local control plane; one table per N, last lines

@@ -132,3 +132,74 @@ fn inspect_shows_what_the_python_component_needs_and_a_too_small_memory_cap_is_r
         "{stderr}"
     );
 }
+
+/// The tenant example's fixture request: its Tenant, no observed children.
+fn tenant_request(module: &wasmop::engine::Module) -> wasmop::contract::ReconcileRequest {
+    use wasmop::contract::{Context, KindObjects, ReconcileRequest, Trigger};
+    let text = std::fs::read_to_string(root().join("examples/tenant/fixtures/cr.yaml"))
+        .expect("the tenant fixture");
+    let primary: serde_json::Value = serde_saphyr::from_str(&text).expect("fixture YAML");
+    ReconcileRequest {
+        primary: primary.to_string(),
+        owned: module
+            .metadata()
+            .owns
+            .iter()
+            .map(|kind| KindObjects {
+                kind: kind.clone(),
+                objects: vec![],
+            })
+            .collect(),
+        related: vec![],
+        context: Context {
+            reconciler: "tenant".into(),
+            trigger: Trigger::PrimaryChanged,
+            attempt: 1,
+            config: "{}".into(),
+            now_unix_ms: 0,
+        },
+    }
+}
+
+/// The fast tier (Winch, its trampolines compiled by Cranelift without optimizations) runs the
+/// whole of CPython: the fast build of the tenant component answers exactly as its optimized
+/// build does.
+#[test]
+fn the_tenant_component_answers_alike_on_its_fast_and_optimized_builds() {
+    use wasmop::engine::{Engine, EngineConfig, Limits, Tier};
+    let bytes = std::fs::read(tenant_wasm()).expect("the tenant component");
+    let engine = Engine::new(&EngineConfig {
+        max_instances: 4,
+        max_calls: 4,
+        tiered: true,
+        ..EngineConfig::default()
+    })
+    .expect("engine");
+    let limits = Limits {
+        deadline: std::time::Duration::from_secs(60),
+        ..Limits::default()
+    };
+    let module = engine
+        .load(&bytes, &limits)
+        .expect("the tenant component loads");
+    assert_eq!(module.tier(), Tier::Fast, "a never-seen module starts fast");
+    let fast = module
+        .reconcile(tenant_request(&module), &limits)
+        .result
+        .expect("the fast build reconciles the fixture");
+    assert_eq!(fast.children.len(), 5, "the tenant's five child kinds");
+
+    let started = std::time::Instant::now();
+    while module.tier() != Tier::Optimized {
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(600),
+            "the optimized build did not replace the fast one within 600 s"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let optimized = module
+        .reconcile(tenant_request(&module), &limits)
+        .result
+        .expect("the optimized build reconciles the fixture");
+    assert_eq!(fast, optimized, "the same answer from either build");
+}

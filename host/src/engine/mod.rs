@@ -305,7 +305,13 @@ impl Engine {
             let mut fc = wasmtime::Config::new();
             match config.fast_compiler {
                 FastCompiler::CraneliftNone => fc.cranelift_opt_level(wasmtime::OptLevel::None),
-                FastCompiler::Winch => fc.strategy(wasmtime::Strategy::Winch),
+                // Winch compiles function bodies; the trampolines (one per function that
+                // escapes through a table or an export: thousands for CPython) are still
+                // compiled by Cranelift, at this config's opt level. Unoptimized trampolines cut
+                // the fast build of the Python example by 17-31% (docs/benchmarks.md).
+                FastCompiler::Winch => fc
+                    .strategy(wasmtime::Strategy::Winch)
+                    .cranelift_opt_level(wasmtime::OptLevel::None),
             };
             fc.epoch_interruption(true)
                 .memory_init_cow(true)
