@@ -2,6 +2,11 @@
 //! image-updater example installed from its own `k8s/` manifests, reconciled by a host that runs
 //! with the deploy's ServiceAccount token (kwok pods run nothing, so the host runs as a process
 //! here). This proves the manifests apply and that their least-privilege RBAC is enough.
+//!
+//! And the image: `make image` (scripts/image.sh, lean profile) builds the host as a static
+//! binary and pushes it with crane to a real registry; the test pulls it back, checks it runs as
+//! non-root, extracts its entrypoint from the layer and runs it against the cluster with the
+//! deploy's ServiceAccount; kustomize's `images:` retargets the Deployment to it.
 
 mod support;
 
@@ -68,8 +73,16 @@ async fn service_account_kubeconfig(
     Ok(())
 }
 
+/// Runs the tests of this binary one at a time: each runs a host serving every WasmReconciler
+/// and installs the same example.
+async fn serial() -> tokio::sync::MutexGuard<'static, ()> {
+    static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    SERIAL.lock().await
+}
+
 #[tokio::test]
 async fn deploy_applies_and_its_rbac_is_enough_to_run_an_example() -> anyhow::Result<()> {
+    let _serial = serial().await;
     let env = TestEnv::get("deploy").await?;
     // Twice: applying the install again must be a no-op, not an error.
     kubectl(&env, &["apply", "-k", "deploy/"])?;
@@ -223,5 +236,200 @@ async fn deploy_applies_and_its_rbac_is_enough_to_run_an_example() -> anyhow::Re
     assert_eq!(String::from_utf8_lossy(&can_i.stdout).trim(), "no");
     host.shutdown().await?;
     let _ = std::fs::remove_file(&kubeconfig);
+    Ok(())
+}
+
+/// `make image` with the image-test profile, pushed to `reference`; returns the reference by
+/// digest it printed. The nested cargo reuses the workspace's target directory (cached after the
+/// first run) and gets none of this test's cargo environment.
+fn make_image(
+    reference: &str,
+    crane: &Path,
+    docker_config: &Path,
+    ca: &Path,
+) -> anyhow::Result<String> {
+    let mut cmd = Command::new("bash");
+    cmd.arg("scripts/image.sh")
+        .current_dir(repo())
+        .env("IMAGE_PROFILE", "image-test")
+        .env("IMAGE_PUSH", reference)
+        .env("CRANE", crane)
+        .env("DOCKER_CONFIG", docker_config)
+        .env("SSL_CERT_FILE", ca);
+    for (key, _) in std::env::vars_os() {
+        let key = key.to_string_lossy().to_string();
+        if key.starts_with("CARGO_") && key != "CARGO_HOME" || key == "RUSTFLAGS" {
+            cmd.env_remove(key);
+        }
+    }
+    let out = cmd.output()?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let tail: Vec<&str> = stderr.lines().rev().take(40).collect();
+    anyhow::ensure!(
+        out.status.success(),
+        "make image (scripts/image.sh) failed:\n{}",
+        tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .last()
+        .map(str::to_string)
+        .ok_or_else(|| anyhow::anyhow!("make image printed no reference"))
+}
+
+fn crane(bin: &Path, env: &[(&str, &Path)], args: &[&str]) -> anyhow::Result<Vec<u8>> {
+    let out = Command::new(bin)
+        .args(args)
+        .envs(env.iter().copied())
+        .output()?;
+    anyhow::ensure!(
+        out.status.success(),
+        "crane {} failed: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(out.stdout)
+}
+
+#[tokio::test]
+async fn the_image_from_the_registry_runs_with_the_deploy_service_account() -> anyhow::Result<()> {
+    let _serial = serial().await;
+    let env = TestEnv::get("deploy-image").await?;
+    let registry = wasmop_testenv::Registry::start().await?;
+    let crane_bin = tokio::task::spawn_blocking(wasmop_testenv::assets::crane_binary).await??;
+    let work = tempfile::tempdir()?;
+    // crane's credentials (a Docker config) and trust (SSL_CERT_FILE) for the test registry.
+    let docker_config = work.path().join("docker");
+    std::fs::create_dir_all(&docker_config)?;
+    std::fs::write(
+        docker_config.join("config.json"),
+        registry.docker_config_json(&registry.password),
+    )?;
+    let ca = work.path().join("registry-ca.pem");
+    std::fs::write(&ca, &registry.ca_pem)?;
+    let crane_env = [
+        ("DOCKER_CONFIG", docker_config.as_path()),
+        ("SSL_CERT_FILE", ca.as_path()),
+    ];
+
+    let reference = format!("{}/wasmop/host:e2e", registry.host);
+    let pinned = {
+        let (reference, crane_bin) = (reference.clone(), crane_bin.clone());
+        let (docker_config, ca) = (docker_config.clone(), ca.clone());
+        tokio::task::spawn_blocking(move || make_image(&reference, &crane_bin, &docker_config, &ca))
+            .await??
+    };
+    let (repository, digest) = pinned.split_once('@').ok_or_else(|| {
+        anyhow::anyhow!("make image printed {pinned:?}, not a reference by digest")
+    })?;
+    assert_eq!(repository, format!("{}/wasmop/host", registry.host));
+
+    // Pulled back: an empty base plus one layer, non-root, the host as entrypoint.
+    let config: serde_json::Value =
+        serde_json::from_slice(&crane(&crane_bin, &crane_env, &["config", &pinned])?)?;
+    assert_eq!(config["config"]["User"], "65532:65532", "{config}");
+    assert_eq!(
+        config["config"]["Entrypoint"],
+        json!(["/wasmop"]),
+        "{config}"
+    );
+    assert_eq!(config["os"], "linux");
+    assert_eq!(
+        config["rootfs"]["diff_ids"].as_array().map(Vec::len),
+        Some(1)
+    );
+    let fs = work.path().join("fs.tar");
+    crane(
+        &crane_bin,
+        &crane_env,
+        &["export", &pinned, &fs.display().to_string()],
+    )?;
+    let root = work.path().join("root");
+    std::fs::create_dir_all(&root)?;
+    let untar = Command::new("tar")
+        .arg("-xf")
+        .arg(&fs)
+        .arg("-C")
+        .arg(&root)
+        .output()?;
+    anyhow::ensure!(
+        untar.status.success(),
+        "extracting /wasmop from the image: {}",
+        String::from_utf8_lossy(&untar.stderr)
+    );
+    let entrypoint = root.join("wasmop");
+    anyhow::ensure!(
+        entrypoint.is_file(),
+        "the image has no /wasmop (its entrypoint)"
+    );
+
+    // kustomize's images: retargets the Deployment to the image just built.
+    let overlay = work.path().join("overlay");
+    std::fs::create_dir_all(&overlay)?;
+    std::fs::write(
+        overlay.join("kustomization.yaml"),
+        format!(
+            "resources:\n- {}\nimages:\n- name: ghcr.io/wasmop/wasmop\n  newName: {repository}\n  digest: {digest}\n",
+            repo().join("deploy").display()
+        ),
+    )?;
+    let rendered = kubectl(&env, &["kustomize", &overlay.display().to_string()])?;
+    assert!(
+        rendered.contains(&format!("image: {pinned}")),
+        "the Deployment names the built image:\n{rendered}"
+    );
+
+    // The extracted entrypoint runs the example with the deploy's ServiceAccount.
+    kubectl(&env, &["apply", "-k", "deploy/"])?;
+    for file in ["crd.yaml", "rbac.yaml", "wasmreconciler.yaml"] {
+        kubectl(
+            &env,
+            &["apply", "-f", &format!("examples/image-updater/k8s/{file}")],
+        )?;
+    }
+    push_module(
+        &env.client,
+        "demo",
+        "image-updater",
+        wasmop_test_modules::IMAGE_UPDATER,
+    )
+    .await?;
+    let kubeconfig = work.path().join("host.kubeconfig");
+    service_account_kubeconfig(&env, "wasmop-system", "wasmop", &kubeconfig).await?;
+    let args: Vec<String> = [
+        "--log-format",
+        "json",
+        "run",
+        "--metrics-addr",
+        "127.0.0.1:0",
+        "--webhook-addr",
+        "off",
+        "--namespace",
+        "wasmop-system",
+    ]
+    .into_iter()
+    .map(String::from)
+    .chain([
+        format!("--kubeconfig={}", kubeconfig.display()),
+        format!("--cache-dir={}", work.path().join("cache").display()),
+    ])
+    .collect();
+    let mut host =
+        wasmop_testenv::HostProcess::start(&entrypoint, args, "info", &work.path().join("logs"))
+            .await?;
+    let app: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "example.wasmop.dev/v1", "kind": "App",
+        "metadata": {"name": "from-image", "namespace": "demo"},
+        "spec": {"image": "nginx:1.27", "replicas": 1}
+    }))?;
+    apps(&env.client, "demo")
+        .create(&PostParams::default(), &app)
+        .await?;
+    let deployments: Api<Deployment> = Api::namespaced(env.client.clone(), "demo");
+    eventually("the image's host reconciles the App", WAIT, || async {
+        Ok(deployments.get_opt("from-image").await?)
+    })
+    .await?;
+    host.kill().await?;
     Ok(())
 }
