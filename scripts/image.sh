@@ -33,13 +33,14 @@ if command -v rustup >/dev/null && ! rustup target list --installed | grep -qx "
     step "installing the $TARGET Rust target"
     rustup target add "$TARGET"
 fi
-# ring and aws-lc-sys compile C for the target. Without a musl cross compiler (musl-gcc from
-# musl-tools, or x86_64-linux-musl-gcc) the host's gcc does: their C needs no libc headers
-# beyond what gcc ships, and Rust links musl's own libc statically.
-if [ -z "${CC_x86_64_unknown_linux_musl:-}" ] && ! command -v x86_64-linux-musl-gcc >/dev/null \
-        && ! command -v musl-gcc >/dev/null; then
-    export CC_x86_64_unknown_linux_musl=${CC:-gcc}
-fi
+# ring and aws-lc-sys compile C for the target. No musl cross compiler is needed: the machine's
+# gcc compiles it (x86_64 glibc and musl agree on the ABI of the few libc calls they make, and
+# Rust links its bundled musl statically). Always the same compiler, musl-gcc installed or not,
+# so every build is the one the tests run; set CC_x86_64_unknown_linux_musl to choose another.
+export CC_x86_64_unknown_linux_musl=${CC_x86_64_unknown_linux_musl:-gcc}
+command -v "${CC_x86_64_unknown_linux_musl%% *}" >/dev/null \
+    || fail "no C compiler $CC_x86_64_unknown_linux_musl for ring and aws-lc-sys (install gcc)"
+command -v readelf >/dev/null || fail "readelf (binutils, installed with gcc) not found"
 
 step "building the host ($TARGET, profile $PROFILE)"
 "$CARGO" build -p wasmop --bin wasmop --target "$TARGET" --profile "$PROFILE"
@@ -47,7 +48,11 @@ profile_dir=$PROFILE
 [ "$PROFILE" = dev ] && profile_dir=debug
 binary="$TARGET_DIR/$TARGET/$profile_dir/wasmop"
 [ -x "$binary" ] || fail "the build did not produce $binary"
-if readelf -l "$binary" 2>/dev/null | grep -q 'Requesting program interpreter'; then
+# Static: no program interpreter and no shared libraries (the image has no libc to load).
+program_headers=$(readelf -lW "$binary") || fail "readelf cannot read $binary"
+dynamic_section=$(readelf -dW "$binary") || fail "readelf cannot read $binary"
+if grep -q 'Requesting program interpreter' <<<"$program_headers" \
+        || grep -q '(NEEDED)' <<<"$dynamic_section"; then
     fail "$binary is dynamically linked; the image has no libc to load it with"
 fi
 
@@ -68,17 +73,7 @@ trap cleanup EXIT
 
 step "assembling the layer"
 root=$work/root
-mkdir -p "$root/etc/ssl/certs" "$root/tmp"
-chmod 1777 "$root/tmp"
-install -m 0755 "$binary" "$root/wasmop"
-for bundle in /etc/ssl/certs/ca-certificates.crt /etc/pki/tls/certs/ca-bundle.crt /etc/ssl/cert.pem; do
-    if [ -f "$bundle" ]; then
-        install -m 0644 "$bundle" "$root/etc/ssl/certs/ca-certificates.crt"
-        break
-    fi
-done
-printf 'root:x:0:0:root:/:/sbin/nologin\nnonroot:x:65532:65532:nonroot:/:/sbin/nologin\n' >"$root/etc/passwd"
-printf 'root:x:0:\nnonroot:x:65532:\n' >"$root/etc/group"
+bash scripts/image-root.sh "$binary" "$root"
 # Reproducible: sorted, owned by root, dated 1970.
 tar --sort=name --owner=0 --group=0 --numeric-owner --mtime=@0 -C "$root" -cf "$work/layer.tar" .
 
