@@ -15,7 +15,10 @@
 #   IMAGE_PUSH     push to this reference (registry/repository:tag); credentials and trust as
 #                  crane reads them ($DOCKER_CONFIG/config.json, `crane auth login`; SSL_CERT_FILE)
 #   IMAGE_TAR      the tarball written without IMAGE_PUSH (default <target>/image/wasmop.tar)
-#   IMAGE_TAG      the tag inside the tarball (default wasmop:<version>)
+#   IMAGE_NAME     the name the tarball gives the image (default ghcr.io/wasmop/wasmop:<version>,
+#                  the one deploy/ names): the index's io.containerd.image.name annotation
+#                  (docker load, kind load image-archive) and, for its tag,
+#                  org.opencontainers.image.ref.name (skopeo's oci-archive:FILE:TAG)
 #   CRANE          the crane binary (default: `$TESTENV which crane`, which builds it once)
 #   TESTENV        the testenv binary (default <target>/debug/testenv)
 # Prints the pushed reference by digest (IMAGE_PUSH) or the tarball's path, last, on stdout.
@@ -88,7 +91,7 @@ else
         (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break
         sleep 0.1
     done
-    ref=127.0.0.1:$port/${IMAGE_TAG:-wasmop:$VERSION}
+    ref=127.0.0.1:$port/wasmop:$VERSION
 fi
 
 step "assembling the image on an empty base with crane: $ref"
@@ -106,6 +109,18 @@ else
     tarball=${IMAGE_TAR:-$TARGET_DIR/image/wasmop.tar}
     mkdir -p "$(dirname "$tarball")"
     "$CRANE" pull --format=oci "$ref" "$work/layout"
+    IMAGE_NAME=${IMAGE_NAME:-ghcr.io/wasmop/wasmop:$VERSION} python3 - "$work/layout/index.json" <<'PY'
+import json, os, sys
+path, name = sys.argv[1], os.environ["IMAGE_NAME"]
+index = json.load(open(path))
+[manifest] = index["manifests"]
+manifest.setdefault("annotations", {}).update({
+    "io.containerd.image.name": name,
+    "org.opencontainers.image.ref.name": name.rsplit(":", 1)[-1] if ":" in name.rsplit("/", 1)[-1] else "latest",
+})
+json.dump(index, open(path, "w"), indent=3)
+PY
+    find "$work/layout" -type f -exec chmod 0644 {} +
     tar --sort=name --owner=0 --group=0 --numeric-owner --mtime=@0 -C "$work/layout" -cf "$tarball" .
     step "wrote the OCI image layout tarball (load it with skopeo, podman or docker load)"
     echo "$tarball"
