@@ -84,13 +84,17 @@ if [ -n "${IMAGE_PUSH:-}" ]; then
     ref=$IMAGE_PUSH
 else
     step "starting a throwaway local registry (crane registry serve)"
-    port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-    "$CRANE" registry serve --address "127.0.0.1:$port" >"$work/registry.log" 2>&1 &
+    # Port 0: the kernel picks a free port, crane logs it ("serving on port N").
+    "$CRANE" registry serve --address 127.0.0.1:0 >"$work/registry.log" 2>&1 &
     registry_pid=$!
-    for _ in $(seq 100); do
-        (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break
+    port=
+    for _ in $(seq 300); do
+        port=$(sed -n 's/.*serving on port \([0-9][0-9]*\).*/\1/p' "$work/registry.log")
+        [ -n "$port" ] && break
+        kill -0 "$registry_pid" 2>/dev/null || break
         sleep 0.1
     done
+    [ -n "$port" ] || fail "crane registry serve did not start: $(cat "$work/registry.log")"
     ref=127.0.0.1:$port/wasmop:$VERSION
 fi
 
