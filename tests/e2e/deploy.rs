@@ -2,20 +2,32 @@
 //! image-updater example installed from its own `k8s/` manifests, reconciled by a host that runs
 //! with the deploy's ServiceAccount token (kwok pods run nothing, so the host runs as a process
 //! here). This proves the manifests apply and that their least-privilege RBAC is enough.
+//!
+//! And the image: `make image`'s script (scripts/image.sh, image-test profile) builds the host
+//! as a static musl binary and pushes the image with crane to a real registry (TLS, basic auth);
+//! the test pulls it back by digest, checks that it runs as 65532 with one static entrypoint,
+//! extracts that entrypoint and, with it, pushes and signs the example's module to the registry
+//! and runs the host against the cluster with a token of deploy/'s ServiceAccount until a
+//! WasmReconciler and an App converge through that process; kustomize's `images:` retargets
+//! deploy/'s Deployment to the image.
 
 mod support;
 
 use std::path::Path;
-use std::process::Command;
+use std::process::{Command, Stdio};
 
+use anyhow::Context;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::authentication::v1::TokenRequest;
-use k8s_openapi::api::core::v1::{Pod, Service, ServiceAccount};
+use k8s_openapi::api::core::v1::{Pod, Secret, Service, ServiceAccount};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, PostParams};
+use kube::api::{
+    Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams, PostParams,
+};
 use serde_json::json;
 use support::*;
+use wasmop::crd::WasmReconciler;
 use wasmop::host::{Host, HostOptions};
 use wasmop_testenv::{TestEnv, eventually};
 
@@ -68,8 +80,16 @@ async fn service_account_kubeconfig(
     Ok(())
 }
 
+/// Runs the tests of this binary one at a time: each runs a host serving every WasmReconciler
+/// and installs the same example.
+async fn serial() -> tokio::sync::MutexGuard<'static, ()> {
+    static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    SERIAL.lock().await
+}
+
 #[tokio::test]
 async fn deploy_applies_and_its_rbac_is_enough_to_run_an_example() -> anyhow::Result<()> {
+    let _serial = serial().await;
     let env = TestEnv::get("deploy").await?;
     // Twice: applying the install again must be a no-op, not an error.
     kubectl(&env, &["apply", "-k", "deploy/"])?;
@@ -224,4 +244,409 @@ async fn deploy_applies_and_its_rbac_is_enough_to_run_an_example() -> anyhow::Re
     host.shutdown().await?;
     let _ = std::fs::remove_file(&kubeconfig);
     Ok(())
+}
+
+/// The variables cargo sets for a test process (its package, manifest, binaries...): removed
+/// from a nested cargo's environment, where they would describe the wrong crate. The user's own
+/// cargo settings (`CARGO_HOME`, `CARGO_TARGET_DIR`, `RUSTFLAGS`, ...) stay.
+const CARGO_TEST_VARIABLES: &[&str] = &[
+    "CARGO_PKG_",
+    "CARGO_MANIFEST_",
+    "CARGO_CRATE_",
+    "CARGO_BIN_",
+    "CARGO_TARGET_TMPDIR",
+    "CARGO_PRIMARY_PACKAGE",
+    "CARGO_RUSTC_CURRENT_DIR",
+];
+
+/// `make image`'s script with the image-test profile, pushing to `reference` with crane's
+/// credentials (`docker_config`) and trust (`ca`); returns the reference by digest it printed.
+/// Its progress (the musl build takes minutes the first time) goes to this test's stderr.
+fn make_image(
+    reference: &str,
+    crane: &Path,
+    docker_config: &Path,
+    ca: &Path,
+) -> anyhow::Result<String> {
+    let mut cmd = Command::new("bash");
+    cmd.arg("scripts/image.sh")
+        .current_dir(repo())
+        .env("IMAGE_PROFILE", "image-test")
+        .env("IMAGE_PUSH", reference)
+        .env("CRANE", crane)
+        .env("DOCKER_CONFIG", docker_config)
+        .env("SSL_CERT_FILE", ca)
+        .stdin(Stdio::null())
+        .stderr(Stdio::inherit());
+    for (key, _) in std::env::vars_os() {
+        let key = key.to_string_lossy();
+        if CARGO_TEST_VARIABLES.iter().any(|v| key.starts_with(v)) {
+            cmd.env_remove(key.as_ref());
+        }
+    }
+    let out = cmd.output().context("running scripts/image.sh")?;
+    anyhow::ensure!(
+        out.status.success(),
+        "make image (scripts/image.sh) failed ({}); its output is above",
+        out.status
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .last()
+        .map(str::to_string)
+        .ok_or_else(|| anyhow::anyhow!("make image printed no reference"))
+}
+
+/// `to` as a path relative to directory `from` (kustomize takes no absolute resource paths).
+fn relative_to(from: &Path, to: &Path) -> anyhow::Result<String> {
+    let (from, to) = (from.canonicalize()?, to.canonicalize()?);
+    let up = from.components().count().saturating_sub(1);
+    let down = to
+        .strip_prefix("/")
+        .with_context(|| format!("{} is not absolute", to.display()))?;
+    Ok(format!("{}{}", "../".repeat(up), down.display()))
+}
+
+/// Runs crane with `env`; returns its stdout.
+fn crane(bin: &Path, env: &[(&str, &Path)], args: &[&str]) -> anyhow::Result<Vec<u8>> {
+    let out = Command::new(bin)
+        .args(args)
+        .envs(env.iter().copied())
+        .output()
+        .with_context(|| format!("running {}", bin.display()))?;
+    anyhow::ensure!(
+        out.status.success(),
+        "crane {} failed: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(out.stdout)
+}
+
+/// Fails unless `path` is a statically linked x86-64 ELF executable: program headers but no
+/// program interpreter, and no shared libraries (readelf, from binutils).
+fn ensure_static(path: &Path) -> anyhow::Result<()> {
+    let readelf = |flag: &str| -> anyhow::Result<String> {
+        let out = Command::new("readelf")
+            .arg(flag)
+            .arg(path)
+            .output()
+            .context("running readelf (binutils)")?;
+        anyhow::ensure!(
+            out.status.success(),
+            "readelf {flag} {}: {}",
+            path.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    };
+    let header = readelf("-hW")?;
+    anyhow::ensure!(
+        header.contains("Advanced Micro Devices X86-64"),
+        "{} is not an x86-64 executable:\n{header}",
+        path.display()
+    );
+    let program = readelf("-lW")?;
+    anyhow::ensure!(
+        program.contains("LOAD") && !program.contains("Requesting program interpreter"),
+        "{} is not static (it names a program interpreter):\n{program}",
+        path.display()
+    );
+    let dynamic = readelf("-dW")?;
+    anyhow::ensure!(
+        !dynamic.contains("(NEEDED)"),
+        "{} needs shared libraries:\n{dynamic}",
+        path.display()
+    );
+    Ok(())
+}
+
+/// The image's file system, flattened (`crane export`) and extracted into `root`.
+fn extract(
+    crane_bin: &Path,
+    env: &[(&str, &Path)],
+    pinned: &str,
+    root: &Path,
+) -> anyhow::Result<()> {
+    let fs = root.with_extension("tar");
+    crane(
+        crane_bin,
+        env,
+        &["export", pinned, &fs.display().to_string()],
+    )?;
+    std::fs::create_dir_all(root)?;
+    let untar = Command::new("tar")
+        .arg("-xf")
+        .arg(&fs)
+        .arg("-C")
+        .arg(root)
+        .output()
+        .context("running tar")?;
+    anyhow::ensure!(
+        untar.status.success(),
+        "extracting the image's file system: {}",
+        String::from_utf8_lossy(&untar.stderr)
+    );
+    Ok(())
+}
+
+/// `wasmop push MODULE --oci REFERENCE --sign KEY` with the image's own binary `wasmop`: a
+/// component compiled, TLS to the registry, a cosign signature made (aws-lc-rs) in the static
+/// build. Returns the reference by digest it printed.
+fn push_signed_module(
+    wasmop: &Path,
+    registry: &wasmop_testenv::Registry,
+    reference: &str,
+    ca: &Path,
+    key: &Path,
+    cache: &Path,
+) -> anyhow::Result<String> {
+    let out = Command::new(wasmop)
+        .args([
+            "push",
+            wasmop_test_modules::IMAGE_UPDATER,
+            "--oci",
+            reference,
+        ])
+        .args(["--registry-username", &registry.username])
+        .args(["--registry-password", &registry.password])
+        .arg("--ca-bundle")
+        .arg(ca)
+        .arg("--sign")
+        .arg(key)
+        .env("WASMOP_CACHE", cache)
+        .env_remove("COSIGN_PASSWORD")
+        .output()
+        .with_context(|| format!("running {} push", wasmop.display()))?;
+    anyhow::ensure!(
+        out.status.success(),
+        "the image's wasmop push --oci --sign failed ({}): {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .last()
+        .map(str::to_string)
+        .ok_or_else(|| anyhow::anyhow!("wasmop push printed no reference"))
+}
+
+#[tokio::test]
+async fn the_image_from_the_registry_runs_with_the_deploy_service_account() -> anyhow::Result<()> {
+    let _serial = serial().await;
+    let registry = wasmop_testenv::Registry::start().await?;
+    let crane_bin = tokio::task::spawn_blocking(wasmop_testenv::assets::crane_binary).await??;
+    let work = tempfile::tempdir()?;
+    // crane's credentials (a Docker config) and trust (SSL_CERT_FILE) for the test registry.
+    let docker_config = work.path().join("docker");
+    std::fs::create_dir_all(&docker_config)?;
+    std::fs::write(
+        docker_config.join("config.json"),
+        registry.docker_config_json(&registry.password),
+    )?;
+    let ca = work.path().join("registry-ca.pem");
+    std::fs::write(&ca, &registry.ca_pem)?;
+    let crane_env = [
+        ("DOCKER_CONFIG", docker_config.as_path()),
+        ("SSL_CERT_FILE", ca.as_path()),
+    ];
+
+    // Built by `make image`'s script and pushed to the registry.
+    let repository = format!("{}/wasmop/host", registry.host);
+    let pinned = {
+        let reference = format!("{repository}:e2e");
+        let (crane_bin, docker_config, ca) = (crane_bin.clone(), docker_config.clone(), ca.clone());
+        tokio::task::spawn_blocking(move || make_image(&reference, &crane_bin, &docker_config, &ca))
+            .await??
+    };
+    let digest = pinned
+        .strip_prefix(&format!("{repository}@"))
+        .filter(|d| d.starts_with("sha256:"))
+        .ok_or_else(|| {
+            anyhow::anyhow!("make image printed {pinned:?}, not {repository}@sha256:...")
+        })?;
+
+    // Pulled back by digest: one layer on an empty base, non-root, the host as entrypoint.
+    let config: serde_json::Value =
+        serde_json::from_slice(&crane(&crane_bin, &crane_env, &["config", &pinned])?)?;
+    assert_eq!(config["config"]["User"], "65532:65532", "{config}");
+    assert_eq!(config["os"], "linux", "{config}");
+    assert_eq!(config["architecture"], "amd64", "{config}");
+    assert_eq!(
+        config["rootfs"]["diff_ids"].as_array().map(Vec::len),
+        Some(1),
+        "{config}"
+    );
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&crane(&crane_bin, &crane_env, &["manifest", &pinned])?)?;
+    eprintln!(
+        "the host image: {pinned}, layer {} bytes compressed",
+        manifest["layers"][0]["size"]
+    );
+    let root = work.path().join("root");
+    extract(&crane_bin, &crane_env, &pinned, &root)?;
+    let entrypoint = match config["config"]["Entrypoint"].as_array().map(Vec::as_slice) {
+        Some([serde_json::Value::String(path)]) => path.clone(),
+        _ => anyhow::bail!("the image's entrypoint is not one absolute path: {config}"),
+    };
+    let wasmop = root.join(entrypoint.strip_prefix('/').ok_or_else(|| {
+        anyhow::anyhow!("the image's entrypoint {entrypoint:?} is not an absolute path")
+    })?);
+    anyhow::ensure!(
+        wasmop.is_file(),
+        "the image has no {entrypoint} (its entrypoint)"
+    );
+    ensure_static(&wasmop)?;
+    let passwd = std::fs::read_to_string(root.join("etc/passwd"))?;
+    assert!(passwd.contains("nonroot:x:65532:65532:"), "{passwd}");
+    let bundle = std::fs::read_to_string(root.join("etc/ssl/certs/ca-certificates.crt"))?;
+    assert!(bundle.contains("-----BEGIN CERTIFICATE-----"));
+
+    // kustomize's images: retargets deploy/'s Deployment to the image just built.
+    let overlay = work.path().join("overlay");
+    std::fs::create_dir_all(&overlay)?;
+    std::fs::write(
+        overlay.join("kustomization.yaml"),
+        format!(
+            "resources:\n- {}\nimages:\n- name: ghcr.io/wasmop/wasmop\n  newName: {repository}\n  digest: {digest}\n",
+            relative_to(&overlay, &repo().join("deploy"))?
+        ),
+    )?;
+    let env = TestEnv::get("deploy-image").await?;
+    let rendered = kubectl(&env, &["kustomize", &overlay.display().to_string()])?;
+    assert!(
+        rendered.contains(&format!("image: {pinned}\n")),
+        "the Deployment names the built image:\n{rendered}"
+    );
+
+    // The install and the example, its module pushed and signed by the image's binary.
+    kubectl(&env, &["apply", "-k", "deploy/"])?;
+    for file in ["crd.yaml", "rbac.yaml"] {
+        kubectl(
+            &env,
+            &["apply", "-f", &format!("examples/image-updater/k8s/{file}")],
+        )?;
+    }
+    let key = rcgen::KeyPair::generate()?;
+    let key_file = work.path().join("cosign.key");
+    std::fs::write(&key_file, key.serialize_pem())?;
+    let module = push_signed_module(
+        &wasmop,
+        &registry,
+        &format!("{}/wasmop/image-updater:e2e", registry.host),
+        &ca,
+        &key_file,
+        &work.path().join("push-cache"),
+    )?;
+    let secret: Secret = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "e2e-registry", "namespace": "wasmop-system"},
+        "type": "kubernetes.io/dockerconfigjson",
+        "stringData": {".dockerconfigjson": registry.docker_config_json(&registry.password)},
+    }))?;
+    Api::<Secret>::namespaced(env.client.clone(), "wasmop-system")
+        .patch(
+            "e2e-registry",
+            &PatchParams::apply("e2e").force(),
+            &Patch::Apply(&secret),
+        )
+        .await?;
+    let mut wr = example("image-updater", "wasmreconciler.yaml")?.remove(0);
+    wr["spec"]["module"] = json!({"oci": {
+        "reference": module,
+        "pullSecret": "e2e-registry",
+        "caBundle": registry.ca_pem,
+        "verify": {"key": key.public_key_pem()},
+    }});
+    let wr_file = work.path().join("wasmreconciler.json");
+    std::fs::write(&wr_file, serde_json::to_vec(&wr)?)?;
+    kubectl(&env, &["apply", "-f", &wr_file.display().to_string()])?;
+
+    // The image's entrypoint, run with a token of deploy/'s ServiceAccount.
+    let kubeconfig = work.path().join("host.kubeconfig");
+    service_account_kubeconfig(&env, "wasmop-system", "wasmop", &kubeconfig).await?;
+    let args: Vec<String> = [
+        "--log-format",
+        "json",
+        "run",
+        "--metrics-addr",
+        "127.0.0.1:0",
+        "--webhook-addr",
+        "off",
+        "--namespace",
+        "wasmop-system",
+    ]
+    .into_iter()
+    .map(String::from)
+    .chain([
+        format!("--kubeconfig={}", kubeconfig.display()),
+        format!("--cache-dir={}", work.path().join("cache").display()),
+    ])
+    .collect();
+    let mut host =
+        wasmop_testenv::HostProcess::start(&wasmop, args, "info", &work.path().join("logs"))
+            .await?;
+    let app: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "example.wasmop.dev/v1", "kind": "App",
+        "metadata": {"name": "from-image", "namespace": "demo"},
+        "spec": {"image": "nginx:1.27", "replicas": 1}
+    }))?;
+    apps(&env.client, "demo")
+        .create(&PostParams::default(), &app)
+        .await?;
+    let converged = converge(&env, &module).await;
+    if let Err(e) = converged {
+        anyhow::bail!("{e}\nthe image's host logged:\n{}", host.log_text());
+    }
+    let reconciles = host
+        .sample(r#"wasmop_reconcile_total{reconciler="image-updater",result="ok"}"#)
+        .await?;
+    assert!(
+        reconciles.is_some_and(|n| n >= 1.0),
+        "the image's host counted no reconcile: {reconciles:?}"
+    );
+    let status = host.terminate(std::time::Duration::from_secs(40)).await?;
+    assert!(status.success(), "the image's host exited with {status}");
+    Ok(())
+}
+
+/// Waits until WasmReconciler image-updater is Ready with the OCI module `module` active
+/// (verified against the key, pulled) and App demo/from-image is Available with its Deployment.
+async fn converge(env: &TestEnv, module: &str) -> anyhow::Result<()> {
+    let reconcilers: Api<WasmReconciler> = Api::all(env.client.clone());
+    eventually(
+        "image-updater Ready with the signed OCI module",
+        WAIT,
+        || async {
+            let Some(status) = reconcilers.get("image-updater").await?.status else {
+                return Ok(None);
+            };
+            let ready = status
+                .conditions
+                .iter()
+                .any(|c| c.type_ == "Ready" && c.status == "True");
+            let origin = status.active_module.and_then(|a| a.origin);
+            Ok(
+                (ready && origin.as_deref() == Some(format!("oci {module}").as_str()))
+                    .then_some(()),
+            )
+        },
+    )
+    .await?;
+    let deployments: Api<Deployment> = Api::namespaced(env.client.clone(), "demo");
+    eventually("App from-image's Deployment", WAIT, || async {
+        Ok(deployments.get_opt("from-image").await?)
+    })
+    .await?;
+    eventually("App from-image Available", WAIT, || async {
+        let app = apps(&env.client, "demo").get("from-image").await?;
+        let available = app.data["status"]["conditions"]
+            .as_array()
+            .is_some_and(|c| {
+                c.iter()
+                    .any(|c| c["type"] == "Available" && c["status"] == "True")
+            });
+        Ok(available.then_some(()))
+    })
+    .await
 }

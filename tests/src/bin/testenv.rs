@@ -64,6 +64,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             let otelcol =
                 tokio::task::spawn_blocking(wasmop_testenv::assets::otelcol_binary).await??;
             println!("otelcol: {}", otelcol.display());
+            // The deploy test assembles the host image with it (`make image`).
+            let crane = tokio::task::spawn_blocking(wasmop_testenv::assets::crane_binary).await??;
+            println!("crane: {}", crane.display());
             eprintln!("provisioned in {:.1}s", start.elapsed().as_secs_f64());
         }
         Cmd::Which { binary } => {

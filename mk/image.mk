@@ -1,0 +1,18 @@
+# `make image`: the host's container image without a container daemon (scripts/image.sh): a
+# static musl build of the host on an empty base, assembled by crane (built from Go modules and
+# cached like the control-plane binaries), running as uid 65532.
+#   make image                                   # OCI image-layout tarball: $(TARGET_DIR)/image/wasmop.tar
+#   make image IMAGE_PUSH=registry.example.com/wasmop:0.1.0   # push instead (crane's credentials)
+# IMAGE_PROFILE picks the cargo profile (default release; `make test`'s deploy test runs the
+# script itself with `image-test`, so `make test` builds the image once, not through this
+# target). IMAGE_NAME names the image inside the tarball. The Dockerfile at the repository root
+# builds the same image with Docker.
+.PHONY: image
+IMAGE_PROFILE ?= release
+IMAGE_PUSH ?=
+IMAGE_TAR ?= $(TARGET_DIR)/image/wasmop.tar
+IMAGE_NAME ?=
+
+image: prereqs testenv
+	IMAGE_PROFILE=$(IMAGE_PROFILE) IMAGE_PUSH=$(IMAGE_PUSH) IMAGE_TAR=$(IMAGE_TAR) \
+		IMAGE_NAME=$(IMAGE_NAME) TESTENV=$(TESTENV) CARGO=$(CARGO) bash scripts/image.sh
