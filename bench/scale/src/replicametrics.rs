@@ -21,6 +21,9 @@ use crate::{Error, Result};
 pub struct ReplicaReport {
     /// Objects in its watch caches, every reconciler and kind (`wasmop_cache_objects`).
     pub cache_objects: Option<f64>,
+    /// Reconciles it ran since it started, every reconciler and result
+    /// (`wasmop_reconcile_total`).
+    pub reconciles: Option<f64>,
     /// Live members it sees, itself included (`wasmop_shard_members`).
     pub members: Option<f64>,
     /// Its share of the hash space (`wasmop_shard_fraction`).
@@ -79,6 +82,7 @@ impl ReplicaReport {
     pub fn parse(text: &str) -> Self {
         ReplicaReport {
             cache_objects: sum(text, "wasmop_cache_objects"),
+            reconciles: sum(text, "wasmop_reconcile_total"),
             members: sum(text, "wasmop_shard_members"),
             fraction: sum(text, "wasmop_shard_fraction"),
             primaries: sum(text, "wasmop_shard_primaries"),
@@ -145,6 +149,8 @@ mod tests {
 wasmop_cache_objects{reconciler="image-updater",kind="example.wasmop.dev/v1/App"} 3334
 wasmop_cache_objects{reconciler="image-updater",kind="apps/v1/Deployment"} 3334
 wasmop_cache_objects_extra 99
+wasmop_reconcile_total{reconciler="image-updater",result="ok"} 40
+wasmop_reconcile_total{reconciler="image-updater",result="error"} 2
 wasmop_shard_members 3
 wasmop_shard_fraction 0.3125
 wasmop_shard_primaries{reconciler="image-updater"} 3334
@@ -155,11 +161,13 @@ wasmop_shard_watch_filter{kind="v1/ConfigMap",mode="client"} 0
         let r = ReplicaReport::parse(text);
         assert_eq!(r.cache_objects, Some(6668.0));
         assert_eq!(r.members, Some(3.0));
+        assert_eq!(r.reconciles, Some(42.0));
         assert_eq!(r.fraction, Some(0.3125));
         assert_eq!(r.primaries, Some(3334.0));
         assert_eq!(r.filter_text(), "server");
         let plain = ReplicaReport::parse("wasmop_reconcile_total{result=\"ok\"} 5\n");
         assert_eq!(plain.members, None);
+        assert_eq!(plain.reconciles, Some(5.0));
         assert_eq!(plain.filter_text(), "-");
     }
 }

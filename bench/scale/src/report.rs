@@ -113,11 +113,11 @@ pub fn sharded_table(n: usize, rows: &[Measurement]) -> String {
     );
     let _ = writeln!(
         out,
-        "| row | namespaces | converge | writes during convergence | API requests during convergence | writes/min idle | Lease writes/min idle | peak RSS, largest replica | peak RSS per replica | peak RSS before the Apps | RSS at the end | primaries per replica | cached objects per replica | CPU converge per replica | watch filter |"
+        "| row | namespaces | converge | writes during convergence | API requests during convergence | writes/min idle | Lease writes/min idle | peak RSS, largest replica | peak RSS per replica | peak RSS before the Apps | RSS at the end | primaries per replica | cached objects per replica | reconciles per replica until convergence | CPU converge per replica | watch filter |"
     );
     let _ = writeln!(
         out,
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
     );
     let wasmop_rows = rows
         .iter()
@@ -126,7 +126,7 @@ pub fn sharded_table(n: usize, rows: &[Measurement]) -> String {
         let idle_min = m.idle.as_secs_f64() / 60.0;
         let _ = writeln!(
             out,
-            "| {} | {} | {:.1} s | {:.0} | {:.0} | {:.1} | {:.1} | {:.0} MiB | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {:.1} s | {:.0} | {:.0} | {:.1} | {:.1} | {:.0} MiB | {} | {} | {} | {} | {} | {} | {} | {} |",
             m.label(),
             m.tuning.layout.count(n),
             m.converge.as_secs_f64(),
@@ -144,6 +144,7 @@ pub fn sharded_table(n: usize, rows: &[Measurement]) -> String {
             each(m, |p| format!("{:.0}", mib(p.at_end.rss))),
             reported(m, |r| r.primaries),
             reported(m, |r| r.cache_objects),
+            reported(m, |r| r.reconciles),
             each(m, |p| format!("{:.1} s", p.cpu_converge())),
             each(m, |p| p
                 .report
@@ -230,6 +231,7 @@ mod tests {
                 report: (contender != Contender::Floor).then(|| ReplicaReport {
                     primaries: Some(100.0 / replicas as f64),
                     cache_objects: Some(300.0 / replicas as f64),
+                    reconciles: Some(7.0),
                     filter: vec![("server".into(), 3.0)],
                     ..Default::default()
                 }),
@@ -288,7 +290,7 @@ mod tests {
         assert!(x3.starts_with("| wasmop x3 | 10 | 12.5 s |"), "{x3}");
         assert!(
             x3.contains(
-                "| 62 MiB | 50, 62, 48 | 40, 40, 40 | 25, 31, 24 | 33, 33, 33 | 100, 100, 100 |"
+                "| 62 MiB | 50, 62, 48 | 40, 40, 40 | 25, 31, 24 | 33, 33, 33 | 100, 100, 100 | 7, 7, 7 |"
             ),
             "{x3}"
         );
