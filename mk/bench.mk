@@ -21,9 +21,12 @@ bench-hotswap-compile: prereqs
 
 .PHONY: bench-scale
 ## N image-updater Apps converged by wasmop, native kube-rs, controller-runtime (Go) and the
-## API server's write floor, each on a fresh local control plane; one table per N, last lines
-## `scale N=<n> wasmop/floor: X.XX wasmop/kube-rs: Y.YY wasmop/controller-runtime: Z.ZZ`.
+## API server's write floor, and by wasmop sharded over 1, 2 and 3 replicas (`--shards auto`),
+## each on a fresh local control plane; one table per N, last lines
+## `scale N=<n> wasmop/floor: X.XX wasmop/kube-rs: Y.YY wasmop/controller-runtime: Z.ZZ` and
+## `scale-sharded N=<n> replicas=<k> converge s: X rss MiB per replica: a,b,c`.
 ## WASMOP_BENCH_N (default 1000,10000), WASMOP_BENCH_CONTENDERS (default all),
+## WASMOP_BENCH_REPLICAS (default 1,2,3), WASMOP_BENCH_NAMESPACES (default 100),
 ## WASMOP_BENCH_RESYNC (seconds, default 30); see bench/scale/src/settings.rs for the rest.
 bench-scale: prereqs provision
 	$(CARGO) build --profile bench --workspace --bin wasmop

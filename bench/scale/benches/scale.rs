@@ -1,6 +1,9 @@
 //! `make bench-scale`: N image-updater Apps on a fresh local control plane per contender
-//! (wasmop, native kube-rs, controller-runtime, the write floor); one table per N, then one
-//! line per N: `scale N=<n> wasmop/floor: X.XX wasmop/kube-rs: Y.YY wasmop/controller-runtime: Z.ZZ`.
+//! (wasmop, native kube-rs, controller-runtime, the write floor, and wasmop sharded over 1, 2
+//! and 3 replicas); one table per N (and one per replica for the sharded rows), then one line
+//! per N: `scale N=<n> wasmop/floor: X.XX wasmop/kube-rs: Y.YY wasmop/controller-runtime: Z.ZZ`
+//! and one per sharded row: `scale-sharded N=<n> replicas=<k> converge s: X rss MiB per
+//! replica: a,b,c`.
 //! Settings: see `wasmop_bench_scale::settings` (`WASMOP_BENCH_N`, `WASMOP_BENCH_CONTENDERS`, ...).
 
 use wasmop_bench_scale::contenders::{Binaries, Contender, Tuning};
@@ -23,7 +26,7 @@ async fn main() -> anyhow::Result<()> {
         floor: env!("CARGO_BIN_EXE_scale-floor").into(),
     };
     println!(
-        "bench-scale: N={:?}, contenders {:?}, resync {:?}, idle window {:?}, concurrency {}, floor concurrency {:?}",
+        "bench-scale: N={:?}, contenders {:?}, resync {:?}, idle window {:?}, concurrency {}, floor concurrency {:?}, sharded replicas {:?} over {} namespaces",
         settings.sizes,
         settings
             .contenders
@@ -33,22 +36,33 @@ async fn main() -> anyhow::Result<()> {
         settings.resync,
         settings.idle,
         settings.concurrency,
-        settings.floor_concurrency
+        settings.floor_concurrency,
+        settings.replicas,
+        settings.namespaces
     );
     let mut lines = Vec::new();
     for &n in &settings.sizes {
         let mut rows = Vec::new();
         for &contender in &settings.contenders {
-            let tried = if contender == Contender::Floor {
-                settings.floor_concurrency.clone()
-            } else {
-                vec![settings.concurrency]
+            let single = |concurrency| Tuning::single(concurrency, settings.resync);
+            let tried: Vec<Tuning> = match contender {
+                Contender::Floor => settings
+                    .floor_concurrency
+                    .iter()
+                    .map(|c| single(*c))
+                    .collect(),
+                Contender::WasmopSharded => settings
+                    .replicas
+                    .iter()
+                    .map(|&replicas| Tuning {
+                        replicas,
+                        layout: contender.layout(settings.namespaces),
+                        ..single(settings.concurrency)
+                    })
+                    .collect(),
+                _ => vec![single(settings.concurrency)],
             };
-            for concurrency in tried {
-                let tuning = Tuning {
-                    concurrency,
-                    resync: settings.resync,
-                };
+            for tuning in tried {
                 let m = measure(
                     contender,
                     n,
@@ -59,11 +73,14 @@ async fn main() -> anyhow::Result<()> {
                 )
                 .await?;
                 eprintln!("{}", report::table(n, std::slice::from_ref(&m)));
+                eprint!("{}", report::sharded_table(n, std::slice::from_ref(&m)));
                 rows.push(m);
             }
         }
         println!("{}", report::table(n, &rows));
+        print!("{}", report::sharded_table(n, &rows));
         lines.push(report::final_line(n, &rows));
+        lines.extend(report::sharded_lines(n, &rows));
     }
     for line in lines {
         println!("{line}");

@@ -114,6 +114,25 @@ impl Requests {
             .fold(0.0, |a, b| a + b)
     }
 
+    /// Every request counted.
+    pub fn total(&self) -> f64 {
+        self.0.values().fold(0.0, |a, b| a + b)
+    }
+
+    /// Writes to `coordination.k8s.io` Leases: sharded replicas' member Leases, and the node
+    /// Leases kwok renews for its nodes in every row.
+    pub fn lease_writes(&self) -> f64 {
+        self.0
+            .iter()
+            .filter(|((verb, group, resource, _), _)| {
+                WRITE_VERBS.contains(&verb.as_str())
+                    && group == "coordination.k8s.io"
+                    && resource == "leases"
+            })
+            .map(|(_, v)| v)
+            .fold(0.0, |a, b| a + b)
+    }
+
     /// The writes of [`Requests::controller_writes`], by `VERB resource[/sub]`.
     pub fn controller_writes_by_kind(&self) -> Vec<(String, f64)> {
         let mut out: BTreeMap<String, f64> = BTreeMap::new();
@@ -173,6 +192,14 @@ apiserver_request_total{code="200",component="apiserver",dry_run="",group="",res
         let empty = Requests::default();
         assert_eq!(before.since(&empty).0.len(), 6);
         assert_eq!(before.since(&before).0.len(), 0);
+        assert_eq!(before.total(), 32.0);
+        assert_eq!(before.lease_writes(), 0.0);
+        let leases = Requests::parse(
+            r#"apiserver_request_total{code="200",group="coordination.k8s.io",resource="leases",subresource="",verb="PUT",version="v1"} 9
+apiserver_request_total{code="200",group="coordination.k8s.io",resource="leases",subresource="",verb="GET",version="v1"} 4
+"#,
+        );
+        assert_eq!(leases.lease_writes(), 9.0);
         assert_eq!(label("a=\"1\",verb=\"GET\"", "verb"), "GET");
         assert_eq!(label("verb=\"GET\",a=\"1\"", "verb"), "GET");
     }

@@ -12,6 +12,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, DynamicObject, GroupVersionKind, Patch, PatchParams};
 use kube::discovery::Scope;
@@ -64,7 +65,20 @@ impl Cluster {
     /// # Errors
     /// See the module docs.
     pub async fn start() -> Result<Self> {
-        let plane = ControlPlane::start(Options::default()).await?;
+        Self::start_with(Vec::new()).await
+    }
+
+    /// As [`Cluster::start`], with kube-apiserver `feature_gates` on (the same options
+    /// otherwise).
+    ///
+    /// # Errors
+    /// See the module docs.
+    pub async fn start_with(feature_gates: Vec<String>) -> Result<Self> {
+        let plane = ControlPlane::start(Options {
+            feature_gates,
+            ..Options::default()
+        })
+        .await?;
         let client = plane.client().await?;
         let cluster = Cluster { plane, client };
         cluster
@@ -81,6 +95,28 @@ impl Cluster {
     /// The admin kubeconfig.
     pub fn kubeconfig(&self) -> &Path {
         self.plane.kubeconfig()
+    }
+
+    /// Creates (applies) these namespaces.
+    ///
+    /// # Errors
+    /// See the module docs.
+    pub async fn namespaces(&self, names: &[String]) -> Result<()> {
+        let api: Api<Namespace> = Api::all(self.client.clone());
+        let params = PatchParams::apply("wasmop-bench").force();
+        futures::future::try_join_all(names.iter().map(|name| {
+            let (api, params) = (&api, &params);
+            async move {
+                let ns = serde_json::json!({
+                    "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}
+                });
+                api.patch(name, params, &Patch::Apply(&ns))
+                    .await
+                    .map_err(Error::kube(format!("creating namespace {name}")))
+            }
+        }))
+        .await?;
+        Ok(())
     }
 
     /// Applies every document of a YAML file.

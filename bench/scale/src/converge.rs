@@ -2,7 +2,9 @@
 //!
 //! An App has converged when its Deployment and its Service (same name) exist and its
 //! `status.observedGeneration == metadata.generation`. [`Tracker`] follows watches of the three
-//! kinds in the namespace (never the controller) and counts converged Apps as events arrive.
+//! kinds in the namespace, or in every namespace (never the controller), and counts converged
+//! Apps as events arrive. [`Layout`] says where the Apps live: all in one namespace, or spread
+//! over many (what sharding by namespace needs).
 //!
 //! # Guarantees
 //! - [`Tracker::start`] returns once the three watches have delivered their initial state, so no
@@ -47,6 +49,48 @@ pub fn app_name(i: usize) -> String {
     format!("app-{i:05}")
 }
 
+/// Where the Apps live.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Layout {
+    /// All in [`crate::cluster::NAMESPACE`].
+    One,
+    /// Round-robin over this many namespaces `0-apps`, `1-apps`, ... (never more than the Apps).
+    /// The varying part comes first: FNV-1a, the shard hash, leaves names that differ only in
+    /// their last bytes close together in the hash space.
+    Spread(usize),
+}
+
+impl Layout {
+    /// How many namespaces `n` Apps use.
+    pub fn count(self, n: usize) -> usize {
+        match self {
+            Layout::One => 1,
+            Layout::Spread(m) => m.clamp(1, n.max(1)),
+        }
+    }
+
+    /// The namespace of App `i` of `n`.
+    pub fn namespace(self, i: usize, n: usize) -> String {
+        match self {
+            Layout::One => crate::cluster::NAMESPACE.into(),
+            Layout::Spread(_) => format!("{}-apps", i % self.count(n)),
+        }
+    }
+
+    /// Every namespace `n` Apps use.
+    pub fn namespaces(self, n: usize) -> Vec<String> {
+        (0..self.count(n)).map(|i| self.namespace(i, n)).collect()
+    }
+
+    /// The namespace the [`Tracker`] watches: `None` for all.
+    pub fn watched(self) -> Option<&'static str> {
+        match self {
+            Layout::One => Some(crate::cluster::NAMESPACE),
+            Layout::Spread(_) => None,
+        }
+    }
+}
+
 #[derive(Debug, Default, Clone, Copy)]
 struct Flags {
     app: bool,
@@ -60,6 +104,7 @@ impl Flags {
     }
 }
 
+/// A watch event, by `namespace/name`.
 enum Seen {
     App(String, bool),
     Deployment(String, bool),
@@ -90,6 +135,23 @@ fn app_converged(app: &DynamicObject) -> bool {
     observed.is_some() && observed == app.metadata.generation
 }
 
+/// `namespace/name`.
+fn key<K: kube::Resource>(o: &K) -> String {
+    format!("{}/{}", o.namespace().unwrap_or_default(), o.name_any())
+}
+
+/// The API of a kind in `ns`, or in every namespace.
+fn scoped<K>(client: &Client, ns: Option<&str>) -> Api<K>
+where
+    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>,
+    K::DynamicType: Default,
+{
+    match ns {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    }
+}
+
 /// The watch events of one kind as [`Seen`] (present or deleted, by name).
 fn seen<K, F>(api: Api<K>, f: F) -> impl futures::Stream<Item = Seen> + Send
 where
@@ -104,9 +166,9 @@ where
             async move {
                 match e.ok()? {
                     watcher::Event::Apply(o) | watcher::Event::InitApply(o) => {
-                        Some(f(o.name_any(), &o, true))
+                        Some(f(key(&o), &o, true))
                     }
-                    watcher::Event::Delete(o) => Some(f(o.name_any(), &o, false)),
+                    watcher::Event::Delete(o) => Some(f(key(&o), &o, false)),
                     watcher::Event::InitDone => Some(Seen::Ready),
                     watcher::Event::Init => None,
                 }
@@ -115,31 +177,32 @@ where
 }
 
 impl Tracker {
-    /// Starts the watches and waits until they have delivered the current state.
+    /// Starts the watches (in `ns`, or in every namespace) and waits until they have delivered
+    /// the current state.
     ///
     /// # Errors
     /// [`Error::Other`] if they do not within a minute.
-    pub async fn start(client: &Client, ns: &str) -> Result<Self> {
-        let app_api = apps(client, ns);
+    pub async fn start(client: &Client, ns: Option<&str>) -> Result<Self> {
+        let app_api = match ns {
+            Some(ns) => apps(client, ns),
+            None => Api::all_with(client.clone(), &app_resource()),
+        };
         let apps = watcher(app_api, watcher::Config::default())
             .default_backoff()
             .filter_map(|e| async move {
                 match e.ok()? {
                     watcher::Event::Apply(o) | watcher::Event::InitApply(o) => {
-                        Some(Seen::App(o.name_any(), app_converged(&o)))
+                        Some(Seen::App(key(&o), app_converged(&o)))
                     }
-                    watcher::Event::Delete(o) => Some(Seen::App(o.name_any(), false)),
+                    watcher::Event::Delete(o) => Some(Seen::App(key(&o), false)),
                     watcher::Event::InitDone => Some(Seen::Ready),
                     watcher::Event::Init => None,
                 }
             });
-        let deployments = seen(
-            Api::<Deployment>::namespaced(client.clone(), ns),
-            |n, _, p| Seen::Deployment(n, p),
-        );
-        let services = seen(Api::<Service>::namespaced(client.clone(), ns), |n, _, p| {
-            Seen::Service(n, p)
+        let deployments = seen(scoped::<Deployment>(client, ns), |n, _, p| {
+            Seen::Deployment(n, p)
         });
+        let services = seen(scoped::<Service>(client, ns), |n, _, p| Seen::Service(n, p));
         let mut all =
             futures::stream::select_all([apps.boxed(), deployments.boxed(), services.boxed()]);
         let (tx, rx) = watch::channel(Progress {
@@ -226,16 +289,15 @@ impl Drop for Tracker {
     }
 }
 
-/// Creates Apps `0..n` in `ns`, [`CREATE_CONCURRENCY`] at a time; returns when the first
-/// create was sent.
+/// Creates Apps `0..n` where `layout` puts them, [`CREATE_CONCURRENCY`] at a time; returns
+/// when the first create was sent.
 ///
 /// # Errors
 /// The first failed create.
-pub async fn create_apps(client: &Client, ns: &str, n: usize) -> Result<Instant> {
-    let api = apps(client, ns);
+pub async fn create_apps(client: &Client, layout: Layout, n: usize) -> Result<Instant> {
     let started = Instant::now();
     futures::stream::iter((0..n).map(|i| {
-        let api = api.clone();
+        let api = apps(client, &layout.namespace(i, n));
         async move {
             let app: DynamicObject = serde_json::from_value(json!({
                 "apiVersion": "example.wasmop.dev/v1", "kind": "App",
@@ -253,4 +315,24 @@ pub async fn create_apps(client: &Client, ns: &str, n: usize) -> Result<Instant>
     .try_collect::<Vec<_>>()
     .await?;
     Ok(started)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layouts_place_apps_round_robin() {
+        assert_eq!(Layout::One.namespaces(10), vec!["demo"]);
+        assert_eq!(Layout::One.namespace(7, 10), "demo");
+        assert_eq!(Layout::Spread(4).namespaces(10).len(), 4);
+        assert_eq!(Layout::Spread(4).namespace(5, 10), "1-apps");
+        // Never more namespaces than Apps, never none.
+        assert_eq!(
+            Layout::Spread(100).namespaces(3),
+            vec!["0-apps", "1-apps", "2-apps"]
+        );
+        assert_eq!(Layout::Spread(0).count(5), 1);
+        assert_eq!(Layout::Spread(100).watched(), None);
+    }
 }

@@ -10,6 +10,9 @@
 //!   built once and cached under `~/.cache/wasmop/bin`.
 //! - `floor`: a bare client that applies the N Deployments and N Services and writes the N
 //!   statuses (the `scale-floor` binary), the best of a few concurrency settings.
+//! - `wasmop-sharded` (rows `wasmop x1`, `x2`, `x3`): k `wasmop run --shards auto` replicas
+//!   sharing Apps spread over namespaces, on a control plane with `ShardedListAndWatch` on;
+//!   measured per replica.
 //!
 //! For each: time from the first create to convergence (seen through watches of Apps,
 //! Deployments and Services), peak RSS and CPU seconds of the controller process (from /proc),
@@ -21,6 +24,7 @@
 //! - [`cluster`]: a fresh control plane with the App CRD and namespace.
 //! - [`apimetrics`]: the API server's request counters.
 //! - [`procstat`]: peak RSS and CPU seconds of a process.
+//! - [`replicametrics`]: what a wasmop host reports on its `/metrics` (caches, its slice).
 //! - [`converge`]: creating Apps and watching them converge.
 //! - [`contenders`]: starting each controller.
 //! - [`run`]: one contender's run, and [`report`]: the tables and the final line.
@@ -34,6 +38,7 @@ pub mod error;
 pub mod idle;
 pub mod native;
 pub mod procstat;
+pub mod replicametrics;
 pub mod report;
 pub mod run;
 pub mod settings;

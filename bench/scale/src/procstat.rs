@@ -1,5 +1,5 @@
-//! Peak RSS and CPU seconds of a process, from `/proc/<pid>/status` (VmHWM) and
-//! `/proc/<pid>/stat` (utime + stime).
+//! Peak RSS, RSS and CPU seconds of a process, from `/proc/<pid>/status` (VmHWM, VmRSS) and
+//! `/proc/<pid>/stat` (utime + stime); [`combine`] sums the processes of a sharded contender.
 //!
 //! # Errors
 //! [`Error::Io`] when the process is gone; [`Error::Other`] when the files do not parse.
@@ -11,6 +11,8 @@ use crate::{Error, Result};
 pub struct ProcStat {
     /// Peak resident set size, bytes.
     pub peak_rss: u64,
+    /// Resident set size now, bytes.
+    pub rss: u64,
     /// User + system CPU time, seconds.
     pub cpu_seconds: f64,
 }
@@ -35,11 +37,14 @@ pub fn read(pid: u32) -> Result<ProcStat> {
     let status_path = format!("/proc/{pid}/status");
     let status =
         std::fs::read_to_string(&status_path).map_err(Error::io("reading", &status_path))?;
-    let kib = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        .ok_or_else(|| Error::Other(format!("{status_path} has no VmHWM line")))?;
+    let kib = |field: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(field))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .ok_or_else(|| Error::Other(format!("{status_path} has no {field} line")))
+    };
+    let (peak, rss) = (kib("VmHWM:")?, kib("VmRSS:")?);
     let stat_path = format!("/proc/{pid}/stat");
     let stat = std::fs::read_to_string(&stat_path).map_err(Error::io("reading", &stat_path))?;
     // Fields after the command name (which may hold spaces and parentheses): state is field 3,
@@ -54,7 +59,42 @@ pub fn read(pid: u32) -> Result<ProcStat> {
         return Err(Error::Other(format!("{stat_path} has no utime/stime")));
     };
     Ok(ProcStat {
-        peak_rss: kib * 1024,
+        peak_rss: peak * 1024,
+        rss: rss * 1024,
         cpu_seconds: (utime + stime) as f64 / clock_ticks(),
     })
+}
+
+/// Several processes as one contender: the largest peak and current RSS (what one replica
+/// needs), the sum of CPU seconds (what they cost together).
+pub fn combine(stats: &[ProcStat]) -> ProcStat {
+    ProcStat {
+        peak_rss: stats.iter().map(|s| s.peak_rss).max().unwrap_or(0),
+        rss: stats.iter().map(|s| s.rss).max().unwrap_or(0),
+        cpu_seconds: stats.iter().map(|s| s.cpu_seconds).sum(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_this_process_and_combines() -> Result<()> {
+        let me = read(std::process::id())?;
+        assert!(me.peak_rss >= me.rss && me.rss > 0, "{me:?}");
+        let a = ProcStat {
+            peak_rss: 5,
+            rss: 3,
+            cpu_seconds: 1.5,
+        };
+        let b = ProcStat {
+            peak_rss: 7,
+            rss: 2,
+            cpu_seconds: 0.5,
+        };
+        let c = combine(&[a, b]);
+        assert_eq!((c.peak_rss, c.rss, c.cpu_seconds), (7, 3, 2.0));
+        Ok(())
+    }
 }

@@ -3,6 +3,7 @@
 use std::fmt::Write as _;
 
 use crate::contenders::Contender;
+use crate::replicametrics::ReplicaReport;
 use crate::run::Measurement;
 
 fn mib(bytes: u64) -> f64 {
@@ -25,7 +26,7 @@ pub fn table(n: usize, rows: &[Measurement]) -> String {
         let _ = writeln!(
             out,
             "| {} | {} | {:.1} s | {:.0} | {:.1} | {:.0} MiB | {:.2} s | {:.2} s | {} |",
-            m.contender.name(),
+            m.label(),
             m.tuning.concurrency,
             m.converge.as_secs_f64(),
             m.converge_writes,
@@ -63,7 +64,7 @@ pub fn table(n: usize, rows: &[Measurement]) -> String {
         let _ = writeln!(
             out,
             "  {} (c={}): {converge} | idle {} s: {idle}",
-            m.contender.name(),
+            m.label(),
             m.tuning.concurrency,
             m.idle.as_secs()
         );
@@ -81,14 +82,99 @@ pub fn table(n: usize, rows: &[Measurement]) -> String {
             .map(|(k, v)| format!("{k} {v:.0}"))
             .collect::<Vec<_>>()
             .join(", ");
+        let _ = writeln!(out, "  {} (c={}): {top}", m.label(), m.tuning.concurrency);
+    }
+    out
+}
+
+fn each(m: &Measurement, f: impl Fn(&crate::run::Process) -> String) -> String {
+    m.processes.iter().map(f).collect::<Vec<_>>().join(", ")
+}
+
+fn reported(m: &Measurement, f: impl Fn(&ReplicaReport) -> Option<f64>) -> String {
+    each(m, |p| match p.report.as_ref().and_then(&f) {
+        Some(v) => format!("{v:.0}"),
+        None => "-".into(),
+    })
+}
+
+/// The wasmop rows per process: the sharded rows (`wasmop xK`) and, for reference, the
+/// unsharded `wasmop` row; empty when there is no sharded row. Peak RSS (`VmHWM`) before the
+/// Apps is what starting took (the module's compile included), at the end what the whole run
+/// took.
+pub fn sharded_table(n: usize, rows: &[Measurement]) -> String {
+    if !rows.iter().any(|m| m.contender == Contender::WasmopSharded) {
+        return String::new();
+    }
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "\nscale-sharded N={n}: per replica (`wasmop xK`: K `wasmop run --shards auto` replicas, Apps spread over namespaces, ShardedListAndWatch on; `wasmop`: one host, Apps in one namespace, for reference)"
+    );
+    let _ = writeln!(
+        out,
+        "| row | namespaces | converge | writes during convergence | API requests during convergence | writes/min idle | Lease writes/min idle | peak RSS, largest replica | peak RSS per replica | peak RSS before the Apps | RSS at the end | primaries per replica | cached objects per replica | reconciles per replica until convergence | CPU converge per replica | watch filter |"
+    );
+    let _ = writeln!(
+        out,
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+    );
+    let wasmop_rows = rows
+        .iter()
+        .filter(|m| matches!(m.contender, Contender::Wasmop | Contender::WasmopSharded));
+    for m in wasmop_rows {
+        let idle_min = m.idle.as_secs_f64() / 60.0;
         let _ = writeln!(
             out,
-            "  {} (c={}): {top}",
-            m.contender.name(),
-            m.tuning.concurrency
+            "| {} | {} | {:.1} s | {:.0} | {:.0} | {:.1} | {:.1} | {:.0} MiB | {} | {} | {} | {} | {} | {} | {} | {} |",
+            m.label(),
+            m.tuning.layout.count(n),
+            m.converge.as_secs_f64(),
+            m.converge_writes,
+            m.converge_requests.total(),
+            m.idle_writes_per_min,
+            if idle_min > 0.0 {
+                m.idle_requests.lease_writes() / idle_min
+            } else {
+                0.0
+            },
+            mib(m.at_end.peak_rss),
+            each(m, |p| format!("{:.0}", mib(p.at_end.peak_rss))),
+            each(m, |p| format!("{:.0}", mib(p.at_start.peak_rss))),
+            each(m, |p| format!("{:.0}", mib(p.at_end.rss))),
+            reported(m, |r| r.primaries),
+            reported(m, |r| r.cache_objects),
+            reported(m, |r| r.reconciles),
+            each(m, |p| format!("{:.1} s", p.cpu_converge())),
+            each(m, |p| p
+                .report
+                .as_ref()
+                .map(ReplicaReport::filter_text)
+                .unwrap_or_else(|| "-".into())),
         );
     }
     out
+}
+
+/// `scale-sharded N=<n> replicas=<k> converge s: X rss MiB per replica: a,b,c` (peak RSS), one
+/// per sharded row.
+pub fn sharded_lines(n: usize, rows: &[Measurement]) -> Vec<String> {
+    rows.iter()
+        .filter(|m| m.contender == Contender::WasmopSharded)
+        .map(|m| {
+            let rss: Vec<String> = m
+                .processes
+                .iter()
+                .map(|p| format!("{:.0}", mib(p.at_end.peak_rss)))
+                .collect();
+            format!(
+                "scale-sharded N={n} replicas={} converge s: {:.1} rss MiB per replica: {}",
+                m.tuning.replicas,
+                m.converge.as_secs_f64(),
+                rss.join(",")
+            )
+        })
+        .collect()
 }
 
 /// The best (fastest) run of a contender.
@@ -113,4 +199,115 @@ pub fn final_line(n: usize, rows: &[Measurement]) -> String {
         ratio(Contender::KubeRs),
         ratio(Contender::ControllerRuntime)
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::apimetrics::Requests;
+    use crate::contenders::Tuning;
+    use crate::procstat::ProcStat;
+    use crate::run::Process;
+
+    const MIB: u64 = 1024 * 1024;
+
+    fn stat(peak_mib: u64, cpu: f64) -> ProcStat {
+        ProcStat {
+            peak_rss: peak_mib * MIB,
+            rss: peak_mib * MIB / 2,
+            cpu_seconds: cpu,
+        }
+    }
+
+    fn row(contender: Contender, replicas: usize, converge: f64, peaks: &[u64]) -> Measurement {
+        let processes: Vec<Process> = peaks
+            .iter()
+            .map(|p| Process {
+                at_start: stat(40, 1.0),
+                at_converge: stat(*p, 3.0),
+                at_end: stat(*p, 4.0),
+                report: (contender != Contender::Floor).then(|| ReplicaReport {
+                    primaries: Some(100.0 / replicas as f64),
+                    cache_objects: Some(300.0 / replicas as f64),
+                    reconciles: Some(7.0),
+                    filter: vec![("server".into(), 3.0)],
+                    ..Default::default()
+                }),
+            })
+            .collect();
+        let combine = |f: fn(&Process) -> ProcStat| {
+            crate::procstat::combine(&processes.iter().map(f).collect::<Vec<_>>())
+        };
+        Measurement {
+            contender,
+            n: 100,
+            tuning: Tuning {
+                concurrency: 16,
+                resync: Duration::from_secs(30),
+                replicas,
+                layout: contender.layout(10),
+            },
+            converge: Duration::from_secs_f64(converge),
+            converge_requests: Requests::default(),
+            converge_writes: 300.0,
+            idle_requests: Requests::default(),
+            idle_writes_per_min: 0.0,
+            idle: Duration::from_secs(70),
+            at_converge: combine(|p| p.at_converge),
+            at_start: combine(|p| p.at_start),
+            at_idle_start: combine(|p| p.at_converge),
+            at_end: combine(|p| p.at_end),
+            processes,
+        }
+    }
+
+    #[test]
+    fn sharded_rows_are_labelled_and_reported_per_replica() {
+        let rows = vec![
+            row(Contender::Floor, 1, 10.0, &[20]),
+            row(Contender::Wasmop, 1, 20.0, &[90]),
+            row(Contender::WasmopSharded, 1, 21.0, &[92]),
+            row(Contender::WasmopSharded, 3, 12.5, &[50, 62, 48]),
+        ];
+        let main = table(100, &rows);
+        assert!(main.contains("| wasmop x3 | 16 | 12.5 s |"), "{main}");
+        // The main table's peak RSS of a sharded row is its largest replica's; CPU the sum.
+        assert!(main.contains("| 62 MiB | 6.00 s |"), "{main}");
+        let sharded = sharded_table(100, &rows);
+        let lines: Vec<&str> = sharded
+            .lines()
+            .filter(|l| l.starts_with("| wasmop"))
+            .collect();
+        assert_eq!(
+            lines.len(),
+            3,
+            "wasmop, x1 and x3, not the floor: {sharded}"
+        );
+        assert!(lines[0].starts_with("| wasmop | 1 | 20.0 s |"), "{sharded}");
+        let x3 = lines[2];
+        assert!(x3.starts_with("| wasmop x3 | 10 | 12.5 s |"), "{x3}");
+        assert!(
+            x3.contains(
+                "| 62 MiB | 50, 62, 48 | 40, 40, 40 | 25, 31, 24 | 33, 33, 33 | 100, 100, 100 | 7, 7, 7 |"
+            ),
+            "{x3}"
+        );
+        assert!(
+            x3.ends_with("| 2.0 s, 2.0 s, 2.0 s | server, server, server |"),
+            "{x3}"
+        );
+        assert_eq!(
+            sharded_lines(100, &rows),
+            vec![
+                "scale-sharded N=100 replicas=1 converge s: 21.0 rss MiB per replica: 92",
+                "scale-sharded N=100 replicas=3 converge s: 12.5 rss MiB per replica: 50,62,48",
+            ]
+        );
+        // Without sharded rows, no sharded table.
+        assert_eq!(sharded_table(100, &rows[..2]), "");
+        // The final line compares the unsharded wasmop row.
+        assert!(final_line(100, &rows).starts_with("scale N=100 wasmop/floor: 2.00 "));
+    }
 }

@@ -1,9 +1,15 @@
 //! One contender's run at one N, on its own fresh control plane.
 //!
-//! Steps: start the control plane; set up and start the controller (ready before anything is
-//! timed); start the watches; read the API server's counters and the controller's CPU; create
-//! the N Apps; wait for convergence; read again; let the tail of the work settle (no controller
-//! write for 6 s, at most 60 s); then count the writes of an idle window.
+//! Steps: start the control plane (with the contender's feature gates) and create the Apps'
+//! namespaces; set up and start the controller (ready before anything is timed; sharded
+//! replicas also with their membership settled); start the watches; read the API server's
+//! counters and the controller's CPU; create the N Apps; wait for convergence; read again (and
+//! what each wasmop host reports about its caches and slice); let the tail of the work settle
+//! (no controller write for 6 s, at most 60 s); then count the writes of an idle window.
+//!
+//! A contender of several processes (sharded replicas) is measured per process
+//! ([`Measurement::processes`]); its [`ProcStat`]s in [`Measurement`] combine them
+//! ([`procstat::combine`]: the largest RSS, the sum of CPU).
 //!
 //! # Guarantees
 //! - Every measurement of a [`Measurement`] was obtained; a missing one is an error.
@@ -16,10 +22,11 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use crate::apimetrics::Requests;
-use crate::cluster::{Cluster, NAMESPACE};
+use crate::cluster::Cluster;
 use crate::contenders::{self, Binaries, Contender, Running, Tuning};
 use crate::converge::{Tracker, create_apps};
 use crate::procstat::{self, ProcStat};
+use crate::replicametrics::ReplicaReport;
 use crate::{Error, Result};
 
 /// What one run measured.
@@ -51,9 +58,36 @@ pub struct Measurement {
     pub at_idle_start: ProcStat,
     /// The controller process at the end of the idle window.
     pub at_end: ProcStat,
+    /// Each process of the controller (one, or one per sharded replica).
+    pub processes: Vec<Process>,
+}
+
+/// One process of a contender.
+#[derive(Debug, Clone, Default)]
+pub struct Process {
+    /// Before the Apps were created.
+    pub at_start: ProcStat,
+    /// At convergence.
+    pub at_converge: ProcStat,
+    /// At the end of the idle window.
+    pub at_end: ProcStat,
+    /// What it reported on its `/metrics` at convergence (wasmop hosts only).
+    pub report: Option<ReplicaReport>,
+}
+
+impl Process {
+    /// CPU seconds from the first create to convergence.
+    pub fn cpu_converge(&self) -> f64 {
+        self.at_converge.cpu_seconds - self.at_start.cpu_seconds
+    }
 }
 
 impl Measurement {
+    /// Its row name: the contender's, `wasmop xK` for K sharded replicas.
+    pub fn label(&self) -> String {
+        self.contender.label(&self.tuning)
+    }
+
     /// CPU seconds from the first create to convergence.
     pub fn cpu_converge(&self) -> f64 {
         self.at_converge.cpu_seconds - self.at_start.cpu_seconds
@@ -65,29 +99,34 @@ impl Measurement {
     }
 }
 
-fn pid_of(contender: Contender, running: &Running) -> Result<u32> {
-    running.pid().ok_or_else(|| Error::Controller {
-        contender: contender.name().into(),
-        detail: format!("exited; log:\n{}", running.log_tail()),
-    })
-}
-
-fn stat(contender: Contender, running: &mut Running) -> Result<ProcStat> {
+/// One reading per process, in order.
+fn stats(contender: Contender, running: &mut Running) -> Result<Vec<ProcStat>> {
     if let Some(why) = running.exited() {
         return Err(Error::Controller {
             contender: contender.name().into(),
             detail: format!("{why}; log:\n{}", running.log_tail()),
         });
     }
-    procstat::read(pid_of(contender, running)?)
+    running
+        .pids()
+        .into_iter()
+        .map(|pid| {
+            let pid = pid.ok_or_else(|| Error::Controller {
+                contender: contender.name().into(),
+                detail: format!("exited; log:\n{}", running.log_tail()),
+            })?;
+            procstat::read(pid)
+        })
+        .collect()
 }
 
 fn run_dir(contender: Contender, n: usize, tuning: Tuning) -> PathBuf {
     std::env::temp_dir().join(format!(
-        "wasmop-bench-scale-{}-{}-{n}-{}",
+        "wasmop-bench-scale-{}-{}-{n}-{}-x{}",
         std::process::id(),
         contender.name(),
-        tuning.concurrency
+        tuning.concurrency,
+        tuning.replicas
     ))
 }
 
@@ -118,22 +157,32 @@ pub async fn measure(
     idle: Duration,
     timeout: Duration,
 ) -> Result<Measurement> {
+    let label = contender.label(&tuning);
+    let gates = contender.feature_gates();
     eprintln!(
-        "[bench] {} N={n} concurrency={}: starting a fresh control plane",
-        contender.name(),
-        tuning.concurrency
+        "[bench] {label} N={n} concurrency={}: starting a fresh control plane{}",
+        tuning.concurrency,
+        if gates.is_empty() {
+            String::new()
+        } else {
+            format!(" (feature gates {})", gates.join(","))
+        }
     );
-    let cluster = Cluster::start().await?;
+    let cluster = Cluster::start_with(gates).await?;
     let client = cluster.client.clone();
+    cluster.namespaces(&tuning.layout.namespaces(n)).await?;
     let dir = run_dir(contender, n, tuning);
     let _ = std::fs::remove_dir_all(&dir);
     let mut running = contenders::start(contender, &cluster, binaries, tuning, &dir).await?;
-    let mut tracker = Tracker::start(&client, NAMESPACE).await?;
-    let at_start = stat(contender, &mut running)?;
+    let mut tracker = Tracker::start(&client, tuning.layout.watched()).await?;
+    let at_start = stats(contender, &mut running)?;
     let before = Requests::read(&client).await?;
-    eprintln!("[bench] {}: creating {n} Apps", contender.name());
-    let started = create_apps(&client, NAMESPACE, n).await?;
-    let done = match tracker.wait(contender.name(), n, timeout).await {
+    eprintln!(
+        "[bench] {label}: creating {n} Apps in {} namespace(s)",
+        tuning.layout.count(n)
+    );
+    let started = create_apps(&client, tuning.layout, n).await?;
+    let done = match tracker.wait(&label, n, timeout).await {
         Ok(at) => at,
         Err(e) => {
             return Err(Error::Other(format!(
@@ -144,13 +193,13 @@ pub async fn measure(
         }
     };
     let converge = done.saturating_duration_since(started);
-    let at_converge = stat(contender, &mut running)?;
+    let at_converge = stats(contender, &mut running)?;
     let after = Requests::read(&client).await?;
+    let reports = running.reports().await?;
     let converge_requests = after.since(&before);
     let converge_writes = (converge_requests.controller_writes() - n as f64).max(0.0);
     eprintln!(
-        "[bench] {}: converged in {:.1} s; settling, then {} s idle",
-        contender.name(),
+        "[bench] {label}: converged in {:.1} s; settling, then {} s idle",
         converge.as_secs_f64(),
         idle.as_secs()
     );
@@ -161,16 +210,24 @@ pub async fn measure(
             .clamp(Duration::from_secs(10), Duration::from_secs(60)),
     )
     .await?;
-    let idle_start = stat(contender, &mut running)?;
+    let idle_start = stats(contender, &mut running)?;
     let idle_before = Requests::read(&client).await?;
     tokio::time::sleep(idle).await;
     let idle_requests = Requests::read(&client).await?.since(&idle_before);
-    let at_end = stat(contender, &mut running)?;
+    let at_end = stats(contender, &mut running)?;
     let idle_writes_per_min = idle_requests.controller_writes() * 60.0 / idle.as_secs_f64();
     drop(tracker);
     drop(running);
     drop(cluster);
     let _ = std::fs::remove_dir_all(&dir);
+    let processes = (0..at_start.len())
+        .map(|i| Process {
+            at_start: at_start[i],
+            at_converge: at_converge.get(i).copied().unwrap_or_default(),
+            at_end: at_end.get(i).copied().unwrap_or_default(),
+            report: reports.get(i).cloned(),
+        })
+        .collect();
     Ok(Measurement {
         contender,
         n,
@@ -181,9 +238,10 @@ pub async fn measure(
         idle_requests,
         idle_writes_per_min,
         idle,
-        at_converge,
-        at_start,
-        at_idle_start: idle_start,
-        at_end,
+        at_converge: procstat::combine(&at_converge),
+        at_start: procstat::combine(&at_start),
+        at_idle_start: procstat::combine(&idle_start),
+        at_end: procstat::combine(&at_end),
+        processes,
     })
 }

@@ -1,6 +1,7 @@
 //! The N = 50 smoke run of `make bench-scale` (part of `make test`): every contender converges
-//! 50 Apps on its own fresh control plane, and every measurement is obtained. No timing is
-//! asserted; the figures are printed.
+//! 50 Apps on its own fresh control plane, and every measurement is obtained; the sharded row
+//! runs 2 replicas (Apps in 50 namespaces, `ShardedListAndWatch` on), each measured, and their
+//! slices partition the Apps. No timing is asserted; the figures are printed.
 
 use std::time::Duration;
 
@@ -9,6 +10,8 @@ use wasmop_bench_scale::report;
 use wasmop_bench_scale::run::{Measurement, measure};
 
 const N: usize = 50;
+/// Replicas of the sharded row.
+const REPLICAS: usize = 2;
 
 async fn binaries() -> anyhow::Result<Binaries> {
     Ok(Binaries {
@@ -48,6 +51,39 @@ fn check(m: &Measurement) {
         "{name}: no API request counted in the idle window"
     );
     assert!(m.idle_writes_per_min.is_finite(), "{name}: idle writes");
+    assert_eq!(
+        m.processes.len(),
+        m.tuning.replicas,
+        "{name}: one set of figures per process"
+    );
+    assert!(
+        m.processes.iter().all(|p| p.at_end.peak_rss > 0),
+        "{name}: {:?}",
+        m.processes
+    );
+}
+
+/// The sharded replicas' slices (the primaries each caches, from its own metrics) sum to the
+/// Apps: every App in exactly one replica's slice.
+fn check_sharded(m: &Measurement) {
+    let primaries: Vec<Option<f64>> = m
+        .processes
+        .iter()
+        .map(|p| p.report.as_ref().and_then(|r| r.primaries))
+        .collect();
+    assert_eq!(
+        primaries.iter().flatten().sum::<f64>(),
+        N as f64,
+        "the replicas' slices {primaries:?} partition the {N} Apps"
+    );
+    assert!(
+        m.processes.iter().all(|p| p
+            .report
+            .as_ref()
+            .is_some_and(|r| r.members == Some(REPLICAS as f64))),
+        "every replica sees {REPLICAS} members: {:?}",
+        m.processes
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -56,9 +92,13 @@ async fn every_contender_converges_50_apps_and_is_measured() -> anyhow::Result<(
     let resync = Duration::from_secs(5);
     let mut rows = Vec::new();
     for contender in Contender::ALL {
-        let tuning = Tuning {
-            concurrency: 16,
-            resync,
+        let tuning = match contender {
+            Contender::WasmopSharded => Tuning {
+                replicas: REPLICAS,
+                layout: contender.layout(N),
+                ..Tuning::single(16, resync)
+            },
+            _ => Tuning::single(16, resync),
         };
         // Two resync periods of idle.
         let m = measure(
@@ -71,11 +111,18 @@ async fn every_contender_converges_50_apps_and_is_measured() -> anyhow::Result<(
         )
         .await?;
         check(&m);
+        if contender == Contender::WasmopSharded {
+            check_sharded(&m);
+        }
         rows.push(m);
     }
     println!("{}", report::table(N, &rows));
+    print!("{}", report::sharded_table(N, &rows));
     let line = report::final_line(N, &rows);
     println!("{line}");
+    for sharded in report::sharded_lines(N, &rows) {
+        println!("{sharded}");
+    }
     assert!(!line.contains("n/a"), "a ratio is missing: {line}");
     Ok(())
 }

@@ -1,6 +1,8 @@
 //! The contenders and how each controller process is started.
 //!
 //! - [`wasmop`]: `wasmop run` with the image-updater module and the example's WasmReconciler.
+//! - [`sharded`]: k `wasmop run --shards auto` replicas sharing the Apps, on a control plane with
+//!   the `ShardedListAndWatch` feature gate.
 //! - [`child`]: the native kube-rs operator, the Go operator and the floor, which print `READY`.
 //! - [`gobuild`]: builds the Go controller-runtime operator once, cached by a hash of its sources.
 //!
@@ -9,6 +11,7 @@
 
 pub mod child;
 pub mod gobuild;
+pub mod sharded;
 pub mod wasmop;
 
 use std::path::PathBuf;
@@ -16,6 +19,8 @@ use std::time::Duration;
 
 use crate::Result;
 use crate::cluster::Cluster;
+use crate::converge::Layout;
+use crate::replicametrics::ReplicaReport;
 
 /// One contender.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -28,15 +33,18 @@ pub enum Contender {
     ControllerRuntime,
     /// A bare client: the writes convergence needs, nothing else.
     Floor,
+    /// `wasmop run --shards auto` replicas sharing the Apps ([`Tuning::replicas`] of them).
+    WasmopSharded,
 }
 
 impl Contender {
     /// Every contender, in report order.
-    pub const ALL: [Contender; 4] = [
+    pub const ALL: [Contender; 5] = [
         Contender::Floor,
         Contender::Wasmop,
         Contender::KubeRs,
         Contender::ControllerRuntime,
+        Contender::WasmopSharded,
     ];
 
     /// Its name in settings and tables.
@@ -46,6 +54,32 @@ impl Contender {
             Contender::KubeRs => "kube-rs",
             Contender::ControllerRuntime => "controller-runtime",
             Contender::Floor => "floor",
+            Contender::WasmopSharded => "wasmop-sharded",
+        }
+    }
+
+    /// Its name in a table row: `wasmop xK` for K sharded replicas.
+    pub fn label(self, tuning: &Tuning) -> String {
+        match self {
+            Contender::WasmopSharded => format!("wasmop x{}", tuning.replicas),
+            other => other.name().into(),
+        }
+    }
+
+    /// Where its Apps live: spread over namespaces when sharded (namespaced primaries shard by
+    /// namespace), else all in `demo`.
+    pub fn layout(self, namespaces: usize) -> Layout {
+        match self {
+            Contender::WasmopSharded => Layout::Spread(namespaces),
+            _ => Layout::One,
+        }
+    }
+
+    /// The kube-apiserver feature gates its control plane gets.
+    pub fn feature_gates(self) -> Vec<String> {
+        match self {
+            Contender::WasmopSharded => vec![sharded::FEATURE_GATE.into()],
+            _ => Vec::new(),
         }
     }
 
@@ -60,6 +94,7 @@ impl Contender {
             Contender::Wasmop => {
                 "host default --kube-qps 500 --kube-burst 1000, shared by all its clients"
             }
+            Contender::WasmopSharded => "host default --kube-qps 500 --kube-burst 1000 per replica",
             Contender::KubeRs | Contender::Floor => {
                 "none (kube-rs client has no client-side limit)"
             }
@@ -86,10 +121,26 @@ pub struct Binaries {
 /// How a controller runs: its settings.
 #[derive(Debug, Clone, Copy)]
 pub struct Tuning {
-    /// Reconciles at once (the floor: writes at once).
+    /// Reconciles at once (the floor: writes at once; sharded: per replica).
     pub concurrency: usize,
     /// The resync period.
     pub resync: Duration,
+    /// Processes sharing the work (1 unless sharded).
+    pub replicas: usize,
+    /// Where the Apps live.
+    pub layout: Layout,
+}
+
+impl Tuning {
+    /// One process, the Apps in `demo`.
+    pub fn single(concurrency: usize, resync: Duration) -> Self {
+        Tuning {
+            concurrency,
+            resync,
+            replicas: 1,
+            layout: Layout::One,
+        }
+    }
 }
 
 /// A running controller process.
@@ -99,33 +150,66 @@ pub enum Running {
     Host(Box<wasmop_testenv::HostProcess>),
     /// A child that printed READY.
     Child(Box<child::Child>),
+    /// Sharded hosts, one per replica.
+    Replicas(Vec<wasmop_testenv::HostProcess>),
+}
+
+fn tail(text: &str, lines: usize) -> String {
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
 }
 
 impl Running {
-    /// Its process id.
-    pub fn pid(&self) -> Option<u32> {
+    /// Its process ids, one per process (`None` for one that is not running).
+    pub fn pids(&self) -> Vec<Option<u32>> {
         match self {
-            Running::Host(h) => h.pid(),
-            Running::Child(c) => c.pid(),
+            Running::Host(h) => vec![h.pid()],
+            Running::Child(c) => vec![c.pid()],
+            Running::Replicas(hosts) => hosts.iter().map(|h| h.pid()).collect(),
         }
     }
 
-    /// The tail of its log, for a failure report.
+    /// The tail of its log (of each replica's), for a failure report.
     pub fn log_tail(&self) -> String {
-        let text = match self {
-            Running::Host(h) => h.log_text(),
-            Running::Child(c) => c.log_text(),
-        };
-        let lines: Vec<&str> = text.lines().collect();
-        lines[lines.len().saturating_sub(40)..].join("\n")
+        match self {
+            Running::Host(h) => tail(&h.log_text(), 40),
+            Running::Child(c) => tail(&c.log_text(), 40),
+            Running::Replicas(hosts) => hosts
+                .iter()
+                .enumerate()
+                .map(|(i, h)| format!("replica {i}:\n{}", tail(&h.log_text(), 20)))
+                .collect::<Vec<_>>()
+                .join("\n"),
+        }
     }
 
-    /// Whether it has exited.
+    /// Whether it (any of its processes) has exited.
     pub fn exited(&mut self) -> Option<String> {
         match self {
             Running::Host(h) => h.pid().is_none().then(|| "the host is not running".into()),
             Running::Child(c) => c.exited(),
+            Running::Replicas(hosts) => hosts
+                .iter()
+                .position(|h| h.pid().is_none())
+                .map(|i| format!("replica {i} is not running")),
         }
+    }
+
+    /// What each wasmop host reports on its `/metrics` (empty for other contenders).
+    ///
+    /// # Errors
+    /// If a host's `/metrics` cannot be read.
+    pub async fn reports(&self) -> Result<Vec<ReplicaReport>> {
+        let hosts: Vec<&wasmop_testenv::HostProcess> = match self {
+            Running::Host(h) => vec![h],
+            Running::Child(_) => Vec::new(),
+            Running::Replicas(hosts) => hosts.iter().collect(),
+        };
+        let mut out = Vec::new();
+        for h in hosts {
+            out.push(ReplicaReport::read(h.metrics_addr()).await?);
+        }
+        Ok(out)
     }
 }
 
@@ -144,6 +228,7 @@ pub async fn start(
     let ns = crate::cluster::NAMESPACE;
     match contender {
         Contender::Wasmop => wasmop::start(cluster, binaries, tuning, dir).await,
+        Contender::WasmopSharded => sharded::start(cluster, binaries, tuning, dir).await,
         Contender::KubeRs => child::Child::start(
             contender.name(),
             &binaries.kube_rs,

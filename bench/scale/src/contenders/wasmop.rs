@@ -1,10 +1,11 @@
 //! wasmop as a user runs it: the WasmReconciler CRD, the example's RBAC, `wasmop push` of the
 //! image-updater module, the example's WasmReconciler (with the bench's resync period and
-//! concurrency), and `wasmop run` as a child process.
+//! concurrency), and `wasmop run` as a child process. [`register`], [`host_args`] and [`serve`]
+//! are shared with the sharded contender.
 //!
 //! # Guarantees
-//! - [`start`] returns once the host's `/readyz` answers 200 (every reconciler's module loaded
-//!   and caches synced).
+//! - [`start`] and [`serve`] return once the host's `/readyz` answers 200 (every reconciler's
+//!   module loaded and caches synced) and the module's optimized build serves.
 //!
 //! # Errors
 //! [`Error::Controller`] when a step fails, with the host's log.
@@ -12,11 +13,12 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use serde_json::json;
+use serde_json::{Value, json};
 use wasmop_testenv::HostProcess;
 
 use super::{Binaries, Running, Tuning};
 use crate::cluster::{Cluster, NAMESPACE, repo, yaml_docs};
+use crate::converge::Layout;
 use crate::{Error, Result};
 
 fn failed(detail: String) -> Error {
@@ -36,11 +38,56 @@ pub async fn start(
     tuning: Tuning,
     dir: &Path,
 ) -> Result<Running> {
+    register(cluster, binaries, tuning).await?;
+    let host = serve(&binaries.wasmop, host_args(cluster, dir, &[]), dir).await?;
+    Ok(Running::Host(Box::new(host)))
+}
+
+/// The module's rights everywhere: the rules of the example's namespaced Role `image-updater`
+/// in a ClusterRole bound to the same ServiceAccount (for Apps spread over namespaces).
+fn everywhere(rbac: &[Value]) -> Result<Vec<Value>> {
+    let rules = rbac
+        .iter()
+        .find(|d| d["kind"] == "Role" && d["metadata"]["name"] == "image-updater")
+        .map(|d| d["rules"].clone())
+        .ok_or_else(|| {
+            failed("examples/image-updater/k8s/rbac.yaml has no Role image-updater".into())
+        })?;
+    Ok(vec![
+        json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+            "metadata": {"name": "image-updater-everywhere"}, "rules": rules
+        }),
+        json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+            "metadata": {"name": "image-updater-everywhere"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "image-updater-everywhere"},
+            "subjects": [{"kind": "ServiceAccount", "name": "image-updater", "namespace": NAMESPACE}]
+        }),
+    ])
+}
+
+/// Installs the WasmReconciler CRD and the example's RBAC, pushes the module and applies the
+/// example's WasmReconciler with the bench's resync period and concurrency. With Apps spread
+/// over namespaces ([`Layout::Spread`]) the WasmReconciler names no namespaces (it watches all)
+/// and the module's Role is granted cluster-wide.
+///
+/// # Errors
+/// See the module docs.
+pub async fn register(cluster: &Cluster, binaries: &Binaries, tuning: Tuning) -> Result<()> {
     let example = repo().join("examples/image-updater/k8s");
     cluster
         .apply_yaml(&repo().join("deploy/crds/wasmreconciler.yaml"))
         .await?;
-    cluster.apply_yaml(&example.join("rbac.yaml")).await?;
+    let rbac = yaml_docs(&example.join("rbac.yaml"))?;
+    let spread = matches!(tuning.layout, Layout::Spread(_));
+    let extra = if spread {
+        everywhere(&rbac)?
+    } else {
+        Vec::new()
+    };
+    cluster.apply(rbac).await?;
+    cluster.apply(extra).await?;
     let kubeconfig = cluster.kubeconfig().display().to_string();
     let push = tokio::process::Command::new(&binaries.wasmop)
         .arg("push")
@@ -67,14 +114,22 @@ pub async fn start(
     for doc in &mut docs {
         doc["spec"]["resyncPeriod"] = json!(format!("{}ms", tuning.resync.as_millis()));
         doc["spec"]["limits"]["concurrency"] = json!(tuning.concurrency);
+        if spread && let Some(spec) = doc["spec"].as_object_mut() {
+            spec.remove("namespaces");
+        }
     }
-    cluster.apply(docs).await?;
-    let args = [
+    cluster.apply(docs).await
+}
+
+/// The `wasmop run` arguments: JSON logs, the probe server on a free port, no webhook, a
+/// compiled-module cache in `dir`, then `extra`, then `WASMOP_BENCH_WASMOP_ARGS`.
+pub fn host_args(cluster: &Cluster, dir: &Path, extra: &[String]) -> Vec<String> {
+    let mut args: Vec<String> = [
         "--log-format",
         "json",
         "run",
         "--kubeconfig",
-        &kubeconfig,
+        &cluster.kubeconfig().display().to_string(),
         "--metrics-addr",
         "127.0.0.1:0",
         "--webhook-addr",
@@ -84,19 +139,28 @@ pub async fn start(
     ]
     .map(str::to_string)
     .to_vec();
+    args.extend_from_slice(extra);
     // Extra `wasmop run` flags (e.g. `--kube-qps 0`), to measure a setting against the defaults.
-    let mut args = args;
     if let Ok(extra) = std::env::var("WASMOP_BENCH_WASMOP_ARGS") {
         args.extend(extra.split_whitespace().map(str::to_string));
     }
-    let host = HostProcess::start(&binaries.wasmop, args, "info", dir)
+    args
+}
+
+/// Starts `wasmop args...` logging into `dir` and waits until its `/readyz` answers 200 and
+/// the module's optimized build serves.
+///
+/// # Errors
+/// See the module docs.
+pub async fn serve(wasmop: &Path, args: Vec<String>, dir: &Path) -> Result<HostProcess> {
+    let host = HostProcess::start(wasmop, args, "info", dir)
         .await
         .map_err(|e| failed(format!("{e:#}")))?;
     let began = Instant::now();
     loop {
         if let Ok((200, _)) = host.readyz().await {
             optimized(&host).await;
-            return Ok(Running::Host(Box::new(host)));
+            return Ok(host);
         }
         if began.elapsed() > Duration::from_secs(120) {
             return Err(failed(format!(
