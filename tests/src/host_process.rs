@@ -277,7 +277,11 @@ impl HostProcess {
     }
 }
 
-async fn http_get(addr: SocketAddr, path: &str) -> anyhow::Result<(u16, String)> {
+/// `GET path` over HTTP/1.0 on a host's probe server, within 10 s: the status code and the body.
+///
+/// # Errors
+/// No connection, no answer within 10 s, or an answer that is not HTTP.
+pub async fn http_get(addr: SocketAddr, path: &str) -> anyhow::Result<(u16, String)> {
     let exchange = async {
         let mut s = tokio::net::TcpStream::connect(addr).await?;
         s.write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())

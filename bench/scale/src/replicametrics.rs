@@ -10,9 +10,6 @@
 //! [`Error::Other`] when `/metrics` cannot be fetched or does not answer 200.
 
 use std::net::SocketAddr;
-use std::time::Duration;
-
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::{Error, Result};
 
@@ -112,31 +109,16 @@ impl ReplicaReport {
     }
 }
 
-/// `GET /metrics` over HTTP/1.0 (the host's probe server), within 10 s.
+/// `GET /metrics` on the host's probe server (testenv's HTTP/1.0 client), within 10 s.
 async fn metrics_text(addr: SocketAddr) -> Result<String> {
     let failed = |e: String| Error::Other(format!("GET /metrics on the host at {addr}: {e}"));
-    let exchange = async {
-        let mut s = tokio::net::TcpStream::connect(addr).await?;
-        s.write_all(format!("GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
-            .await?;
-        let mut out = String::new();
-        s.read_to_string(&mut out).await?;
-        Ok::<_, std::io::Error>(out)
-    };
-    let out = tokio::time::timeout(Duration::from_secs(10), exchange)
+    let (status, body) = wasmop_testenv::host_process::http_get(addr, "/metrics")
         .await
-        .map_err(|_| failed("no answer within 10 s".into()))?
-        .map_err(|e| failed(e.to_string()))?;
-    let (head, body) = out
-        .split_once("\r\n\r\n")
-        .ok_or_else(|| failed("not an HTTP response".into()))?;
-    if head.split_whitespace().nth(1) != Some("200") {
-        return Err(failed(format!(
-            "answered {:?}",
-            head.lines().next().unwrap_or("")
-        )));
+        .map_err(|e| failed(format!("{e:#}")))?;
+    if status != 200 {
+        return Err(failed(format!("answered {status}")));
     }
-    Ok(body.to_string())
+    Ok(body)
 }
 
 #[cfg(test)]
