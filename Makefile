@@ -8,6 +8,10 @@ CARGO ?= cargo
 TARGET_DIR := $(shell $(CARGO) metadata --format-version 1 --no-deps 2>/dev/null | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])' 2>/dev/null || echo target)
 TESTENV := $(TARGET_DIR)/debug/testenv
 export CARGO_TERM_COLOR ?= never
+# No incremental-compilation state: a fresh clone (CI) never reuses it, and for ~50 test binaries
+# it is ~20 GB beside the ~20 GB of the build itself, enough to fill CI's disk. Set
+# CARGO_INCREMENTAL=1 for quicker edit-and-rerun cycles in a working copy.
+export CARGO_INCREMENTAL ?= 0
 
 .PHONY: test lint fmt-check clippy unit prereqs provision cluster demo testenv
 
