@@ -246,19 +246,6 @@ async fn deploy_applies_and_its_rbac_is_enough_to_run_an_example() -> anyhow::Re
     Ok(())
 }
 
-/// The variables cargo sets for a test process (its package, manifest, binaries...): removed
-/// from a nested cargo's environment, where they would describe the wrong crate. The user's own
-/// cargo settings (`CARGO_HOME`, `CARGO_TARGET_DIR`, `RUSTFLAGS`, ...) stay.
-const CARGO_TEST_VARIABLES: &[&str] = &[
-    "CARGO_PKG_",
-    "CARGO_MANIFEST_",
-    "CARGO_CRATE_",
-    "CARGO_BIN_",
-    "CARGO_TARGET_TMPDIR",
-    "CARGO_PRIMARY_PACKAGE",
-    "CARGO_RUSTC_CURRENT_DIR",
-];
-
 /// `make image`'s script with the image-test profile, pushing to `reference` with crane's
 /// credentials (`docker_config`) and trust (`ca`); returns the reference by digest it printed.
 /// Its progress (the musl build takes minutes the first time) goes to this test's stderr.
@@ -278,11 +265,9 @@ fn make_image(
         .env("SSL_CERT_FILE", ca)
         .stdin(Stdio::null())
         .stderr(Stdio::inherit());
-    for (key, _) in std::env::vars_os() {
-        let key = key.to_string_lossy();
-        if CARGO_TEST_VARIABLES.iter().any(|v| key.starts_with(v)) {
-            cmd.env_remove(key.as_ref());
-        }
+    // The script runs cargo: without this test's package variables, which would rebuild ring.
+    for name in wasmop_testenv::cargo::per_package_variables() {
+        cmd.env_remove(name);
     }
     let out = cmd.output().context("running scripts/image.sh")?;
     anyhow::ensure!(

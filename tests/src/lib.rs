@@ -12,9 +12,12 @@
 //! - [`Registry`] runs a real OCI registry (TLS, basic auth) that a test can stop and restart.
 //! - [`Collector`] runs a real OpenTelemetry Collector (OTLP receiver) and reads back its spans.
 //!
+//! [`cargo::command`] runs a nested `cargo build` without the caller's per-package environment.
+//!
 //! The `testenv` binary offers the same to people: `testenv cluster` (what `make cluster` runs).
 
 pub mod assets;
+pub mod cargo;
 pub mod collector;
 pub mod controlplane;
 pub mod error;

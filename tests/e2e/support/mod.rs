@@ -596,8 +596,7 @@ pub async fn wasmop_binary() -> anyhow::Result<&'static Path> {
                 .nth(3)
                 .ok_or_else(|| anyhow::anyhow!("unexpected test binary path {}", exe.display()))?
                 .to_path_buf();
-            let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-            let status = tokio::process::Command::new(cargo)
+            let status = wasmop_testenv::cargo::command()
                 .args(["build", "-p", "wasmop", "--bin", "wasmop", "--target-dir"])
                 .arg(&target)
                 .current_dir(repo())

@@ -220,8 +220,7 @@ pub async fn binary() -> Result<std::path::PathBuf> {
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let mut command = tokio::process::Command::new(&cargo);
+    let mut command = wasmop_testenv::cargo::command();
     command.arg("build");
     if dir_name == "release" {
         // As `make bench-scale` builds it (workspace features, so nothing is built twice).
@@ -237,7 +236,7 @@ pub async fn binary() -> Result<std::path::PathBuf> {
     let status = command
         .status()
         .await
-        .map_err(Error::io("running", cargo.clone()))?;
+        .map_err(Error::io("running", "cargo build"))?;
     if !status.success() {
         return Err(Error::Other(format!(
             "cargo build -p wasmop failed: {status}"
