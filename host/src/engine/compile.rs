@@ -88,3 +88,48 @@ fn give_back_freed_memory() {
         libc::malloc_trim(0);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The smallest component: no imports, no exports.
+    const EMPTY_COMPONENT: &[u8] = b"\0asm\x0d\0\x01\0";
+
+    fn config(epochs: bool) -> wasmtime::Config {
+        let mut c = wasmtime::Config::new();
+        c.epoch_interruption(epochs);
+        c
+    }
+
+    #[test]
+    fn a_compile_loads_into_the_engine_it_was_made_for() {
+        let serving = config(true);
+        let engine = wasmtime::Engine::new(&serving).expect("engine");
+        let component = Compiler::new(&serving).compile(&engine, EMPTY_COMPONENT);
+        assert!(component.is_ok(), "{:?}", component.err());
+    }
+
+    #[test]
+    fn an_artifact_of_other_settings_is_refused_not_run() {
+        let engine = wasmtime::Engine::new(&config(true)).expect("engine");
+        let err = Compiler::new(&config(false))
+            .compile(&engine, EMPTY_COMPONENT)
+            .err()
+            .expect("compiled without epoch interruption, refused by an engine with it");
+        assert!(
+            matches!(&err, LoadError::Compile(m) if m.contains("serving engine")),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn bytes_that_do_not_compile_are_a_compile_error() {
+        let engine = wasmtime::Engine::new(&config(true)).expect("engine");
+        let err = Compiler::new(&config(true))
+            .compile(&engine, b"\0asm\x0d\0\x01\0\x7f")
+            .err()
+            .expect("trailing garbage");
+        assert!(matches!(err, LoadError::Compile(_)), "{err}");
+    }
+}
