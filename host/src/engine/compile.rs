@@ -113,10 +113,9 @@ mod tests {
     #[test]
     fn an_artifact_of_other_settings_is_refused_not_run() {
         let engine = wasmtime::Engine::new(&config(true)).expect("engine");
-        let err = Compiler::new(&config(false))
-            .compile(&engine, EMPTY_COMPONENT)
-            .err()
-            .expect("compiled without epoch interruption, refused by an engine with it");
+        let Err(err) = Compiler::new(&config(false)).compile(&engine, EMPTY_COMPONENT) else {
+            panic!("compiled without epoch interruption, yet loaded by an engine with it");
+        };
         assert!(
             matches!(&err, LoadError::Compile(m) if m.contains("serving engine")),
             "{err}"
@@ -126,10 +125,10 @@ mod tests {
     #[test]
     fn bytes_that_do_not_compile_are_a_compile_error() {
         let engine = wasmtime::Engine::new(&config(true)).expect("engine");
-        let err = Compiler::new(&config(true))
-            .compile(&engine, b"\0asm\x0d\0\x01\0\x7f")
-            .err()
-            .expect("trailing garbage");
+        let Err(err) = Compiler::new(&config(true)).compile(&engine, b"\0asm\x0d\0\x01\0\x7f")
+        else {
+            panic!("trailing garbage compiled");
+        };
         assert!(matches!(err, LoadError::Compile(_)), "{err}");
     }
 }
