@@ -4,6 +4,13 @@
 bench-dispatch: prereqs
 	$(CARGO) bench -p wasmop --bench dispatch
 
+.PHONY: bench-engine-memory
+## What the sandbox engine alone holds with 20 idle modules (no cluster): RSS after the loads and
+## once every optimized build serves; last line `engine memory modules=20 rss MiB: X.X anon MiB: Y.Y`.
+## WASMOP_BENCH_MODULES, WASMOP_BENCH_TIERED (on/off), WASMOP_BENCH_HOLD (seconds, for smaps).
+bench-engine-memory: prereqs
+	$(CARGO) bench -p wasmop --bench engine_memory
+
 .PHONY: bench-hotswap
 ## Module update -> first reconcile by the new module, on the local control plane: the Rust
 ## example through a ConfigMap, the Python example through an OCI registry. The last lines are

@@ -36,8 +36,24 @@ pub struct IdleHost {
     pub rss: u64,
     /// Peak resident set size since the start, bytes (VmHWM: includes compiling).
     pub peak_rss: u64,
+    /// Of `rss`: anonymous memory (heap, pools, compiled code copied into anonymous pages),
+    /// bytes (`RssAnon`).
+    pub rss_anon: u64,
+    /// Of `rss`: file-backed pages (the binary's own text and data, mapped compiled artifacts),
+    /// bytes (`RssFile`).
+    pub rss_file: u64,
     /// From the start of the host to every optimized build serving.
     pub load: Duration,
+}
+
+/// How the idle host is run beyond the defaults.
+#[derive(Debug, Clone, Default)]
+pub struct Options {
+    /// Extra arguments of `wasmop run` (`WASMOP_BENCH_HOST_ARGS`, split on whitespace).
+    pub host_args: Vec<String>,
+    /// Keep the host running this long after the reading, for `/proc/<pid>/smaps` and the like
+    /// (`WASMOP_BENCH_HOLD`, seconds).
+    pub hold: Option<Duration>,
 }
 
 /// `component` with a custom section `wasmop-bench-variant` holding `index` appended: a valid
@@ -112,7 +128,13 @@ async fn push(wasmop: &Path, file: &Path, ns: &str, kubeconfig: &str) -> Result<
 ///
 /// # Errors
 /// See the module docs.
-pub async fn measure(wasmop: &Path, module: &Path, modules: usize, dir: &Path) -> Result<IdleHost> {
+pub async fn measure(
+    wasmop: &Path,
+    module: &Path,
+    modules: usize,
+    dir: &Path,
+    options: &Options,
+) -> Result<IdleHost> {
     let cluster = Cluster::start().await?;
     cluster
         .apply_yaml(&repo().join("deploy/crds/wasmreconciler.yaml"))
@@ -152,6 +174,7 @@ pub async fn measure(wasmop: &Path, module: &Path, modules: usize, dir: &Path) -
     ]
     .map(str::to_string)
     .to_vec();
+    let args = args.into_iter().chain(options.host_args.clone()).collect();
     let started = Instant::now();
     let host = HostProcess::start(wasmop, args, "info", dir)
         .await
@@ -185,17 +208,30 @@ pub async fn measure(wasmop: &Path, module: &Path, modules: usize, dir: &Path) -
     let status_path = format!("/proc/{pid}/status");
     let status =
         std::fs::read_to_string(&status_path).map_err(Error::io("reading", &status_path))?;
-    let rss_kib = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        .ok_or_else(|| Error::Other(format!("{status_path} has no VmRSS line")))?;
+    let kib = |field: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(field))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .ok_or_else(|| Error::Other(format!("{status_path} has no {field} line")))
+    };
+    let (rss, rss_anon, rss_file) = (kib("VmRSS:")?, kib("RssAnon:")?, kib("RssFile:")?);
+    if let Some(hold) = options.hold {
+        eprintln!(
+            "[bench] idle host: pid {pid} held for {} s (WASMOP_BENCH_HOLD); logs in {}",
+            hold.as_secs(),
+            dir.display()
+        );
+        tokio::time::sleep(hold).await;
+    }
     drop(host);
     drop(cluster);
     Ok(IdleHost {
         modules,
-        rss: rss_kib * 1024,
+        rss: rss * 1024,
         peak_rss: peak.peak_rss,
+        rss_anon: rss_anon * 1024,
+        rss_file: rss_file * 1024,
         load,
     })
 }

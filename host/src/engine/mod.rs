@@ -28,6 +28,7 @@
 //! [`CallError`] when a call fails.
 
 mod cache;
+mod compile;
 mod convert;
 mod error;
 mod needs;
@@ -54,6 +55,7 @@ use crate::contract::{
     FinalizeResponse, ModuleMetadata, ReconcileRequest, ReconcileResponse, ValidateRequest,
     ValidateResponse, WIT_PACKAGE, WIT_VERSION,
 };
+use compile::Compiler;
 use sandbox::{MemoryCapExceeded, State};
 
 mod bindings {
@@ -200,6 +202,8 @@ impl Drop for Ticker {
 #[derive(Clone)]
 pub struct Engine {
     inner: wasmtime::Engine,
+    /// Compiles for `inner` in a throwaway engine (see [`Compiler`]).
+    compiler: Compiler,
     linker: Arc<Linker<State>>,
     cache: Option<ArtifactCache>,
     /// The quick compiler of tiered compilation, if on.
@@ -215,6 +219,7 @@ pub struct Engine {
 #[derive(Clone)]
 struct FastTier {
     inner: wasmtime::Engine,
+    compiler: Compiler,
     linker: Arc<Linker<State>>,
     cache: Option<ArtifactCache>,
 }
@@ -320,6 +325,7 @@ impl Engine {
             let fast = wasmtime::Engine::new(&fc)
                 .map_err(|e| LoadError::Engine(format!("the fast tier: {e:#}")))?;
             Some(FastTier {
+                compiler: Compiler::new(&fc),
                 linker: Arc::new(new_linker(&fast)?),
                 cache: config
                     .cache_dir
@@ -358,6 +364,7 @@ impl Engine {
             .map(|dir| ArtifactCache::new(dir, &inner, "optimized", config.cache_max_bytes));
         Ok(Engine {
             inner,
+            compiler: Compiler::new(&wc),
             linker: Arc::new(linker),
             cache,
             fast,
@@ -406,6 +413,7 @@ impl Engine {
             (None, Some(fast)) => {
                 let (pre, compiled, fresh) = build(
                     &fast.inner,
+                    &fast.compiler,
                     &fast.linker,
                     fast.cache.as_ref(),
                     bytes,
@@ -417,6 +425,7 @@ impl Engine {
             (None, None) => {
                 let (pre, compiled, fresh) = build(
                     &self.inner,
+                    &self.compiler,
                     &self.linker,
                     self.cache.as_ref(),
                     bytes,
@@ -480,7 +489,14 @@ impl Engine {
                     return;
                 }
                 let started = Instant::now();
-                match build(&engine.inner, &engine.linker, engine.cache.as_ref(), &bytes, &sha256) {
+                match build(
+                    &engine.inner,
+                    &engine.compiler,
+                    &engine.linker,
+                    engine.cache.as_ref(),
+                    &bytes,
+                    &sha256,
+                ) {
                     Ok((optimized, _, fresh)) => {
                         store(engine.cache.as_ref(), &sha256, fresh.as_ref());
                         let Some(pre) = pre.upgrade() else { return };
@@ -499,11 +515,13 @@ impl Engine {
     }
 }
 
-/// Loads `bytes` compiled for `engine` from `cache`, or compiles them; checks the world and
+/// Loads `bytes` compiled for `engine` from `cache`, or compiles them with `compiler` (a throwaway
+/// engine, so the compile's memory is freed); checks the world and
 /// links. A freshly compiled component is returned too, for [`store`] (it is not cached yet:
 /// the caller decides when, so the fast tier writes it off the path to the first call).
 fn build(
     engine: &wasmtime::Engine,
+    compiler: &Compiler,
     linker: &Linker<State>,
     cache: Option<&ArtifactCache>,
     bytes: &[u8],
@@ -512,8 +530,7 @@ fn build(
     if let Some(component) = cache.and_then(|c| c.get(engine, sha256)) {
         return Ok((link(engine, linker, &component)?, Compiled::FromCache, None));
     }
-    let component =
-        Component::new(engine, bytes).map_err(|e| LoadError::Compile(format!("{e:#}")))?;
+    let component = compiler.compile(engine, bytes)?;
     // `link` checks the world first: a component of another world is never cached.
     let pre = link(engine, linker, &component)?;
     Ok((pre, Compiled::Fresh, Some(component)))

@@ -1,0 +1,127 @@
+//! `make bench-engine-memory`: what the sandbox engine alone holds once M modules are loaded and
+//! idle, without a control plane: the engine configured as `wasmop run` configures it (tiered
+//! compilation, the host's pool size), M variants of the image-updater example (each its own
+//! digest, so each is compiled and held on its own), loaded one after the other, then waited on
+//! until every optimized build serves. Prints VmRSS, RssAnon and RssFile after the engine is
+//! built, after the loads, and once every optimized build serves (and again after the modules are
+//! dropped), so that the engine's share of an idle host's memory can be told from the rest.
+//!
+//! `WASMOP_BENCH_MODULES` (default 20), `WASMOP_BENCH_TIERED` (`on`/`off`, default on),
+//! `WASMOP_BENCH_MAX_INSTANCES` (default 256, as `--max-module-calls`), `WASMOP_BENCH_HOLD`
+//! (seconds to stay alive at the end, to read `/proc/<pid>/smaps`). The host inherits the
+//! environment, so `MALLOC_ARENA_MAX` applies. Last line:
+//! `engine memory modules=<m> rss MiB: X.X anon MiB: Y.Y`.
+
+use std::time::{Duration, Instant};
+
+use wasmop::engine::{Engine, EngineConfig, Limits, Tier};
+
+/// `component` with a custom section naming `index` appended: a valid component with its own
+/// digest (as `bench/scale/src/idle.rs` makes them).
+fn variant(component: &[u8], index: usize) -> Vec<u8> {
+    fn leb(mut n: usize, out: &mut Vec<u8>) {
+        loop {
+            let byte = (n & 0x7f) as u8;
+            n >>= 7;
+            if n == 0 {
+                out.push(byte);
+                return;
+            }
+            out.push(byte | 0x80);
+        }
+    }
+    let name = b"wasmop-bench-variant";
+    let payload = index.to_string().into_bytes();
+    let mut body = Vec::new();
+    leb(name.len(), &mut body);
+    body.extend_from_slice(name);
+    body.extend_from_slice(&payload);
+    let mut out = component.to_vec();
+    out.push(0);
+    leb(body.len(), &mut out);
+    out.extend_from_slice(&body);
+    out
+}
+
+/// (VmRSS, RssAnon, RssFile) in MiB.
+fn rss() -> (f64, f64, f64) {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let kib = |field: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(field))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+            .unwrap_or(f64::NAN)
+            / 1024.0
+    };
+    (kib("VmRSS:"), kib("RssAnon:"), kib("RssFile:"))
+}
+
+fn report(step: &str) -> (f64, f64, f64) {
+    let (all, anon, file) = rss();
+    println!("engine memory {step}: rss {all:.1} MiB (anon {anon:.1}, file {file:.1})");
+    (all, anon, file)
+}
+
+fn env_number<T: std::str::FromStr>(name: &str, default: T) -> anyhow::Result<T> {
+    match std::env::var(name) {
+        Ok(v) if !v.trim().is_empty() => v
+            .trim()
+            .parse()
+            .map_err(|_| anyhow::anyhow!("{name}={v:?} is not a number")),
+        _ => Ok(default),
+    }
+}
+
+fn main() -> anyhow::Result<()> {
+    let modules: usize = env_number("WASMOP_BENCH_MODULES", 20)?;
+    let max_instances: u32 = env_number("WASMOP_BENCH_MAX_INSTANCES", 256)?;
+    let hold: u64 = env_number("WASMOP_BENCH_HOLD", 0)?;
+    let tiered = match std::env::var("WASMOP_BENCH_TIERED").as_deref() {
+        Ok("off") => false,
+        Ok("on") | Err(_) => true,
+        Ok(other) => anyhow::bail!("WASMOP_BENCH_TIERED={other:?}: on or off"),
+    };
+    let dir = tempfile::tempdir()?;
+    report("at start");
+    let engine = Engine::new(&EngineConfig {
+        cache_dir: Some(dir.path().join("compiled")),
+        max_instances,
+        max_calls: max_instances,
+        tiered,
+        ..EngineConfig::default()
+    })?;
+    report("engine built");
+    let component = std::fs::read(wasmop_test_modules::IMAGE_UPDATER)?;
+    let limits = Limits::default();
+    let started = Instant::now();
+    let mut loaded = Vec::with_capacity(modules);
+    for i in 0..modules {
+        loaded.push(engine.load(&variant(&component, i), &limits)?);
+    }
+    report(&format!("{modules} modules loaded"));
+    while loaded.iter().any(|m| m.tier() != Tier::Optimized) {
+        if started.elapsed() > Duration::from_secs(1800) {
+            anyhow::bail!("the optimized builds did not all serve within 30 minutes");
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // The last swap's compile thread may still be unwinding.
+    std::thread::sleep(Duration::from_secs(2));
+    println!(
+        "engine memory: every optimized build serves after {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    let (all, anon, _) = report("idle");
+    if hold > 0 {
+        println!(
+            "engine memory: pid {} held for {hold} s (WASMOP_BENCH_HOLD)",
+            std::process::id()
+        );
+        std::thread::sleep(Duration::from_secs(hold));
+    }
+    drop(loaded);
+    report("modules dropped");
+    println!("engine memory modules={modules} rss MiB: {all:.1} anon MiB: {anon:.1}");
+    Ok(())
+}
