@@ -27,10 +27,12 @@
 //!   change, a new module, a retry) runs before timed work (the module's requeue-after, the
 //!   resync) whenever both wait; a timed reconcile that has waited [`priority::PROMOTE_AFTER`]
 //!   is no longer passed by reactive work that arrived after it (see [`priority`]).
-//! - A reconcile waits for its permit before it is admitted by sharding (a range being drained
+//! - A reconcile takes its permit before it is admitted by sharding (a range being drained
 //!   never waits for queued work, only for running reconciles) and before the host-wide bound;
 //!   once admitted it reads its primary again from the cache (one deleted meanwhile is
-//!   forgotten). Waiting reconciles give up when the controller stops.
+//!   forgotten). Waiting reconciles give up when the controller stops. A timed reconcile that
+//!   finds every permit taken is parked (only its key is kept) and scheduled again when a
+//!   permit is free for it.
 //!
 //! # Errors
 //! [`ReconcileError`] is what one reconcile can fail with; the controller itself only stops
@@ -51,10 +53,11 @@
 //! nothing: unchanged applies and status writes are skipped ([`noop`]), the host's own status
 //! writes do not trigger reconciles ([`predicate`]), and resyncs are spread out ([`resync`]).
 //! Timed requeues of thousands of slow primaries cannot starve primaries that were just created
-//! or changed: kube-runtime's runner hands every due entry over ([`priority::RUNNER_BOUND`]),
-//! and the [`priority`] gate lets reactive work run first. A waiting entry costs its future
-//! (its size is logged once at debug, "the future of a reconcile") plus kube-runtime's request
-//! and span; there is at most one per primary.
+//! or changed: the [`priority`] gate parks timed work while every permit is taken (a key each)
+//! and lets reactive work run first; kube-runtime's runner holds at most
+//! [`priority::runner_bound`] entries (twice the concurrency). A reactive entry waiting in it
+//! costs its future (its size is logged once at debug, "the future of a reconcile") plus
+//! kube-runtime's request and span.
 
 pub mod access;
 pub mod apply;
@@ -240,7 +243,7 @@ pub struct Shared {
     primaries: Store<DynamicObject>,
     synced: tokio::sync::watch::Receiver<Gate>,
     /// `spec.limits.concurrency` permits, reactive work first (see [`priority`]).
-    priority: priority::PriorityGate,
+    priority: priority::PriorityGate<Key>,
 }
 
 /// Whether reconciles may run: they wait while `Waiting`, and give up when `Stopping`.
@@ -594,10 +597,37 @@ pub fn start(
     });
     let mut controller =
         Controller::for_stream_with(primary_stream, primaries.clone(), primary_ar.clone())
-            // The runner hands over every due entry; the priority gate in `reconcile` bounds
-            // how many run at once, reactive work first.
-            .with_config(ControllerConfig::default().concurrency(priority::RUNNER_BOUND))
+            // The priority gate in `reconcile` bounds how many run at once, reactive work first;
+            // the runner hands over more, so reactive entries reach the gate.
+            .with_config(
+                ControllerConfig::default()
+                    .concurrency(priority::runner_bound(settings.concurrency)),
+            )
             .reconcile_all_on(module_changed);
+    // Timed reconciles parked by the priority gate come back through this stream.
+    let (unpark_tx, unparked) = futures::channel::mpsc::unbounded::<Key>();
+    let waiting = queue.clone();
+    let priority = priority::PriorityGate::new(
+        usize::from(settings.concurrency),
+        Box::new(move |key| {
+            let _ = unpark_tx.unbounded_send(key);
+        }),
+        Some(Box::new(move |lanes| waiting.waiting(lanes))),
+    );
+    let ar = primary_ar.clone();
+    let unparked = unparked.map(move |(ns, name): Key| {
+        let o = DynamicObject::new(&name, &ar);
+        Ok(match ns {
+            Some(ns) => o.within(&ns),
+            None => o,
+        })
+    });
+    let ar = primary_ar.clone();
+    controller = controller.watches_stream_with(
+        unparked,
+        move |o: DynamicObject| Some(reference(&ar, o.namespace(), &o.name_any())),
+        primary_ar.clone(),
+    );
     let mut stores = vec![primaries.clone()];
     let label = format!("{RECONCILER_LABEL}={}", settings.name);
 
@@ -779,11 +809,6 @@ pub fn start(
     let (gate_tx, synced_rx) = tokio::sync::watch::channel(Gate::Waiting);
     let gate_tx = Arc::new(gate_tx);
     let (synced_tx, stopping_tx) = (gate_tx.clone(), gate_tx);
-    let waiting = queue.clone();
-    let priority = priority::PriorityGate::new(
-        usize::from(settings.concurrency),
-        Some(Box::new(move |lanes| waiting.waiting(lanes))),
-    );
     let shared = Arc::new(Shared {
         settings,
         slot,
@@ -989,6 +1014,7 @@ impl Shared {
     /// Frees everything kept for `key` (see [`forget_key`]).
     fn forget(&self, key: &Key) {
         forget_key(&self.objects, &self.health, &self.queue, key);
+        self.priority.forget(key);
     }
 
     fn set_forbidden(&self, key: &Key, message: Option<String>) {
@@ -1143,10 +1169,15 @@ async fn reconcile(
     }
     // At most `spec.limits.concurrency` at once, work that reacts to a change first.
     let lane = shared.lane(&key);
-    let permit = tokio::select! {
-        permit = shared.priority.acquire(lane) => permit,
-        // The controller is stopping: waiting reconciles must not hold the shutdown.
-        _ = gate.wait_for(|g| *g == Gate::Stopping) => return Ok(Action::await_change()),
+    let permit = match shared.priority.arrive(&key, lane) {
+        priority::Arrival::Run(permit) => permit,
+        // Timed work while every permit is taken: the gate hands the key back later.
+        priority::Arrival::Parked => return Ok(Action::await_change()),
+        priority::Arrival::Wait(waiting) => tokio::select! {
+            permit = waiting.permit() => permit,
+            // The controller is stopping: waiting reconciles must not hold the shutdown.
+            _ = gate.wait_for(|g| *g == Gate::Stopping) => return Ok(Action::await_change()),
+        },
     };
     let r = reference(&shared.settings.primary.1.resource, key.0.clone(), &key.1);
     let Some(primary) = shared.primaries.get(&r) else {
@@ -1162,7 +1193,7 @@ async fn reconcile(
 async fn admitted(
     primary: Arc<DynamicObject>,
     shared: Arc<Shared>,
-    _permit: priority::Permit,
+    _slot: priority::Permit,
 ) -> Result<Action, ReconcileError> {
     let key = key_of(&primary);
     // With sharding: only primaries in this replica's active ranges, and the drain of a range

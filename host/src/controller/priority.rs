@@ -1,36 +1,49 @@
-//! The order in which one reconciler's waiting reconciles run: work that reacts to a change
-//! before timed work.
+//! The order in which one reconciler's due reconciles run: work that reacts to a change before
+//! timed work.
 //!
 //! kube-runtime's runner takes due entries from its scheduler and starts each at once, up to a
 //! concurrency bound; it cannot be reordered. When thousands of timed requeues (a module's
 //! `requeue_after`, the periodic resync) are due together, they took every slot, and a primary
-//! created meanwhile waited behind all of them. So the runner hands over (almost) every due
-//! entry ([`RUNNER_BOUND`]), and each reconcile first passes this [`PriorityGate`], which has
-//! exactly `spec.limits.concurrency` permits and two lanes:
+//! created meanwhile waited behind all of them. So each reconcile first [arrives](PriorityGate::arrive)
+//! at this gate, which has exactly `spec.limits.concurrency` permits and two lanes:
 //!
 //! - [`Lane::Reactive`]: the primary was first seen or changed, a child or related object
-//!   changed, a new module was activated, or a retry after a failure;
-//! - [`Lane::Timed`]: the module's requeue-after and the periodic resync.
+//!   changed, a new module was activated, or a retry after a failure. Without a free permit it
+//!   waits here, holding its runner slot (the runner's bound is [`runner_bound`]: twice the
+//!   permits, so reactive entries keep coming in while every permit is taken).
+//! - [`Lane::Timed`]: the module's requeue-after and the periodic resync. Without a free permit
+//!   it is *parked*: the reconcile returns at once (freeing its runner slot, so the runner keeps
+//!   pulling due entries and finds the reactive ones), and the gate keeps only its key. When a
+//!   permit comes free and no reactive entry waits, the oldest parked key is handed back to the
+//!   controller (`unpark`), which schedules the primary again; it then takes the free permit.
+//!
+//! Why not let the runner hand over every due entry and hold them all here: kube-runtime 5's
+//! runner keeps its running futures in a map that polls *every* one of them whenever any wakes,
+//! so thousands of waiting futures made each wake O(N) (measured at N = 1,000: 16 reconciles a
+//! second instead of 100; see docs/benchmarks.md, "Reactive work before timed requeues").
+//! A parked key costs a few dozen bytes and no polling.
 //!
 //! # Guarantees
 //! - At most `permits` holders at once; a permit comes back when its [`Permit`] is dropped,
-//!   however the reconcile ends, and a waiter that gives up (its future is dropped) takes none.
-//! - When a permit comes free and both lanes wait, a reactive waiter gets it, unless the oldest
-//!   timed waiter has waited [`PROMOTE_AFTER`] or longer and arrived before the oldest reactive
-//!   one: then it does (anti-starvation). Within a lane: first come, first served.
-//! - So a timed waiter waits at most [`PROMOTE_AFTER`] plus the work of the waiters that arrived
-//!   before it; a reactive waiter is passed only by timed waiters that arrived earlier and have
-//!   waited [`PROMOTE_AFTER`]. With a permit free, nobody waits.
-//! - Every operation is O(1) amortized (no scan of the waiters).
-//! - The lane is decided when the reconcile arrives (from the same state `begin` reads): an
-//!   entry that waits in the timed lane while its primary changes keeps its place there; the
-//!   reconcile, once admitted, sees the change (it reads everything afresh), and kube-runtime
-//!   holds the change's own request until then.
+//!   however the reconcile ends, and a reactive waiter that gives up (its future is dropped)
+//!   takes none.
+//! - When a permit comes free, it goes to the oldest reactive waiter, unless the oldest parked
+//!   timed key has waited [`PROMOTE_AFTER`] or longer and arrived before it: then the permit is
+//!   kept for that key (anti-starvation). Within a lane: first come, first served (a handed-back
+//!   key that loses its permit to a reactive arrival goes back to the front).
+//! - A timed entry runs at once only when a permit is free that no handed-back key is due to
+//!   take and nothing is parked: fresh timed work does not pass parked timed work.
+//! - A key is parked at most once; a reactive run of a parked primary takes its place (the
+//!   module's next requeue-after is decided by that run). A handed-back key whose primary is
+//!   gone is [forgotten](PriorityGate::forget) and its reservation goes to the next key.
+//! - Every operation is O(1) amortized (no scan of the waiters or the parked keys).
 //!
 //! # Errors
 //! Nothing here fails.
 
-use std::collections::VecDeque;
+use std::collections::hash_map::Entry;
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::hash::Hash;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -38,19 +51,17 @@ use tokio::sync::oneshot;
 
 use crate::contract::Trigger;
 
-/// How long a timed waiter may be passed by reactive waiters that arrived after it.
+/// How long a parked timed key may be passed by reactive work that arrived after it.
 pub const PROMOTE_AFTER: Duration = Duration::from_secs(30);
 
-/// How many entries kube-runtime's runner hands over at once (its `concurrency` setting): every
-/// due entry, up to `u16::MAX` (the runner's largest bound). The runner holds at most one entry
-/// per primary (the scheduler deduplicates, and never hands over an object that is running or
-/// waiting here), so in practice the bound is the number of primaries in scope. A waiting entry
-/// shares its primary with the cache (kube-runtime keeps the object it handed over, for the
-/// error policy; the reconcile reads the current one again once admitted), so only a primary
-/// that changed while its entry waits costs an extra copy.
-pub const RUNNER_BOUND: u16 = u16::MAX;
+/// How many entries kube-runtime's runner hands over at once (its `concurrency` setting) for a
+/// reconciler with `permits` permits: twice that (reactive entries wait in the runner while
+/// every permit is taken; timed ones are parked and leave it at once).
+pub fn runner_bound(permits: u16) -> u16 {
+    permits.max(1).saturating_mul(2)
+}
 
-/// Which lane a reconcile waits in.
+/// Which lane a reconcile goes to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Lane {
     /// Reacts to a change: first sight or change of the primary, a child or related change, a
@@ -81,27 +92,30 @@ impl Lane {
             Lane::Timed => "timed",
         }
     }
-
-    fn index(self) -> usize {
-        match self {
-            Lane::Reactive => 0,
-            Lane::Timed => 1,
-        }
-    }
 }
 
-/// Told the number of waiters of each lane (`[reactive, timed]`) whenever it changes.
+/// Told the number of waiting entries of each lane (`[reactive, timed]`) whenever it changes.
 pub type Observer = Box<dyn Fn([usize; 2]) + Send + Sync>;
+
+/// Hands a parked key back to the controller (which schedules its primary again).
+pub type Unpark<K> = Box<dyn Fn(K) + Send + Sync>;
 
 type Clock = Box<dyn Fn() -> Instant + Send + Sync>;
 
 /// A per-reconciler gate with a fixed number of permits and two lanes; clones share it.
-#[derive(Clone)]
-pub struct PriorityGate {
-    inner: Arc<Inner>,
+pub struct PriorityGate<K> {
+    inner: Arc<Inner<K>>,
 }
 
-impl std::fmt::Debug for PriorityGate {
+impl<K> Clone for PriorityGate<K> {
+    fn clone(&self) -> Self {
+        PriorityGate {
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+impl<K> std::fmt::Debug for PriorityGate<K> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PriorityGate")
             .field("waiting", &self.waiting())
@@ -109,19 +123,26 @@ impl std::fmt::Debug for PriorityGate {
     }
 }
 
-struct Inner {
-    state: Mutex<State>,
+struct Inner<K> {
+    state: Mutex<State<K>>,
     promote_after: Duration,
     clock: Clock,
     observer: Option<Observer>,
+    unpark: Unpark<K>,
 }
 
-#[derive(Default)]
-struct State {
+struct State<K> {
     available: usize,
-    lanes: [VecDeque<Waiter>; 2],
-    /// Live waiters per lane (the lanes may still hold waiters that gave up).
-    waiting: [usize; 2],
+    reactive: VecDeque<Waiter>,
+    /// Live reactive waiters (the lane may still hold waiters that gave up).
+    reactive_live: usize,
+    /// Parked timed keys, oldest first; an entry whose key is no longer in `parked_keys` is
+    /// stale (its primary ran meanwhile, or was forgotten) and skipped.
+    parked: VecDeque<(K, Instant)>,
+    parked_keys: HashSet<K>,
+    /// Keys handed back and not arrived yet, with when they were first parked: each is due to
+    /// take one of the `available` permits.
+    unparking: HashMap<K, Instant>,
 }
 
 struct Waiter {
@@ -132,7 +153,12 @@ struct Waiter {
 /// The right to run one reconcile; given back when dropped.
 #[must_use = "the reconcile runs while the permit lives"]
 pub struct Permit {
-    gate: Option<Arc<Inner>>,
+    gate: Option<Arc<dyn Release>>,
+}
+
+/// Gives a permit back to its gate.
+trait Release: Send + Sync {
+    fn release(self: Arc<Self>);
 }
 
 impl std::fmt::Debug for Permit {
@@ -143,17 +169,46 @@ impl std::fmt::Debug for Permit {
 
 impl Drop for Permit {
     fn drop(&mut self) {
-        if let Some(inner) = self.gate.take() {
-            inner.release();
+        if let Some(gate) = self.gate.take() {
+            gate.release();
         }
     }
 }
 
-impl PriorityGate {
-    /// A gate with `permits` permits (at least 1), promoting timed waiters after
-    /// [`PROMOTE_AFTER`], reporting the waiters of each lane to `observer`.
-    pub fn new(permits: usize, observer: Option<Observer>) -> Self {
-        Self::with_clock(permits, PROMOTE_AFTER, Box::new(Instant::now), observer)
+/// What a reconcile that arrives at the gate does.
+#[derive(Debug)]
+pub enum Arrival<K> {
+    /// Run now, holding this permit.
+    Run(Permit),
+    /// Wait for a permit (reactive): the future resolves to it.
+    Wait(Waiting<K>),
+    /// Parked (timed): return now; the key comes back through `unpark`.
+    Parked,
+}
+
+impl<K> PriorityGate<K> {
+    /// Waiting entries per lane: `[reactive, timed]` (timed: parked or handed back).
+    pub fn waiting(&self) -> [usize; 2] {
+        self.inner
+            .state
+            .lock()
+            .map(|s| s.waiting())
+            .unwrap_or_default()
+    }
+}
+
+impl<K: Clone + Eq + Hash + Send + 'static> PriorityGate<K> {
+    /// A gate with `permits` permits (at least 1), promoting parked keys after
+    /// [`PROMOTE_AFTER`], handing parked keys back through `unpark`, reporting the waiting
+    /// entries of each lane to `observer`.
+    pub fn new(permits: usize, unpark: Unpark<K>, observer: Option<Observer>) -> Self {
+        Self::with_clock(
+            permits,
+            PROMOTE_AFTER,
+            Box::new(Instant::now),
+            unpark,
+            observer,
+        )
     }
 
     /// [`PriorityGate::new`] with the promotion age and the clock given.
@@ -161,77 +216,121 @@ impl PriorityGate {
         permits: usize,
         promote_after: Duration,
         clock: Clock,
+        unpark: Unpark<K>,
         observer: Option<Observer>,
     ) -> Self {
         PriorityGate {
             inner: Arc::new(Inner {
                 state: Mutex::new(State {
                     available: permits.max(1),
-                    ..State::default()
+                    reactive: VecDeque::new(),
+                    reactive_live: 0,
+                    parked: VecDeque::new(),
+                    parked_keys: HashSet::new(),
+                    unparking: HashMap::new(),
                 }),
                 promote_after,
                 clock,
                 observer,
+                unpark,
             }),
         }
     }
 
-    /// Live waiters per lane: `[reactive, timed]`.
-    pub fn waiting(&self) -> [usize; 2] {
-        self.inner
-            .state
-            .lock()
-            .map(|s| s.waiting)
-            .unwrap_or_default()
+    /// A reconcile of `key` in `lane` arrives.
+    pub fn arrive(&self, key: &K, lane: Lane) -> Arrival<K> {
+        let Ok(mut s) = self.inner.state.lock() else {
+            // A poisoned lock (a panic elsewhere while holding it): let the reconcile run
+            // rather than hang it; the bound is lost, the work is not.
+            return Arrival::Run(Permit { gate: None });
+        };
+        let returning = s.unparking.remove(key);
+        let arrival = match lane {
+            Lane::Reactive => {
+                // Runs for the parked key too: its place in the timed lane is void.
+                s.parked_keys.remove(key);
+                if s.available > 0 && s.reactive_live == 0 {
+                    s.available -= 1;
+                    Arrival::Run(self.inner.permit())
+                } else {
+                    let (tx, rx) = oneshot::channel();
+                    let arrived = (self.inner.clock)();
+                    s.reactive.push_back(Waiter { arrived, tx });
+                    s.reactive_live += 1;
+                    Arrival::Wait(Waiting {
+                        inner: self.inner.clone(),
+                        rx: Some(rx),
+                    })
+                }
+            }
+            Lane::Timed => {
+                let free = match returning {
+                    Some(_) => s.available > 0,
+                    None => s.available > s.unparking.len() && s.parked_keys.is_empty(),
+                };
+                if free {
+                    s.available -= 1;
+                    Arrival::Run(self.inner.permit())
+                } else {
+                    if s.parked_keys.insert(key.clone()) {
+                        match returning {
+                            // Lost its permit to a reactive arrival: back to the front.
+                            Some(parked) => s.parked.push_front((key.clone(), parked)),
+                            None => {
+                                let now = (self.inner.clock)();
+                                s.parked.push_back((key.clone(), now));
+                            }
+                        }
+                    }
+                    Arrival::Parked
+                }
+            }
+        };
+        self.inner.pump(&mut s);
+        self.inner.observe(&s);
+        arrival
     }
 
-    /// Waits in `lane` for a permit. Dropping the returned future before it completes gives up
-    /// the place in the lane (and any permit handed to it meanwhile comes back).
-    pub async fn acquire(&self, lane: Lane) -> Permit {
-        let rx = {
-            let Ok(mut s) = self.inner.state.lock() else {
-                // A poisoned lock (a panic elsewhere while holding it): let the reconcile run
-                // rather than hang it; the bound is lost, the work is not.
-                return Permit { gate: None };
-            };
-            if s.available > 0 {
-                // A permit is free only while no live waiter is left: drop those that gave up.
-                s.available -= 1;
-                s.lanes.iter_mut().for_each(VecDeque::clear);
-                return Permit {
-                    gate: Some(self.inner.clone()),
-                };
+    /// The primary of `key` is gone: its parked place or its handed-back reservation is freed.
+    pub fn forget(&self, key: &K) {
+        if let Ok(mut s) = self.inner.state.lock() {
+            let parked = s.parked_keys.remove(key);
+            let unparking = s.unparking.remove(key).is_some();
+            if parked || unparking {
+                self.inner.pump(&mut s);
+                self.inner.observe(&s);
             }
-            let (tx, rx) = oneshot::channel();
-            let arrived = (self.inner.clock)();
-            s.lanes[lane.index()].push_back(Waiter { arrived, tx });
-            s.waiting[lane.index()] += 1;
-            self.inner.observe(&s);
-            rx
-        };
-        let mut waiting = Waiting {
-            inner: &self.inner,
-            lane,
-            rx: Some(rx),
-        };
-        let permit = match waiting.rx.as_mut() {
+        }
+    }
+}
+
+/// A reactive reconcile's wait for a permit; dropping it gives up the place (and any permit
+/// handed to it meanwhile comes back).
+pub struct Waiting<K> {
+    inner: Arc<Inner<K>>,
+    rx: Option<oneshot::Receiver<Permit>>,
+}
+
+impl<K> std::fmt::Debug for Waiting<K> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Waiting").finish_non_exhaustive()
+    }
+}
+
+impl<K> Waiting<K> {
+    /// Waits for the permit.
+    pub async fn permit(mut self) -> Permit {
+        let permit = match self.rx.as_mut() {
             Some(rx) => rx.await.ok(),
             None => None,
         };
-        waiting.rx = None;
+        self.rx = None;
         // The sender is only dropped unsent when the gate is gone: nothing to bound then.
         permit.unwrap_or(Permit { gate: None })
     }
 }
 
-/// A waiter's place in its lane; giving it up (dropping it unadmitted) updates the count.
-struct Waiting<'a> {
-    inner: &'a Arc<Inner>,
-    lane: Lane,
-    rx: Option<oneshot::Receiver<Permit>>,
-}
-
-impl Drop for Waiting<'_> {
+impl<K> Drop for Waiting<K> {
     fn drop(&mut self) {
         let Some(mut rx) = self.rx.take() else {
             return;
@@ -243,8 +342,7 @@ impl Drop for Waiting<'_> {
                 Ok(permit) => Some(permit),
                 Err(_) => {
                     rx.close();
-                    let i = self.lane.index();
-                    s.waiting[i] = s.waiting[i].saturating_sub(1);
+                    s.reactive_live = s.reactive_live.saturating_sub(1);
                     self.inner.observe(&s);
                     None
                 }
@@ -255,282 +353,310 @@ impl Drop for Waiting<'_> {
     }
 }
 
-impl Inner {
-    fn observe(&self, s: &State) {
-        if let Some(observer) = &self.observer {
-            observer(s.waiting);
-        }
-    }
-
-    /// A permit came back: hand it to the next live waiter, or keep it.
-    fn release(self: &Arc<Self>) {
-        let Ok(mut s) = self.state.lock() else {
-            return;
-        };
-        let now = (self.clock)();
-        while let Some((lane, waiter)) = s.next(now, self.promote_after) {
-            let permit = Permit {
-                gate: Some(self.clone()),
-            };
-            match waiter.tx.send(permit) {
-                Ok(()) => {
-                    s.waiting[lane] = s.waiting[lane].saturating_sub(1);
-                    self.observe(&s);
-                    return;
-                }
-                // The waiter gave up: this permit must not release again (the lock is held).
-                Err(mut permit) => {
-                    permit.gate = None;
-                }
-            }
-        }
-        s.available += 1;
+impl<K> State<K> {
+    fn waiting(&self) -> [usize; 2] {
+        [
+            self.reactive_live,
+            self.parked_keys.len() + self.unparking.len(),
+        ]
     }
 }
 
-impl State {
-    /// The waiter a free permit goes to (see the module's guarantees), with its lane's index.
-    fn next(&mut self, now: Instant, promote_after: Duration) -> Option<(usize, Waiter)> {
-        for lane in &mut self.lanes {
-            while lane.front().is_some_and(|w| w.tx.is_closed()) {
-                lane.pop_front();
+impl<K: Clone + Eq + Hash> State<K> {
+    /// The oldest live parked key's time (stale entries dropped).
+    fn parked_front(&mut self) -> Option<Instant> {
+        while let Some((k, t)) = self.parked.front() {
+            if self.parked_keys.contains(k) {
+                return Some(*t);
+            }
+            self.parked.pop_front();
+        }
+        None
+    }
+}
+
+impl<K: Clone + Eq + Hash + Send + 'static> Release for Inner<K> {
+    fn release(self: Arc<Self>) {
+        self.give_back();
+    }
+}
+
+impl<K> Inner<K> {
+    fn observe(&self, s: &State<K>) {
+        if let Some(observer) = &self.observer {
+            observer(s.waiting());
+        }
+    }
+}
+
+impl<K: Clone + Eq + Hash + Send + 'static> Inner<K> {
+    fn permit(self: &Arc<Self>) -> Permit {
+        let gate: Arc<dyn Release> = self.clone();
+        Permit { gate: Some(gate) }
+    }
+
+    /// Hands out the permits that are free and not spoken for by a handed-back key: to the
+    /// oldest reactive waiter, else to the oldest parked key (handed back to the controller).
+    fn pump(self: &Arc<Self>, s: &mut State<K>) {
+        while s.available > s.unparking.len() {
+            while s.reactive.front().is_some_and(|w| w.tx.is_closed()) {
+                s.reactive.pop_front();
+            }
+            if let Some(waiter) = s.reactive.pop_front() {
+                match waiter.tx.send(self.permit()) {
+                    Ok(()) => {
+                        s.available -= 1;
+                        s.reactive_live = s.reactive_live.saturating_sub(1);
+                    }
+                    // The waiter gave up: this permit must not release again (the lock is held).
+                    Err(mut permit) => permit.gate = None,
+                }
+                continue;
+            }
+            if !self.unpark_next(s) {
+                return;
             }
         }
-        let [reactive, timed] = &self.lanes;
-        let lane = match (reactive.front(), timed.front()) {
-            (None, None) => return None,
-            (Some(_), None) => 0,
-            (None, Some(_)) => 1,
-            (Some(r), Some(t)) => usize::from(
-                now.saturating_duration_since(t.arrived) >= promote_after && t.arrived <= r.arrived,
-            ),
+    }
+
+    /// Hands the oldest parked key back; false when none is parked.
+    fn unpark_next(&self, s: &mut State<K>) -> bool {
+        while let Some((key, parked)) = s.parked.pop_front() {
+            if !s.parked_keys.remove(&key) {
+                continue;
+            }
+            if let Entry::Vacant(v) = s.unparking.entry(key.clone()) {
+                v.insert(parked);
+                (self.unpark)(key);
+                return true;
+            }
+        }
+        false
+    }
+
+    /// A permit came back: it goes to the next reactive waiter, or is kept for a parked key.
+    fn give_back(self: &Arc<Self>) {
+        let Ok(mut s) = self.state.lock() else {
+            return;
         };
-        self.lanes[lane].pop_front().map(|w| (lane, w))
+        s.available += 1;
+        while s.reactive.front().is_some_and(|w| w.tx.is_closed()) {
+            s.reactive.pop_front();
+        }
+        let now = (self.clock)();
+        let promoted = match (s.parked_front(), s.reactive.front()) {
+            (Some(p), Some(r)) => {
+                now.saturating_duration_since(p) >= self.promote_after && p <= r.arrived
+            }
+            _ => false,
+        };
+        if promoted && s.available > s.unparking.len() {
+            self.unpark_next(&mut s);
+        }
+        self.pump(&mut s);
+        self.observe(&s);
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::collections::HashMap;
     use std::sync::atomic::{AtomicU64, Ordering};
-    use tokio::sync::mpsc;
+    use std::task::Poll;
 
-    async fn settle() {
-        for _ in 0..50 {
-            tokio::task::yield_now().await;
-        }
-    }
+    type Handed = Arc<Mutex<Vec<&'static str>>>;
 
-    /// A waiter task: waits in `lane`, reports `id` when admitted, holds the permit until told.
-    fn waiter(
-        gate: &PriorityGate,
-        lane: Lane,
-        id: &'static str,
-        admitted: &mpsc::UnboundedSender<&'static str>,
-    ) -> oneshot::Sender<()> {
-        let (gate, admitted) = (gate.clone(), admitted.clone());
-        let (done_tx, done_rx) = oneshot::channel::<()>();
-        tokio::spawn(async move {
-            let _permit = gate.acquire(lane).await;
-            let _ = admitted.send(id);
-            let _ = done_rx.await;
-        });
-        done_tx
-    }
-
-    /// Lets the admitted waiter `id` end (its permit comes back).
-    fn finish(hold: &mut HashMap<&'static str, oneshot::Sender<()>>, id: Option<&'static str>) {
-        if let Some(tx) = id.and_then(|id| hold.remove(id)) {
-            let _ = tx.send(());
-        }
-    }
-
-    fn drain(rx: &mut mpsc::UnboundedReceiver<&'static str>) -> Vec<&'static str> {
-        let mut out = Vec::new();
-        while let Ok(id) = rx.try_recv() {
-            out.push(id);
-        }
-        out
-    }
-
-    /// A clock that moves only when told (seconds after a fixed start).
-    fn manual_clock() -> (Clock, Arc<AtomicU64>) {
+    /// A gate of `permits` whose handed-back keys are recorded, with a clock that moves only
+    /// when told (seconds after a fixed start).
+    fn gate(permits: usize) -> (PriorityGate<&'static str>, Handed, Arc<AtomicU64>) {
+        let handed: Handed = Arc::default();
+        let h = handed.clone();
         let start = Instant::now();
         let secs = Arc::new(AtomicU64::new(0));
         let s = secs.clone();
-        let clock: Clock = Box::new(move || start + Duration::from_secs(s.load(Ordering::SeqCst)));
-        (clock, secs)
+        let gate = PriorityGate::with_clock(
+            permits,
+            Duration::from_secs(30),
+            Box::new(move || start + Duration::from_secs(s.load(Ordering::SeqCst))),
+            Box::new(move |k| {
+                if let Ok(mut h) = h.lock() {
+                    h.push(k);
+                }
+            }),
+            None,
+        );
+        (gate, handed, secs)
     }
 
-    /// With every permit taken, reactive waiters are admitted before timed ones that arrived
-    /// earlier, each lane first come, first served.
-    #[tokio::test(flavor = "current_thread")]
-    async fn reactive_waiters_go_first_and_each_lane_is_fifo() {
-        let gate = PriorityGate::new(2, None);
-        let (tx, mut admitted) = mpsc::unbounded_channel();
-        let mut hold = HashMap::from([
-            ("busy-1", waiter(&gate, Lane::Timed, "busy-1", &tx)),
-            ("busy-2", waiter(&gate, Lane::Timed, "busy-2", &tx)),
-        ]);
-        settle().await;
-        assert_eq!(drain(&mut admitted), ["busy-1", "busy-2"]);
-        // Arrival order: timed, timed, reactive, timed, reactive.
-        for (lane, id) in [
-            (Lane::Timed, "t1"),
-            (Lane::Timed, "t2"),
-            (Lane::Reactive, "r1"),
-            (Lane::Timed, "t3"),
-            (Lane::Reactive, "r2"),
-        ] {
-            hold.insert(id, waiter(&gate, lane, id, &tx));
-            settle().await;
+    fn taken(handed: &Handed) -> Vec<&'static str> {
+        handed
+            .lock()
+            .map(|mut h| std::mem::take(&mut *h))
+            .unwrap_or_default()
+    }
+
+    fn run(a: Arrival<&'static str>) -> Permit {
+        match a {
+            Arrival::Run(p) => p,
+            other => panic!("expected to run, got {other:?}"),
         }
-        assert!(drain(&mut admitted).is_empty(), "no permit is free");
+    }
+
+    fn wait(a: Arrival<&'static str>) -> Pin<Box<dyn Future<Output = Permit>>> {
+        match a {
+            Arrival::Wait(w) => Box::pin(w.permit()),
+            other => panic!("expected to wait, got {other:?}"),
+        }
+    }
+
+    fn parked(a: &Arrival<&'static str>) -> bool {
+        matches!(a, Arrival::Parked)
+    }
+
+    use std::future::Future;
+    use std::pin::Pin;
+
+    /// With every permit taken, reactive work goes before timed work whatever the arrival
+    /// order; each lane is first come, first served; timed work is parked, not held.
+    #[tokio::test(flavor = "current_thread")]
+    async fn reactive_work_goes_first_and_each_lane_is_fifo() {
+        let (gate, handed, _) = gate(1);
+        let busy = run(gate.arrive(&"busy", Lane::Timed));
+        assert!(parked(&gate.arrive(&"t1", Lane::Timed)));
+        assert!(parked(&gate.arrive(&"t2", Lane::Timed)));
+        let mut r1 = wait(gate.arrive(&"r1", Lane::Reactive));
+        assert!(parked(&gate.arrive(&"t3", Lane::Timed)));
+        let mut r2 = wait(gate.arrive(&"r2", Lane::Reactive));
         assert_eq!(gate.waiting(), [2, 3]);
-        // Free one permit at a time (the longest-running holder's): each admits exactly the
-        // next waiter in priority order.
-        let mut running = VecDeque::from(["busy-1", "busy-2"]);
-        let mut order = Vec::new();
-        for _ in 0..5 {
-            finish(&mut hold, running.pop_front());
-            settle().await;
-            let next = drain(&mut admitted);
-            assert_eq!(next.len(), 1, "one admitted per permit freed: {next:?}");
-            running.extend(next.iter().copied());
-            order.extend(next);
-        }
-        assert_eq!(order, ["r1", "r2", "t1", "t2", "t3"]);
+        assert!(futures::poll!(r1.as_mut()).is_pending());
+
+        // Each permit that comes back goes to the next reactive waiter, in order.
+        drop(busy);
+        let Poll::Ready(p1) = futures::poll!(r1.as_mut()) else {
+            panic!("r1 not admitted first")
+        };
+        assert!(futures::poll!(r2.as_mut()).is_pending());
+        drop(p1);
+        let Poll::Ready(p2) = futures::poll!(r2.as_mut()) else {
+            panic!("r2 not admitted second")
+        };
+        assert!(
+            taken(&handed).is_empty(),
+            "no timed key while reactive work waits"
+        );
+        // Then the parked keys, oldest first, one per free permit; a fresh timed arrival does
+        // not pass them.
+        drop(p2);
+        assert_eq!(taken(&handed), ["t1"]);
+        assert!(parked(&gate.arrive(&"t4", Lane::Timed)));
+        let p = run(gate.arrive(&"t1", Lane::Timed));
+        drop(p);
+        assert_eq!(taken(&handed), ["t2"]);
+        drop(run(gate.arrive(&"t2", Lane::Timed)));
+        assert_eq!(taken(&handed), ["t3"]);
+        drop(run(gate.arrive(&"t3", Lane::Timed)));
+        assert_eq!(taken(&handed), ["t4"]);
+        drop(run(gate.arrive(&"t4", Lane::Timed)));
         assert_eq!(gate.waiting(), [0, 0]);
-        for (_, h) in hold.drain() {
-            let _ = h.send(());
-        }
-        settle().await;
-        // Every permit came back: two fresh waiters are admitted at once.
-        let _a = waiter(&gate, Lane::Timed, "a", &tx);
-        let _b = waiter(&gate, Lane::Timed, "b", &tx);
-        settle().await;
-        assert_eq!(drain(&mut admitted), ["a", "b"]);
+        // Every permit is back: a timed arrival runs at once.
+        drop(run(gate.arrive(&"t5", Lane::Timed)));
     }
 
-    /// A timed waiter that has waited `promote_after` goes before reactive waiters that arrived
-    /// after it, but not before those that arrived before it.
+    /// A parked key that has waited 30 s is no longer passed by reactive work that arrived
+    /// after it, but still by reactive work that arrived before it.
     #[tokio::test(flavor = "current_thread")]
-    async fn a_timed_waiter_is_promoted_after_waiting_long_enough() {
-        let (clock, secs) = manual_clock();
-        let gate = PriorityGate::with_clock(1, Duration::from_secs(30), clock, None);
-        let (tx, mut admitted) = mpsc::unbounded_channel();
-        let mut hold = HashMap::new();
-        hold.insert("busy", waiter(&gate, Lane::Reactive, "busy", &tx));
-        settle().await;
-        hold.insert("r-early", waiter(&gate, Lane::Reactive, "r-early", &tx));
-        settle().await;
+    async fn a_parked_key_is_promoted_after_waiting_long_enough() {
+        let (gate, handed, secs) = gate(1);
+        let busy = run(gate.arrive(&"busy", Lane::Reactive));
+        let mut early = wait(gate.arrive(&"r-early", Lane::Reactive));
         secs.store(1, Ordering::SeqCst);
-        hold.insert("t", waiter(&gate, Lane::Timed, "t", &tx));
-        settle().await;
+        assert!(parked(&gate.arrive(&"t", Lane::Timed)));
         secs.store(2, Ordering::SeqCst);
-        hold.insert("r-late-1", waiter(&gate, Lane::Reactive, "r-late-1", &tx));
-        hold.insert("r-late-2", waiter(&gate, Lane::Reactive, "r-late-2", &tx));
-        settle().await;
-        assert_eq!(drain(&mut admitted), ["busy"]);
+        let mut late = wait(gate.arrive(&"r-late", Lane::Reactive));
 
-        // Not waited long enough: the reactive waiters keep going first.
-        finish(&mut hold, Some("busy"));
-        settle().await;
-        assert_eq!(drain(&mut admitted), ["r-early"]);
-        // 30 s after it arrived, the timed waiter passes the reactive ones that came later.
+        // Not waited long enough: reactive first.
+        drop(busy);
+        let Poll::Ready(p) = futures::poll!(early.as_mut()) else {
+            panic!("r-early not admitted")
+        };
+        // 30 s after it was parked, the key passes the reactive waiter that came later.
         secs.store(31, Ordering::SeqCst);
-        finish(&mut hold, Some("r-early"));
-        settle().await;
-        assert_eq!(drain(&mut admitted), ["t"]);
-        finish(&mut hold, Some("t"));
-        settle().await;
-        assert_eq!(drain(&mut admitted), ["r-late-1"]);
-        finish(&mut hold, Some("r-late-1"));
-        settle().await;
-        assert_eq!(drain(&mut admitted), ["r-late-2"]);
-        finish(&mut hold, Some("r-late-2"));
+        drop(p);
+        assert_eq!(taken(&handed), ["t"]);
+        assert!(futures::poll!(late.as_mut()).is_pending());
+        let p = run(gate.arrive(&"t", Lane::Timed));
+        drop(p);
+        assert!(futures::poll!(late.as_mut()).is_ready());
     }
 
-    /// Without promotion timed waiters wait while reactive work keeps coming; but they run as
-    /// soon as a permit is free and no reactive waiter is left.
-    #[tokio::test(flavor = "current_thread")]
-    async fn timed_waiters_run_when_no_reactive_waiter_is_left() {
-        let gate = PriorityGate::new(1, None);
-        let (tx, mut admitted) = mpsc::unbounded_channel();
-        let busy = waiter(&gate, Lane::Reactive, "busy", &tx);
-        settle().await;
-        let t = waiter(&gate, Lane::Timed, "t", &tx);
-        let r = waiter(&gate, Lane::Reactive, "r", &tx);
-        settle().await;
-        assert_eq!(drain(&mut admitted), ["busy"]);
-        let _ = busy.send(());
-        settle().await;
-        assert_eq!(drain(&mut admitted), ["r"]);
-        let _ = r.send(());
-        settle().await;
-        assert_eq!(drain(&mut admitted), ["t"]);
-        let _ = t.send(());
-    }
-
-    /// Waiters that give up take no permit and leave the counts; a permit handed to a waiter
-    /// that is then dropped comes back; a reconcile that panics gives its permit back.
+    /// Permits come back on every path: a waiter that gives up, a waiter handed a permit and
+    /// dropped before it runs, a reconcile that panics, a handed-back key whose primary is gone,
+    /// and a handed-back key that lost its permit to reactive work (it goes back to the front).
     #[tokio::test(flavor = "current_thread")]
     async fn permits_come_back_on_every_drop_path() {
-        let counts = Arc::new(Mutex::new(Vec::new()));
-        let c = counts.clone();
-        let observer: Observer = Box::new(move |w| {
-            if let Ok(mut c) = c.lock() {
-                c.push(w);
-            }
-        });
-        let gate = PriorityGate::new(1, Some(observer));
-        let held = gate.acquire(Lane::Reactive).await;
+        let (gate, handed, _) = gate(1);
+        let held = run(gate.arrive(&"a", Lane::Reactive));
 
         // A waiter dropped before it is admitted.
-        let mut gone = Box::pin(gate.acquire(Lane::Timed));
+        let mut gone = wait(gate.arrive(&"b", Lane::Reactive));
         assert!(futures::poll!(gone.as_mut()).is_pending());
-        assert_eq!(gate.waiting(), [0, 1]);
+        assert_eq!(gate.waiting(), [1, 0]);
         drop(gone);
         assert_eq!(gate.waiting(), [0, 0]);
 
-        // A waiter that is handed the permit, then dropped before it runs: the permit goes on.
-        let mut handed = Box::pin(gate.acquire(Lane::Reactive));
-        assert!(futures::poll!(handed.as_mut()).is_pending());
-        let mut next = Box::pin(gate.acquire(Lane::Timed));
-        assert!(futures::poll!(next.as_mut()).is_pending());
+        // A waiter handed the permit, then dropped before it runs: the permit goes on.
+        let handed_over = wait(gate.arrive(&"c", Lane::Reactive));
+        let mut next = wait(gate.arrive(&"d", Lane::Reactive));
         drop(held);
-        drop(handed);
-        let permit = match futures::poll!(next.as_mut()) {
-            std::task::Poll::Ready(p) => p,
-            std::task::Poll::Pending => panic!("the handed permit did not come back"),
+        drop(handed_over);
+        let Poll::Ready(permit) = futures::poll!(next.as_mut()) else {
+            panic!("the handed permit did not come back")
         };
-        assert_eq!(gate.waiting(), [0, 0]);
 
         // A reconcile that panics while holding its permit.
-        let g = gate.clone();
         drop(permit);
+        let g = gate.clone();
         let crashed = tokio::spawn(async move {
-            let _permit = g.acquire(Lane::Reactive).await;
+            let _permit = run(g.arrive(&"e", Lane::Reactive));
             panic!("a host bug");
         })
         .await;
         assert!(crashed.is_err());
-        // The one permit is free again: taken at once, without waiting.
-        let again = futures::poll!(Box::pin(gate.acquire(Lane::Timed)));
-        assert!(again.is_ready(), "the permit did not come back");
-        assert_eq!(
-            counts.lock().map(|c| c.last().copied()).ok().flatten(),
-            Some([0, 0])
-        );
+
+        // A handed-back key whose primary is gone: its reservation goes to the next key.
+        let busy = run(gate.arrive(&"busy", Lane::Reactive));
+        assert!(parked(&gate.arrive(&"gone", Lane::Timed)));
+        assert!(parked(&gate.arrive(&"t", Lane::Timed)));
+        drop(busy);
+        assert_eq!(taken(&handed), ["gone"]);
+        gate.forget(&"gone");
+        assert_eq!(taken(&handed), ["t"]);
+
+        // Reactive work that arrives first takes the permit; the handed-back key goes back to
+        // the front and comes back with the next permit.
+        let r = run(gate.arrive(&"r", Lane::Reactive));
+        assert!(parked(&gate.arrive(&"later", Lane::Timed)));
+        assert!(parked(&gate.arrive(&"t", Lane::Timed)));
+        drop(r);
+        assert_eq!(taken(&handed), ["t"]);
+        drop(run(gate.arrive(&"t", Lane::Timed)));
+        assert_eq!(taken(&handed), ["later"]);
+        drop(run(gate.arrive(&"later", Lane::Timed)));
+        assert_eq!(gate.waiting(), [0, 0]);
+        // The one permit is free: taken at once.
+        drop(run(gate.arrive(&"f", Lane::Reactive)));
     }
 
-    /// What a waiting reconcile holds of the gate: the future of `acquire` stays small.
+    /// What a waiting reactive reconcile holds of the gate stays small.
     #[test]
-    fn a_waiting_acquire_is_small() {
-        let gate = PriorityGate::new(1, None);
-        let size = std::mem::size_of_val(&gate.acquire(Lane::Timed));
-        eprintln!("a waiting acquire: {size} bytes");
-        assert!(size <= 128, "acquire future: {size} bytes");
+    fn a_waiting_reconcile_is_small() {
+        let (gate, _, _) = gate(1);
+        let _busy = run(gate.arrive(&"busy", Lane::Reactive));
+        let Arrival::Wait(w) = gate.arrive(&"r", Lane::Reactive) else {
+            panic!("expected to wait")
+        };
+        let size = std::mem::size_of_val(&w.permit());
+        eprintln!("a waiting reactive reconcile's wait: {size} bytes");
+        assert!(size <= 128, "wait future: {size} bytes");
     }
 }
