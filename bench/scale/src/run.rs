@@ -198,8 +198,9 @@ pub async fn measure(
     let reports = running.reports().await?;
     let converge_requests = after.since(&before);
     let converge_writes = (converge_requests.controller_writes() - n as f64).max(0.0);
+    let reconciles: f64 = reports.iter().filter_map(|r| r.reconciles).sum();
     eprintln!(
-        "[bench] {label}: converged in {:.1} s; settling, then {} s idle",
+        "[bench] {label}: converged in {:.1} s ({reconciles} reconciles by wasmop hosts); settling, then {} s idle",
         converge.as_secs_f64(),
         idle.as_secs()
     );

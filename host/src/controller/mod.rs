@@ -21,6 +21,18 @@
 //!   or by a label mapping, out of scope) finish: the work-queue entry and the per-object state
 //!   are freed ([`tracked_objects`] counts what is left).
 //! - A panic of the controller (a host bug) is reported through [`Health`], never silent.
+//! - At most `spec.limits.concurrency` reconciles of the reconciler run at once (its
+//!   [`priority`] gate), and at most `--max-concurrent-reconciles` over the host ([`limit`]).
+//! - Work that reacts to a change (first sight or change of the primary, a child or related
+//!   change, a new module, a retry) runs before timed work (the module's requeue-after, the
+//!   resync) whenever both wait; a timed reconcile that has waited [`priority::PROMOTE_AFTER`]
+//!   is no longer passed by reactive work that arrived after it (see [`priority`]).
+//! - A reconcile takes its permit before it is admitted by sharding (a range being drained
+//!   never waits for queued work, only for running reconciles) and before the host-wide bound;
+//!   once admitted it reads its primary again from the cache (one deleted meanwhile is
+//!   forgotten). Waiting reconciles give up when the controller stops. A timed reconcile that
+//!   finds every permit taken is parked (only its key is kept) and scheduled again when a
+//!   permit is free for it.
 //!
 //! # Errors
 //! [`ReconcileError`] is what one reconcile can fail with; the controller itself only stops
@@ -30,6 +42,7 @@
 //! caches), [`access`] (what the module's identity may read), [`intents`] (the checks of a
 //! response), [`apply`] (the writes), [`noop`] (writes that would change nothing),
 //! [`predicate`] (which primary changes call for a reconcile), [`resync`] (jittered resyncs),
+//! [`priority`] (reactive work before timed work), [`limit`] (the host-wide bound),
 //! [`conditions`], [`conflict`] and [`release`] (one reconciler per primary, and letting go).
 //!
 //! # Scale
@@ -39,6 +52,12 @@
 //! namespaced primary). Cached objects carry no `managedFields`. A converged reconciler writes
 //! nothing: unchanged applies and status writes are skipped ([`noop`]), the host's own status
 //! writes do not trigger reconciles ([`predicate`]), and resyncs are spread out ([`resync`]).
+//! Timed requeues of thousands of slow primaries cannot starve primaries that were just created
+//! or changed: the [`priority`] gate parks timed work while every permit is taken (a key each)
+//! and lets reactive work run first; kube-runtime's runner holds at most
+//! [`priority::runner_bound`] entries (twice the concurrency). A reactive entry waiting in it
+//! costs its future (its size is logged once at debug, "the future of a reconcile") plus
+//! kube-runtime's request and span.
 
 pub mod access;
 pub mod apply;
@@ -49,6 +68,7 @@ pub mod intents;
 pub mod limit;
 pub mod noop;
 pub mod predicate;
+pub mod priority;
 pub mod record;
 pub mod release;
 pub mod resync;
@@ -222,6 +242,8 @@ pub struct Shared {
     queue: Queue,
     primaries: Store<DynamicObject>,
     synced: tokio::sync::watch::Receiver<Gate>,
+    /// `spec.limits.concurrency` permits, reactive work first (see [`priority`]).
+    priority: priority::PriorityGate<Key>,
 }
 
 /// Whether reconciles may run: they wait while `Waiting`, and give up when `Stopping`.
@@ -575,8 +597,37 @@ pub fn start(
     });
     let mut controller =
         Controller::for_stream_with(primary_stream, primaries.clone(), primary_ar.clone())
-            .with_config(ControllerConfig::default().concurrency(settings.concurrency))
+            // The priority gate in `reconcile` bounds how many run at once, reactive work first;
+            // the runner hands over more, so reactive entries reach the gate.
+            .with_config(
+                ControllerConfig::default()
+                    .concurrency(priority::runner_bound(settings.concurrency)),
+            )
             .reconcile_all_on(module_changed);
+    // Timed reconciles parked by the priority gate come back through this stream.
+    let (unpark_tx, unparked) = futures::channel::mpsc::unbounded::<Key>();
+    let waiting = queue.clone();
+    let priority = priority::PriorityGate::new(
+        usize::from(settings.concurrency),
+        Box::new(move |key| {
+            let _ = unpark_tx.unbounded_send(key);
+        }),
+        Some(Box::new(move |lanes| waiting.waiting(lanes))),
+    );
+    let ar = primary_ar.clone();
+    let unparked = unparked.map(move |(ns, name): Key| {
+        let o = DynamicObject::new(&name, &ar);
+        Ok(match ns {
+            Some(ns) => o.within(&ns),
+            None => o,
+        })
+    });
+    let ar = primary_ar.clone();
+    controller = controller.watches_stream_with(
+        unparked,
+        move |o: DynamicObject| Some(reference(&ar, o.namespace(), &o.name_any())),
+        primary_ar.clone(),
+    );
     let mut stores = vec![primaries.clone()];
     let label = format!("{RECONCILER_LABEL}={}", settings.name);
 
@@ -772,6 +823,7 @@ pub fn start(
         queue: queue.clone(),
         primaries: primaries.clone(),
         synced: synced_rx,
+        priority,
     });
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     // Ready once every cache has its first full list (the controller's own watches start
@@ -811,7 +863,7 @@ pub fn start(
                     // Reconciles still waiting for the caches must not hold the shutdown.
                     stopping_tx.send_replace(Gate::Stopping);
                 })
-                .run(reconcile, error_policy, shared.clone())
+                .run(sized(reconcile), error_policy, shared.clone())
                 .for_each(|result| {
                     let shared = shared.clone();
                     async move {
@@ -849,29 +901,69 @@ pub fn start(
     }
 }
 
+/// Logs (once per process, at debug) the size of a reconcile's future: what every entry that
+/// waits in the priority gate holds, besides kube-runtime's own wrapping.
+fn sized<F>(
+    reconcile: impl Fn(Arc<DynamicObject>, Arc<Shared>) -> F,
+) -> impl Fn(Arc<DynamicObject>, Arc<Shared>) -> F {
+    static LOGGED: std::sync::Once = std::sync::Once::new();
+    move |primary, shared| {
+        let future = reconcile(primary, shared);
+        LOGGED.call_once(|| {
+            tracing::debug!(
+                bytes = std::mem::size_of_val(&future),
+                "the future of a reconcile (held while it waits for a permit)"
+            );
+        });
+        future
+    }
+}
+
+/// The trigger of a reconcile that starts with the object's state `st`, the primary at `rv`
+/// and module `module` active.
+fn trigger_of(st: &ObjectState, rv: Option<&str>, module: &str) -> Trigger {
+    if st.failures > 0 {
+        Trigger::Retry
+    } else if st.last_rv.as_deref() != rv {
+        Trigger::PrimaryChanged
+    } else if let Some(p) = &st.pending {
+        p.clone()
+    } else if st.last_module.as_deref() != Some(module) {
+        Trigger::ModuleChanged
+    } else if let Some((_, t)) = &st.scheduled {
+        t.clone()
+    } else {
+        Trigger::Resync
+    }
+}
+
 impl Shared {
-    /// Picks the trigger and attempt number of a reconcile that starts now.
+    /// The lane a reconcile of `key` waits in: what [`Shared::begin`] would pick now, without
+    /// recording anything.
+    fn lane(&self, key: &Key) -> priority::Lane {
+        let r = reference(&self.settings.primary.1.resource, key.0.clone(), &key.1);
+        let rv = self.primaries.get(&r).and_then(|p| p.resource_version());
+        let active = self.slot.active();
+        let sha = active.module.sha256();
+        let default = ObjectState::default();
+        let Ok(objects) = self.objects.lock() else {
+            return priority::Lane::Reactive;
+        };
+        let st = objects.get(key).unwrap_or(&default);
+        priority::Lane::of(&trigger_of(st, rv.as_deref(), sha))
+    }
+
+    /// Picks the trigger and attempt number of a reconcile that starts now, and records that it
+    /// started.
     fn begin(&self, key: &Key, rv: Option<&str>, module: &str) -> (Trigger, u32) {
         let Ok(mut objects) = self.objects.lock() else {
             return (Trigger::PrimaryChanged, 1);
         };
         let st = objects.entry(key.clone()).or_default();
         let attempt = st.failures + 1;
-        let pending = st.pending.take();
-        let scheduled = st.scheduled.take();
-        let trigger = if st.failures > 0 {
-            Trigger::Retry
-        } else if st.last_rv.as_deref() != rv {
-            Trigger::PrimaryChanged
-        } else if let Some(p) = pending {
-            p
-        } else if st.last_module.as_deref() != Some(module) {
-            Trigger::ModuleChanged
-        } else if let Some((_, t)) = scheduled {
-            t
-        } else {
-            Trigger::Resync
-        };
+        let trigger = trigger_of(st, rv, module);
+        st.pending = None;
+        st.scheduled = None;
         st.last_rv = rv.map(str::to_string);
         st.last_module = Some(module.to_string());
         (trigger, attempt)
@@ -922,6 +1014,7 @@ impl Shared {
     /// Frees everything kept for `key` (see [`forget_key`]).
     fn forget(&self, key: &Key) {
         forget_key(&self.objects, &self.health, &self.queue, key);
+        self.priority.forget(key);
     }
 
     fn set_forbidden(&self, key: &Key, message: Option<String>) {
@@ -1056,6 +1149,8 @@ async fn reconcile(
     shared: Arc<Shared>,
 ) -> Result<Action, ReconcileError> {
     let key = key_of(&primary);
+    // Read again once admitted: a reconcile that waited works on the current primary.
+    drop(primary);
     // No reconcile and no finalize before every watch has its first list.
     let mut gate = shared.synced.clone();
     match gate.wait_for(|g| *g != Gate::Waiting).await.map(|g| *g) {
@@ -1072,6 +1167,35 @@ async fn reconcile(
         shared.forget(&key);
         return Ok(Action::await_change());
     }
+    // At most `spec.limits.concurrency` at once, work that reacts to a change first.
+    let lane = shared.lane(&key);
+    let permit = match shared.priority.arrive(&key, lane) {
+        priority::Arrival::Run(permit) => permit,
+        // Timed work while every permit is taken: the gate hands the key back later.
+        priority::Arrival::Parked => return Ok(Action::await_change()),
+        priority::Arrival::Wait(waiting) => tokio::select! {
+            permit = waiting.permit() => permit,
+            // The controller is stopping: waiting reconciles must not hold the shutdown.
+            _ = gate.wait_for(|g| *g == Gate::Stopping) => return Ok(Action::await_change()),
+        },
+    };
+    let r = reference(&shared.settings.primary.1.resource, key.0.clone(), &key.1);
+    let Some(primary) = shared.primaries.get(&r) else {
+        // Deleted while it waited.
+        shared.forget(&key);
+        return Ok(Action::await_change());
+    };
+    // Boxed: what waits above stays small (see `sized`).
+    Box::pin(admitted(primary, shared, permit)).await
+}
+
+/// A reconcile that has its permit of the reconciler's priority gate (held until it returns).
+async fn admitted(
+    primary: Arc<DynamicObject>,
+    shared: Arc<Shared>,
+    _slot: priority::Permit,
+) -> Result<Action, ReconcileError> {
+    let key = key_of(&primary);
     // With sharding: only primaries in this replica's active ranges, and the drain of a range
     // being released waits for this reconcile (held until it returns).
     let admitted = match &shared.settings.shards {

@@ -89,6 +89,15 @@ pub struct CacheLabels {
     pub kind: String,
 }
 
+/// `{reconciler, lane}`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LaneLabels {
+    /// The WasmReconciler's name.
+    pub reconciler: String,
+    /// `reactive` or `timed` (see [`crate::controller::priority::Lane`]).
+    pub lane: String,
+}
+
 /// `{server}`: `admission` or `probes`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ServerLabel {
@@ -126,6 +135,7 @@ pub struct Metrics {
     queue_depth: Family<ReconcilerLabel, Gauge>,
     queue_adds: Family<ReconcilerLabel, Counter>,
     queue_retries: Family<ReconcilerLabel, Counter>,
+    queue_waiting: Family<LaneLabels, Gauge>,
     call_duration: Hist<CallLabels>,
     instantiate_duration: Hist<ReconcilerLabel>,
     memory_peak: Family<ReconcilerLabel, Gauge>,
@@ -159,6 +169,7 @@ impl Metrics {
             queue_depth: Family::default(),
             queue_adds: Family::default(),
             queue_retries: Family::default(),
+            queue_waiting: Family::default(),
             call_duration: Family::new_with_constructor(seconds_buckets),
             instantiate_duration: Family::new_with_constructor(seconds_buckets),
             memory_peak: Family::default(),
@@ -211,6 +222,11 @@ impl Metrics {
             "wasmop_workqueue_retries",
             "Requeues after a failed reconcile (with backoff)",
             m.queue_retries.clone(),
+        );
+        registry.register(
+            "wasmop_workqueue_waiting",
+            "Reconciles handed over by the work queue and waiting for one of the reconciler's concurrency permits, by lane (reactive: a change; timed: requeue-after or resync)",
+            m.queue_waiting.clone(),
         );
         registry.register(
             "wasmop_module_call_duration_seconds",
@@ -422,10 +438,19 @@ impl Metrics {
 
     /// The work-queue bookkeeping of one reconciler.
     pub fn queue(&'static self, reconciler: &str) -> Queue {
+        let lane = |lane: &str| {
+            self.queue_waiting
+                .get_or_create(&LaneLabels {
+                    reconciler: reconciler.to_string(),
+                    lane: lane.to_string(),
+                })
+                .clone()
+        };
         Queue {
             metrics: self,
             label: label(reconciler),
             pending: Arc::default(),
+            waiting: [lane("reactive"), lane("timed")],
         }
     }
 }
@@ -455,11 +480,16 @@ pub fn encode() -> Result<String, MetricsError> {
 ///   yet started; delayed requeues are not in it until they fire, as in client-go's queue.
 /// - A requeue that fires while every worker is busy is not seen until it starts: `depth` can
 ///   under-count then, never over-count for long (a start always removes the object).
+/// - `waiting{lane}` counts the reconciles handed over by kube-runtime's runner that wait for
+///   one of the reconciler's concurrency permits (see [`crate::controller::priority`]), by
+///   lane; timed requeues that fired while every permit is taken are in it.
 #[derive(Debug, Clone)]
 pub struct Queue {
     metrics: &'static Metrics,
     label: ReconcilerLabel,
     pending: Arc<Mutex<HashSet<String>>>,
+    /// `wasmop_workqueue_waiting` of the `reactive` and `timed` lanes.
+    waiting: [Gauge; 2],
 }
 
 impl Queue {
@@ -496,12 +526,20 @@ impl Queue {
         }
     }
 
-    /// The reconciler stopped: its depth is zero.
+    /// Reconciles waiting for a concurrency permit now: `[reactive, timed]`.
+    pub fn waiting(&self, lanes: [usize; 2]) {
+        for (gauge, n) in self.waiting.iter().zip(lanes) {
+            gauge.set(i64::try_from(n).unwrap_or(i64::MAX));
+        }
+    }
+
+    /// The reconciler stopped: its depth is zero, and nothing waits.
     pub fn clear(&self) {
         if let Ok(mut p) = self.pending.lock() {
             p.clear();
             self.set_depth(&p);
         }
+        self.waiting([0, 0]);
     }
 }
 
@@ -520,6 +558,7 @@ mod tests {
         q.requested("ns/x".into());
         q.requested("ns/x".into());
         q.requeued(true);
+        q.waiting([2, 5]);
         let text = encode()?;
         assert!(text.contains(r#"wasmop_reconcile_total{reconciler="unit-a",result="ok"} 1"#));
         assert!(text.contains(r#"wasmop_reconcile_errors_total{reconciler="unit-a"} 1"#));
@@ -528,6 +567,10 @@ mod tests {
         assert!(text.contains(r#"wasmop_workqueue_depth{reconciler="unit-a"} 1"#));
         assert!(text.contains(r#"wasmop_workqueue_adds_total{reconciler="unit-a"} 3"#));
         assert!(text.contains(r#"wasmop_workqueue_retries_total{reconciler="unit-a"} 1"#));
+        assert!(
+            text.contains(r#"wasmop_workqueue_waiting{reconciler="unit-a",lane="reactive"} 2"#)
+        );
+        assert!(text.contains(r#"wasmop_workqueue_waiting{reconciler="unit-a",lane="timed"} 5"#));
         q.started("ns/x");
         assert!(encode()?.contains(r#"wasmop_workqueue_depth{reconciler="unit-a"} 0"#));
         Ok(())
