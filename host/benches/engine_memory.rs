@@ -16,33 +16,6 @@ use std::time::{Duration, Instant};
 
 use wasmop::engine::{Engine, EngineConfig, Limits, Tier};
 
-/// `component` with a custom section naming `index` appended: a valid component with its own
-/// digest (as `bench/scale/src/idle.rs` makes them).
-fn variant(component: &[u8], index: usize) -> Vec<u8> {
-    fn leb(mut n: usize, out: &mut Vec<u8>) {
-        loop {
-            let byte = (n & 0x7f) as u8;
-            n >>= 7;
-            if n == 0 {
-                out.push(byte);
-                return;
-            }
-            out.push(byte | 0x80);
-        }
-    }
-    let name = b"wasmop-bench-variant";
-    let payload = index.to_string().into_bytes();
-    let mut body = Vec::new();
-    leb(name.len(), &mut body);
-    body.extend_from_slice(name);
-    body.extend_from_slice(&payload);
-    let mut out = component.to_vec();
-    out.push(0);
-    leb(body.len(), &mut out);
-    out.extend_from_slice(&body);
-    out
-}
-
 /// (VmRSS, RssAnon, RssFile) in MiB.
 fn rss() -> (f64, f64, f64) {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
@@ -97,7 +70,7 @@ fn main() -> anyhow::Result<()> {
     let started = Instant::now();
     let mut loaded = Vec::with_capacity(modules);
     for i in 0..modules {
-        loaded.push(engine.load(&variant(&component, i), &limits)?);
+        loaded.push(engine.load(&wasmop_test_modules::variant(&component, i), &limits)?);
     }
     report(&format!("{modules} modules loaded"));
     while loaded.iter().any(|m| m.tier() != Tier::Optimized) {

@@ -56,33 +56,6 @@ pub struct Options {
     pub hold: Option<Duration>,
 }
 
-/// `component` with a custom section `wasmop-bench-variant` holding `index` appended: a valid
-/// component with its own digest.
-pub fn variant(component: &[u8], index: usize) -> Vec<u8> {
-    fn leb(mut n: usize, out: &mut Vec<u8>) {
-        loop {
-            let byte = (n & 0x7f) as u8;
-            n >>= 7;
-            if n == 0 {
-                out.push(byte);
-                return;
-            }
-            out.push(byte | 0x80);
-        }
-    }
-    let name = b"wasmop-bench-variant";
-    let payload = index.to_string().into_bytes();
-    let mut body = Vec::new();
-    leb(name.len(), &mut body);
-    body.extend_from_slice(name);
-    body.extend_from_slice(&payload);
-    let mut out = component.to_vec();
-    out.push(0); // custom section id
-    leb(body.len(), &mut out);
-    out.extend_from_slice(&body);
-    out
-}
-
 fn failed(detail: String) -> Error {
     Error::Controller {
         contender: "wasmop (idle host)".into(),
@@ -147,7 +120,8 @@ pub async fn measure(
         let ns = format!("idle-{i}");
         cluster.apply(rbac_in(&ns)?).await?;
         let file = dir.join(format!("image_updater_{i}.wasm"));
-        std::fs::write(&file, variant(&component, i)).map_err(Error::io("writing", &file))?;
+        std::fs::write(&file, wasmop_test_modules::variant(&component, i))
+            .map_err(Error::io("writing", &file))?;
         push(wasmop, &file, &ns, &kubeconfig).await?;
         let mut docs = template.clone();
         for doc in &mut docs {
@@ -205,17 +179,7 @@ pub async fn measure(
         .pid()
         .ok_or_else(|| failed(format!("the host exited; log:\n{}", host.log_text())))?;
     let peak = procstat::read(pid)?;
-    let status_path = format!("/proc/{pid}/status");
-    let status =
-        std::fs::read_to_string(&status_path).map_err(Error::io("reading", &status_path))?;
-    let kib = |field: &str| {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(field))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-            .ok_or_else(|| Error::Other(format!("{status_path} has no {field} line")))
-    };
-    let (rss, rss_anon, rss_file) = (kib("VmRSS:")?, kib("RssAnon:")?, kib("RssFile:")?);
+    let [rss, rss_anon, rss_file] = procstat::status_kib(pid, ["VmRSS:", "RssAnon:", "RssFile:"])?;
     if let Some(hold) = options.hold {
         eprintln!(
             "[bench] idle host: pid {pid} held for {} s (WASMOP_BENCH_HOLD); logs in {}",
@@ -234,21 +198,4 @@ pub async fn measure(
         rss_file: rss_file * 1024,
         load,
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn variants_differ_and_keep_the_original_bytes_first() {
-        let base = b"\0asm\x0d\0\x01\0".to_vec();
-        let (a, b) = (variant(&base, 1), variant(&base, 2));
-        assert_ne!(a, b);
-        assert!(a.starts_with(&base));
-        // id 0, size, name length 20, the name, the payload "1".
-        assert_eq!(a[base.len()], 0);
-        assert_eq!(usize::from(a[base.len() + 1]), 1 + 20 + 1);
-        assert_eq!(a.len(), base.len() + 2 + 22);
-    }
 }

@@ -29,22 +29,31 @@ fn clock_ticks() -> f64 {
         .unwrap_or(100.0)
 }
 
+/// Reads the kB values of `fields` (`"VmRSS:"`, `"RssAnon:"`, ...) from `/proc/<pid>/status`.
+///
+/// # Errors
+/// See the module docs.
+pub fn status_kib<const N: usize>(pid: u32, fields: [&str; N]) -> Result<[u64; N]> {
+    let status_path = format!("/proc/{pid}/status");
+    let status =
+        std::fs::read_to_string(&status_path).map_err(Error::io("reading", &status_path))?;
+    let mut values = [0; N];
+    for (value, field) in values.iter_mut().zip(fields) {
+        *value = status
+            .lines()
+            .find_map(|l| l.strip_prefix(field))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .ok_or_else(|| Error::Other(format!("{status_path} has no {field} line")))?;
+    }
+    Ok(values)
+}
+
 /// Reads the process's peak RSS and CPU time.
 ///
 /// # Errors
 /// See the module docs.
 pub fn read(pid: u32) -> Result<ProcStat> {
-    let status_path = format!("/proc/{pid}/status");
-    let status =
-        std::fs::read_to_string(&status_path).map_err(Error::io("reading", &status_path))?;
-    let kib = |field: &str| {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(field))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-            .ok_or_else(|| Error::Other(format!("{status_path} has no {field} line")))
-    };
-    let (peak, rss) = (kib("VmHWM:")?, kib("VmRSS:")?);
+    let [peak, rss] = status_kib(pid, ["VmHWM:", "VmRSS:"])?;
     let stat_path = format!("/proc/{pid}/stat");
     let stat = std::fs::read_to_string(&stat_path).map_err(Error::io("reading", &stat_path))?;
     // Fields after the command name (which may hold spaces and parentheses): state is field 3,
