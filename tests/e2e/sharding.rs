@@ -42,8 +42,12 @@ const HOST_NS: &str = "wasmop-system";
 const MODULE_NS: &str = "shard-module";
 /// The WasmReconciler.
 const WR: &str = "widgets";
-/// Short Lease timings keep the test fast: lease 4 s, renew deadline 3 s, retry 1 s.
-const LEASE: Duration = Duration::from_secs(4);
+/// Lease timings shorter than the defaults (15 s / 10 s / 2 s) keep the test quick, but a renew
+/// deadline must outlast the API server's stalls on a loaded 2-core machine: a replica that
+/// cannot renew within it stops by design (fencing), and with 3 s one did (load average ~15,
+/// etcd cancelling requests). Lease 12 s, renew deadline 8 s, retry 1 s.
+const LEASE: Duration = Duration::from_secs(12);
+const RENEW_DEADLINE: Duration = Duration::from_secs(8);
 const RETRY: Duration = Duration::from_secs(1);
 /// The WasmReconciler's resync period.
 const RESYNC: Duration = Duration::from_secs(20);
@@ -84,7 +88,7 @@ async fn replica(cp: &ControlPlane, dir: &Path) -> anyhow::Result<HostProcess> {
         "--shard-lease-duration",
         &secs(LEASE),
         "--shard-renew-deadline",
-        "3s",
+        &secs(RENEW_DEADLINE),
         "--shard-retry-period",
         &secs(RETRY),
     ]
