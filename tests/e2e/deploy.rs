@@ -224,13 +224,7 @@ async fn deploy_applies_and_its_rbac_is_enough_to_run_an_example() -> anyhow::Re
     let apps: Api<DynamicObject> = Api::namespaced_with(env.client.clone(), "demo", &ar);
     eventually("the App Available", WAIT, || async {
         let app = apps.get(app_name).await?;
-        let available = app.data["status"]["conditions"]
-            .as_array()
-            .is_some_and(|c| {
-                c.iter()
-                    .any(|c| c["type"] == "Available" && c["status"] == "True")
-            });
-        Ok(available.then_some(()))
+        Ok(available(&app).then_some(()))
     })
     .await?;
     // The writes were the module's: the host's own identity may not write Deployments at all.
@@ -625,13 +619,17 @@ async fn converge(env: &TestEnv, module: &str) -> anyhow::Result<()> {
     .await?;
     eventually("App from-image Available", WAIT, || async {
         let app = apps(&env.client, "demo").get("from-image").await?;
-        let available = app.data["status"]["conditions"]
-            .as_array()
-            .is_some_and(|c| {
-                c.iter()
-                    .any(|c| c["type"] == "Available" && c["status"] == "True")
-            });
-        Ok(available.then_some(()))
+        Ok(available(&app).then_some(()))
     })
     .await
+}
+
+/// Whether an App's status says `Available=True`.
+fn available(app: &DynamicObject) -> bool {
+    app.data["status"]["conditions"]
+        .as_array()
+        .is_some_and(|c| {
+            c.iter()
+                .any(|c| c["type"] == "Available" && c["status"] == "True")
+        })
 }
