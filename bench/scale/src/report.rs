@@ -10,6 +10,26 @@ fn mib(bytes: u64) -> f64 {
     bytes as f64 / (1024.0 * 1024.0)
 }
 
+/// The convergence cell: `12.3 s`, or `> 1800.0 s (6021 of 10000)` when the budget ran out.
+fn converge_cell(m: &Measurement) -> String {
+    let s = m.converge.as_secs_f64();
+    if m.finished() {
+        format!("{s:.1} s")
+    } else {
+        format!("> {s:.1} s ({} of {})", m.converged, m.n)
+    }
+}
+
+/// A per-minute idle figure with its unit, `-` without an idle window (the run did not
+/// converge).
+fn idle_cell(value: f64, decimals: usize, unit: &str) -> String {
+    if value.is_finite() {
+        format!("{value:.decimals$}{unit}")
+    } else {
+        "-".into()
+    }
+}
+
 /// The table of one N (one row per measurement, floor rows for each concurrency tried).
 pub fn table(n: usize, rows: &[Measurement]) -> String {
     let mut out = String::new();
@@ -25,15 +45,15 @@ pub fn table(n: usize, rows: &[Measurement]) -> String {
     for m in rows {
         let _ = writeln!(
             out,
-            "| {} | {} | {:.1} s | {:.0} | {:.1} | {:.0} MiB | {:.2} s | {:.2} s | {} |",
+            "| {} | {} | {} | {:.0} | {} | {:.0} MiB | {:.2} s | {} | {} |",
             m.label(),
             m.tuning.concurrency,
-            m.converge.as_secs_f64(),
+            converge_cell(m),
             m.converge_writes,
-            m.idle_writes_per_min,
+            idle_cell(m.idle_writes_per_min, 1, ""),
             mib(m.at_end.peak_rss),
             m.cpu_converge(),
-            m.cpu_idle_per_min(),
+            idle_cell(m.cpu_idle_per_min(), 2, " s"),
             m.contender.client_limit(),
         );
     }
@@ -126,13 +146,13 @@ pub fn sharded_table(n: usize, rows: &[Measurement]) -> String {
         let idle_min = m.idle.as_secs_f64() / 60.0;
         let _ = writeln!(
             out,
-            "| {} | {} | {:.1} s | {:.0} | {:.0} | {:.1} | {:.1} | {:.0} MiB | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {:.0} | {:.0} | {} | {:.1} | {:.0} MiB | {} | {} | {} | {} | {} | {} | {} | {} |",
             m.label(),
             m.tuning.layout.count(n),
-            m.converge.as_secs_f64(),
+            converge_cell(m),
             m.converge_writes,
             m.converge_requests.total(),
-            m.idle_writes_per_min,
+            idle_cell(m.idle_writes_per_min, 1, ""),
             if idle_min > 0.0 {
                 m.idle_requests.lease_writes() / idle_min
             } else {
@@ -177,27 +197,48 @@ pub fn sharded_lines(n: usize, rows: &[Measurement]) -> Vec<String> {
         .collect()
 }
 
-/// The best (fastest) run of a contender.
+/// The best run of a contender: the fastest that converged, else the one that got furthest.
 pub fn best(rows: &[Measurement], contender: Contender) -> Option<&Measurement> {
     rows.iter()
         .filter(|m| m.contender == contender)
-        .min_by(|a, b| a.converge.cmp(&b.converge))
+        .min_by(|a, b| {
+            b.finished()
+                .cmp(&a.finished())
+                .then(b.converged.cmp(&a.converged))
+                .then(a.converge.cmp(&b.converge))
+        })
+}
+
+/// One ratio of convergence times. A side that ran out of its budget took longer than its
+/// recorded time, so the ratio is a bound: `<0.55` when only the other did not converge,
+/// `>1.20` when only wasmop did not, `n/a` when neither did or one did not run.
+fn ratio(wasmop: Option<&Measurement>, other: Option<&Measurement>) -> String {
+    let (Some(w), Some(o)) = (wasmop, other) else {
+        return "n/a".into();
+    };
+    let (ws, os) = (w.converge.as_secs_f64(), o.converge.as_secs_f64());
+    if os <= 0.0 {
+        return "n/a".into();
+    }
+    match (w.finished(), o.finished()) {
+        (true, true) => format!("{:.2}", ws / os),
+        (true, false) => format!("<{:.2}", ws / os),
+        (false, true) => format!(">{:.2}", ws / os),
+        (false, false) => "n/a".into(),
+    }
 }
 
 /// `scale N=<n> wasmop/floor: X.XX wasmop/kube-rs: Y.YY wasmop/controller-runtime: Z.ZZ`
-/// (ratios of convergence time; `n/a` for a contender that did not run).
+/// (ratios of convergence time; a bound `<X.XX` / `>X.XX` when one side did not converge in
+/// its budget, `n/a` for a contender that did not run).
 pub fn final_line(n: usize, rows: &[Measurement]) -> String {
-    let wasmop = best(rows, Contender::Wasmop).map(|m| m.converge.as_secs_f64());
-    let ratio =
-        |other: Contender| match (wasmop, best(rows, other).map(|m| m.converge.as_secs_f64())) {
-            (Some(w), Some(o)) if o > 0.0 => format!("{:.2}", w / o),
-            _ => "n/a".into(),
-        };
+    let wasmop = best(rows, Contender::Wasmop);
+    let of = |other| ratio(wasmop, best(rows, other));
     format!(
         "scale N={n} wasmop/floor: {} wasmop/kube-rs: {} wasmop/controller-runtime: {}",
-        ratio(Contender::Floor),
-        ratio(Contender::KubeRs),
-        ratio(Contender::ControllerRuntime)
+        of(Contender::Floor),
+        of(Contender::KubeRs),
+        of(Contender::ControllerRuntime)
     )
 }
 
@@ -250,6 +291,7 @@ mod tests {
                 layout: contender.layout(10),
             },
             converge: Duration::from_secs_f64(converge),
+            converged: 100,
             converge_requests: Requests::default(),
             converge_writes: 300.0,
             idle_requests: Requests::default(),
@@ -309,5 +351,48 @@ mod tests {
         assert_eq!(sharded_table(100, &rows[..2]), "");
         // The final line compares the unsharded wasmop row.
         assert!(final_line(100, &rows).starts_with("scale N=100 wasmop/floor: 2.00 "));
+    }
+
+    fn unfinished(mut m: Measurement, converged: usize) -> Measurement {
+        m.converged = converged;
+        m.idle = Duration::ZERO;
+        m.idle_writes_per_min = f64::NAN;
+        m
+    }
+
+    #[test]
+    fn a_run_out_of_budget_is_a_row_and_its_ratios_are_bounds() {
+        let rows = vec![
+            row(Contender::Floor, 1, 10.0, &[20]),
+            row(Contender::Wasmop, 1, 20.0, &[90]),
+            unfinished(row(Contender::KubeRs, 1, 40.0, &[30]), 61),
+            row(Contender::ControllerRuntime, 1, 25.0, &[40]),
+        ];
+        let main = table(100, &rows);
+        assert!(
+            main.contains(
+                "| kube-rs | 16 | > 40.0 s (61 of 100) | 300 | - | 30 MiB | 2.00 s | - |"
+            ),
+            "{main}"
+        );
+        assert_eq!(
+            final_line(100, &rows),
+            "scale N=100 wasmop/floor: 2.00 wasmop/kube-rs: <0.50 wasmop/controller-runtime: 0.80"
+        );
+        let late = vec![
+            row(Contender::Floor, 1, 10.0, &[20]),
+            unfinished(row(Contender::Wasmop, 1, 40.0, &[90]), 99),
+            unfinished(row(Contender::KubeRs, 1, 40.0, &[30]), 61),
+        ];
+        assert_eq!(
+            final_line(100, &late),
+            "scale N=100 wasmop/floor: >4.00 wasmop/kube-rs: n/a wasmop/controller-runtime: n/a"
+        );
+        // The best of several tries converged, whatever the others' times.
+        let floors = vec![
+            unfinished(row(Contender::Floor, 1, 5.0, &[20]), 50),
+            row(Contender::Floor, 1, 8.0, &[20]),
+        ];
+        assert!(best(&floors, Contender::Floor).is_some_and(Measurement::finished));
     }
 }

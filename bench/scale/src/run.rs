@@ -7,6 +7,10 @@
 //! what each wasmop host reports about its caches and slice); let the tail of the work settle
 //! (no controller write for 6 s, at most 60 s); then count the writes of an idle window.
 //!
+//! A contender that does not converge within the budget still yields a row: its
+//! [`Measurement::converged`] says how many Apps it got to, its convergence time is the budget,
+//! and it has no idle window (a run that is still working has nothing idle to measure).
+//!
 //! A contender of several processes (sharded replicas) is measured per process
 //! ([`Measurement::processes`]); its [`ProcStat`]s in [`Measurement`] combine them
 //! ([`procstat::combine`]: the largest RSS, the sum of CPU).
@@ -16,7 +20,8 @@
 //! - The control plane and the controller are stopped when the run ends, failed or not.
 //!
 //! # Errors
-//! Any step's error; a timeout carries the controller's log tail.
+//! Any step's error (a controller that exits carries its log tail); running out of the
+//! convergence budget is a row, not an error.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -38,8 +43,10 @@ pub struct Measurement {
     pub n: usize,
     /// Its settings.
     pub tuning: Tuning,
-    /// First create to convergence.
+    /// First create to convergence (the budget, when it ran out first).
     pub converge: Duration,
+    /// How many Apps converged: `n`, unless the budget ran out first.
+    pub converged: usize,
     /// Requests during convergence (all clients).
     pub converge_requests: Requests,
     /// Controller writes during convergence (the bench's N App creates not counted).
@@ -83,6 +90,11 @@ impl Process {
 }
 
 impl Measurement {
+    /// Whether every App converged within the budget.
+    pub fn finished(&self) -> bool {
+        self.converged >= self.n
+    }
+
     /// Its row name: the contender's, `wasmop xK` for K sharded replicas.
     pub fn label(&self) -> String {
         self.contender.label(&self.tuning)
@@ -93,8 +105,11 @@ impl Measurement {
         self.at_converge.cpu_seconds - self.at_start.cpu_seconds
     }
 
-    /// CPU seconds per minute while idle (settling excluded).
+    /// CPU seconds per minute while idle (settling excluded; NaN without an idle window).
     pub fn cpu_idle_per_min(&self) -> f64 {
+        if self.idle.is_zero() {
+            return f64::NAN;
+        }
         (self.at_end.cpu_seconds - self.at_idle_start.cpu_seconds) * 60.0 / self.idle.as_secs_f64()
     }
 }
@@ -182,14 +197,15 @@ pub async fn measure(
         tuning.layout.count(n)
     );
     let started = create_apps(&client, tuning.layout, n).await?;
-    let done = match tracker.wait(&label, n, timeout).await {
-        Ok(at) => at,
+    let (done, converged) = match tracker.wait(&label, n, timeout).await {
+        Ok(at) => (at, n),
         Err(e) => {
-            return Err(Error::Other(format!(
-                "{e}\n{} log tail:\n{}",
+            eprintln!(
+                "[bench] {label}: {e}; {} log tail:\n{}",
                 contender.name(),
                 running.log_tail()
-            )));
+            );
+            (Instant::now(), tracker.converged())
         }
     };
     let converge = done.saturating_duration_since(started);
@@ -199,24 +215,36 @@ pub async fn measure(
     let converge_requests = after.since(&before);
     let converge_writes = (converge_requests.controller_writes() - n as f64).max(0.0);
     let reconciles: f64 = reports.iter().filter_map(|r| r.reconciles).sum();
+    let by_hosts = if reports.iter().any(|r| r.reconciles.is_some()) {
+        format!(" ({reconciles} reconciles by wasmop hosts)")
+    } else {
+        String::new()
+    };
     eprintln!(
-        "[bench] {label}: converged in {:.1} s ({reconciles} reconciles by wasmop hosts); settling, then {} s idle",
+        "[bench] {label}: {converged} of {n} converged in {:.1} s{by_hosts}",
         converge.as_secs_f64(),
-        idle.as_secs()
     );
-    settle(
-        &client,
-        tuning
-            .resync
-            .clamp(Duration::from_secs(10), Duration::from_secs(60)),
-    )
-    .await?;
+    let idle = if converged < n { Duration::ZERO } else { idle };
+    if !idle.is_zero() {
+        eprintln!("[bench] {label}: settling, then {} s idle", idle.as_secs());
+        settle(
+            &client,
+            tuning
+                .resync
+                .clamp(Duration::from_secs(10), Duration::from_secs(60)),
+        )
+        .await?;
+    }
     let idle_start = stats(contender, &mut running)?;
     let idle_before = Requests::read(&client).await?;
     tokio::time::sleep(idle).await;
     let idle_requests = Requests::read(&client).await?.since(&idle_before);
     let at_end = stats(contender, &mut running)?;
-    let idle_writes_per_min = idle_requests.controller_writes() * 60.0 / idle.as_secs_f64();
+    let idle_writes_per_min = if idle.is_zero() {
+        f64::NAN
+    } else {
+        idle_requests.controller_writes() * 60.0 / idle.as_secs_f64()
+    };
     drop(tracker);
     drop(running);
     drop(cluster);
@@ -234,6 +262,7 @@ pub async fn measure(
         n,
         tuning,
         converge,
+        converged,
         converge_requests,
         converge_writes,
         idle_requests,

@@ -28,6 +28,12 @@ async fn binaries() -> anyhow::Result<Binaries> {
 
 fn check(m: &Measurement) {
     let name = m.contender.name();
+    assert!(
+        m.finished(),
+        "{name}: only {} of {N} Apps converged in {:?}",
+        m.converged,
+        m.converge
+    );
     assert!(m.converge > Duration::ZERO, "{name}: no convergence time");
     assert!(m.at_end.peak_rss > 0, "{name}: no peak RSS");
     assert!(
