@@ -15,7 +15,8 @@
 //!   measured per replica.
 //!
 //! For each: time from the first create to convergence (seen through watches of Apps,
-//! Deployments and Services), peak RSS and CPU seconds of the controller process (from /proc),
+//! Deployments and Services), peak RSS (of start-up, and of the work after it: the peak is reset
+//! before the Apps are created) and CPU seconds of the controller process (from /proc),
 //! API requests by verb and resource during convergence and while idle (from the API server's
 //! `apiserver_request_total`).
 //!

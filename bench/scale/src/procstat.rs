@@ -1,5 +1,6 @@
 //! Peak RSS, RSS and CPU seconds of a process, from `/proc/<pid>/status` (VmHWM, VmRSS) and
-//! `/proc/<pid>/stat` (utime + stime); [`combine`] sums the processes of a sharded contender.
+//! `/proc/<pid>/stat` (utime + stime); [`combine`] sums the processes of a sharded contender;
+//! [`reset_peak`] starts a new peak (so start-up and the work after it are measured apart).
 //!
 //! # Errors
 //! [`Error::Io`] when the process is gone; [`Error::Other`] when the files do not parse.
@@ -72,6 +73,18 @@ pub fn read(pid: u32) -> Result<ProcStat> {
         rss: rss * 1024,
         cpu_seconds: (utime + stime) as f64 / clock_ticks(),
     })
+}
+
+/// Resets the process's peak RSS (VmHWM) to its current RSS: `5` written to
+/// `/proc/<pid>/clear_refs` (Linux 4.0 and later; needs the right to ptrace the process, which
+/// a parent running as the same user has).
+///
+/// # Errors
+/// [`Error::Io`] when the file cannot be written: the peak would silently include what came
+/// before, so this is an error, not a warning.
+pub fn reset_peak(pid: u32) -> Result<()> {
+    let path = format!("/proc/{pid}/clear_refs");
+    std::fs::write(&path, "5").map_err(Error::io("writing", &path))
 }
 
 /// Several processes as one contender: the largest peak and current RSS (what one replica

@@ -39,19 +39,20 @@ pub fn table(n: usize, rows: &[Measurement]) -> String {
     );
     let _ = writeln!(
         out,
-        "| contender | concurrency | converge | writes during convergence | writes/min idle | peak RSS | CPU converge | CPU/min idle | client-side limit |"
+        "| contender | concurrency | converge | writes during convergence | writes/min idle | peak RSS converging and idle | peak RSS at start-up | CPU converge | CPU/min idle | client-side limit |"
     );
-    let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|---|");
     for m in rows {
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {:.0} | {} | {:.0} MiB | {:.2} s | {} | {} |",
+            "| {} | {} | {} | {:.0} | {} | {:.0} MiB | {:.0} MiB | {:.2} s | {} | {} |",
             m.label(),
             m.tuning.concurrency,
             converge_cell(m),
             m.converge_writes,
             idle_cell(m.idle_writes_per_min, 1, ""),
             mib(m.at_end.peak_rss),
+            mib(m.at_start.peak_rss),
             m.cpu_converge(),
             idle_cell(m.cpu_idle_per_min(), 2, " s"),
             m.contender.client_limit(),
@@ -133,7 +134,7 @@ pub fn sharded_table(n: usize, rows: &[Measurement]) -> String {
     );
     let _ = writeln!(
         out,
-        "| row | namespaces | converge | writes during convergence | API requests during convergence | writes/min idle | Lease writes/min idle | peak RSS, largest replica | peak RSS per replica | peak RSS before the Apps | RSS at the end | primaries per replica | cached objects per replica | reconciles per replica until convergence | CPU converge per replica | watch filter |"
+        "| row | namespaces | converge | writes during convergence | API requests during convergence | writes/min idle | Lease writes/min idle | peak RSS converging and idle, largest replica | peak RSS converging and idle per replica | peak RSS at start-up | RSS at the end | primaries per replica | cached objects per replica | reconciles per replica until convergence | CPU converge per replica | watch filter |"
     );
     let _ = writeln!(
         out,
@@ -316,7 +317,7 @@ mod tests {
         let main = table(100, &rows);
         assert!(main.contains("| wasmop x3 | 16 | 12.5 s |"), "{main}");
         // The main table's peak RSS of a sharded row is its largest replica's; CPU the sum.
-        assert!(main.contains("| 62 MiB | 6.00 s |"), "{main}");
+        assert!(main.contains("| 62 MiB | 40 MiB | 6.00 s |"), "{main}");
         let sharded = sharded_table(100, &rows);
         let lines: Vec<&str> = sharded
             .lines()
@@ -371,7 +372,7 @@ mod tests {
         let main = table(100, &rows);
         assert!(
             main.contains(
-                "| kube-rs | 16 | > 40.0 s (61 of 100) | 300 | - | 30 MiB | 2.00 s | - |"
+                "| kube-rs | 16 | > 40.0 s (61 of 100) | 300 | - | 30 MiB | 40 MiB | 2.00 s | - |"
             ),
             "{main}"
         );

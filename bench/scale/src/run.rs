@@ -59,7 +59,8 @@ pub struct Measurement {
     pub idle: Duration,
     /// The controller process at convergence.
     pub at_converge: ProcStat,
-    /// The controller process before the Apps were created.
+    /// The controller process before the Apps were created (its peak RSS: start-up's). The
+    /// peak is reset then, so the later readings' peaks are those of the work since.
     pub at_start: ProcStat,
     /// The controller process when the idle window began.
     pub at_idle_start: ProcStat,
@@ -72,7 +73,7 @@ pub struct Measurement {
 /// One process of a contender.
 #[derive(Debug, Clone, Default)]
 pub struct Process {
-    /// Before the Apps were created.
+    /// Before the Apps were created (peak RSS: start-up's; reset then).
     pub at_start: ProcStat,
     /// At convergence.
     pub at_converge: ProcStat,
@@ -191,6 +192,10 @@ pub async fn measure(
     let mut running = contenders::start(contender, &cluster, binaries, tuning, &dir).await?;
     let mut tracker = Tracker::start(&client, tuning.layout.watched()).await?;
     let at_start = stats(contender, &mut running)?;
+    // From here the peak is the work's: start-up (a wasmop host's module compile) is `at_start`.
+    for pid in running.pids().into_iter().flatten() {
+        procstat::reset_peak(pid)?;
+    }
     let before = Requests::read(&client).await?;
     eprintln!(
         "[bench] {label}: creating {n} Apps in {} namespace(s)",
