@@ -164,6 +164,211 @@ impl Index {
     }
 }
 
+/// One cached object of a [`Cache`]: its JSON text (what a reconcile sends the module).
+#[derive(Debug, Clone)]
+struct Entry {
+    group: Option<String>,
+    json: Arc<str>,
+}
+
+#[derive(Debug, Default)]
+struct Contents {
+    objects: HashMap<Key, Entry>,
+    groups: HashMap<String, HashSet<Key>>,
+}
+
+impl Contents {
+    fn insert(&mut self, key: Key, entry: Entry) {
+        self.remove(&key);
+        if let Some(group) = &entry.group {
+            self.groups
+                .entry(group.clone())
+                .or_default()
+                .insert(key.clone());
+        }
+        self.objects.insert(key, entry);
+    }
+
+    fn remove(&mut self, key: &Key) {
+        let Some(old) = self.objects.remove(key) else {
+            return;
+        };
+        if let Some(group) = old.group
+            && let Some(members) = self.groups.get_mut(&group)
+        {
+            members.remove(key);
+            if members.is_empty() {
+                self.groups.remove(&group);
+            }
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct CacheState {
+    live: Contents,
+    /// A relist in progress: replaces `live` when it completes.
+    next: Option<Contents>,
+}
+
+/// The compact cache of one owned or related kind: each object as its JSON text, grouped by a
+/// property (children by their controller's uid, related objects by namespace).
+///
+/// A `serde_json::Value` costs several times its JSON text (every JSON object is a B-tree
+/// with its own node allocations), and a reconcile sends the module JSON text anyway; so the
+/// cache keeps the text, built once per watch event, and a reconcile parses only the few objects
+/// it reads (see `docs/benchmarks.md`, "Cache memory per object").
+///
+/// # Guarantees
+/// - The cache follows its watch stream as kube-runtime's reflector store does: applied objects
+///   are (re)stored and (re)grouped, deleted ones dropped, and a relist replaces the whole
+///   contents when it completes (until then reads see the contents from before it).
+/// - An object's text is exactly `serde_json::to_string` of the object the stream delivered
+///   (`managedFields` are stripped before, by the controller), so a module receives what it
+///   received from the reflector's store before.
+/// - A lookup by group returns exactly the stored objects of that group: the index and the
+///   objects change together, under one lock.
+///
+/// # Errors
+/// Nothing here fails: an object that cannot be serialized is not stored (logged), and a
+/// poisoned lock yields empty lookups.
+#[derive(Debug)]
+pub struct Cache {
+    by: GroupBy,
+    state: std::sync::RwLock<CacheState>,
+}
+
+/// One object as the cache holds it: its key and its JSON text.
+pub type Text = (Key, Arc<str>);
+
+impl Cache {
+    /// An empty cache grouping by `by`.
+    pub fn new(by: GroupBy) -> Arc<Self> {
+        Arc::new(Cache {
+            by,
+            state: std::sync::RwLock::default(),
+        })
+    }
+
+    fn entry(&self, o: &DynamicObject) -> Option<Entry> {
+        match serde_json::to_string(o) {
+            Ok(json) => Some(Entry {
+                group: (self.by)(o),
+                json: json.into(),
+            }),
+            Err(e) => {
+                tracing::warn!(object = %o.name_any(), error = %e, "cannot cache an object: it does not serialize");
+                None
+            }
+        }
+    }
+
+    /// Follows one event of the watch stream.
+    pub fn record(&self, event: &watcher::Event<DynamicObject>) {
+        let entry = match event {
+            watcher::Event::InitApply(o) | watcher::Event::Apply(o) => self.entry(o),
+            _ => None,
+        };
+        let Ok(mut state) = self.state.write() else {
+            return;
+        };
+        match (event, entry) {
+            (watcher::Event::Init, _) => state.next = Some(Contents::default()),
+            (watcher::Event::InitApply(o), Some(entry)) => state
+                .next
+                .get_or_insert_with(Contents::default)
+                .insert(key_of(o), entry),
+            (watcher::Event::InitDone, _) => {
+                if let Some(next) = state.next.take() {
+                    state.live = next;
+                }
+            }
+            (watcher::Event::Apply(o), Some(entry)) => state.live.insert(key_of(o), entry),
+            (watcher::Event::Apply(o) | watcher::Event::Delete(o), None) => {
+                state.live.remove(&key_of(o))
+            }
+            (watcher::Event::InitApply(_), None) => {}
+            (watcher::Event::Delete(_), Some(_)) => {}
+        }
+    }
+
+    /// How many objects the cache holds.
+    pub fn len(&self) -> usize {
+        self.state.read().map(|s| s.live.objects.len()).unwrap_or(0)
+    }
+
+    /// Whether the cache holds nothing.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The objects in `group`, sorted by key.
+    pub fn group(&self, group: &str) -> Vec<Text> {
+        let Ok(state) = self.state.read() else {
+            return Vec::new();
+        };
+        let live = &state.live;
+        let mut out: Vec<Text> = live
+            .groups
+            .get(group)
+            .into_iter()
+            .flatten()
+            .filter_map(|k| live.objects.get(k).map(|e| (k.clone(), e.json.clone())))
+            .collect();
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        out
+    }
+
+    /// Every object, sorted by key.
+    pub fn all(&self) -> Vec<Text> {
+        let Ok(state) = self.state.read() else {
+            return Vec::new();
+        };
+        let mut out: Vec<Text> = state
+            .live
+            .objects
+            .iter()
+            .map(|(k, e)| (k.clone(), e.json.clone()))
+            .collect();
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        out
+    }
+
+    /// The objects of `namespace` whose key `keep` rejects, parsed (a namespace's relist, see
+    /// [`super::scope`]). An object whose text no longer parses is skipped.
+    pub fn held_in(&self, namespace: &str, keep: &dyn Fn(&Key) -> bool) -> Vec<DynamicObject> {
+        let Ok(state) = self.state.read() else {
+            return Vec::new();
+        };
+        state
+            .live
+            .objects
+            .iter()
+            .filter(|(k, _)| k.0.as_deref() == Some(namespace) && !keep(k))
+            .filter_map(|(_, e)| serde_json::from_str(&e.json).ok())
+            .collect()
+    }
+}
+
+/// The labels of an object given as JSON text (empty when it has none or does not parse).
+pub fn labels_of(json: &str) -> std::collections::BTreeMap<String, String> {
+    #[derive(serde::Deserialize, Default)]
+    struct Meta {
+        #[serde(default)]
+        labels: Option<std::collections::BTreeMap<String, String>>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Object {
+        #[serde(default)]
+        metadata: Option<Meta>,
+    }
+    serde_json::from_str::<Object>(json)
+        .ok()
+        .and_then(|o| o.metadata)
+        .and_then(|m| m.labels)
+        .unwrap_or_default()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
