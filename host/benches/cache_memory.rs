@@ -6,8 +6,9 @@
 //! as one list (`Init`, `InitApply`..., `InitDone`) into the caches:
 //! - **old**: every kind in a kube-runtime reflector `Store<DynamicObject>` plus its
 //!   [`Index`] (the controller before the compact caches);
-//! - **new**: the Apps as before (the primaries' store feeds kube-runtime's `Controller`), the
-//!   Deployments and Services in compact [`Cache`]s (each object as its JSON text).
+//! - **new**: the Apps as [`Compact`]s in a reflector store (the primaries' store feeds
+//!   kube-runtime's `Controller`: typed metadata plus the JSON text), the Deployments and
+//!   Services in compact [`Cache`]s (each object as its JSON text), with their indexes.
 //!
 //! Each representation runs in a fresh child process (freed heap is not returned to the system,
 //! so a second measurement in the same process would reuse the first one's pages) and reports its
@@ -21,6 +22,7 @@ use kube::runtime::reflector::store::Writer;
 use kube::runtime::watcher::Event;
 use serde_json::{Value, json};
 use wasmop::controller::cache::{self, Cache, Index};
+use wasmop::controller::compact::Compact;
 
 /// RssAnon in KiB.
 fn rss_anon_kib() -> f64 {
@@ -174,7 +176,22 @@ enum Held {
         #[allow(dead_code)] kube::runtime::reflector::Store<DynamicObject>,
         #[allow(dead_code)] std::sync::Arc<Index>,
     ),
+    Primaries(
+        #[allow(dead_code)] kube::runtime::reflector::Store<Compact>,
+        #[allow(dead_code)] std::sync::Arc<Index>,
+    ),
     New(std::sync::Arc<Cache>),
+}
+
+/// How one kind is cached.
+#[derive(Clone, Copy, PartialEq)]
+enum Form {
+    /// `DynamicObject`s in a reflector store, with an index.
+    Whole,
+    /// [`Compact`]s in a reflector store, with an index (the primaries, new).
+    Compact,
+    /// A [`Cache`] (owned and related kinds, new).
+    Text,
 }
 
 /// Feeds N objects of one kind into the representation `mode`; prints the RssAnon growth.
@@ -182,10 +199,35 @@ fn fill(
     mode: &str,
     n: usize,
     (name, ar, make, by): (&str, ApiResource, fn(usize) -> Value, cache::GroupBy),
-    compact: bool,
+    form: Form,
 ) -> anyhow::Result<(f64, Held)> {
     let before = rss_anon_kib();
-    let held = if compact {
+    let held = if form == Form::Compact {
+        let mut writer = Writer::<Compact>::new(ar);
+        let index = Index::new(by);
+        let store = writer.as_reader();
+        for e in std::iter::once(Ok(Event::Init))
+            .chain((0..n).map(|i| object(make(i)).map(Event::InitApply)))
+            .chain(std::iter::once(Ok(Event::InitDone)))
+        {
+            // As the controller: the index follows the watch's objects, the store their
+            // compact form.
+            let e = e?;
+            index.record(&e);
+            let c = match e {
+                Event::InitApply(o) => Event::InitApply(Compact::new(&o)?),
+                Event::Init => Event::Init,
+                _ => Event::InitDone,
+            };
+            writer.apply_watcher_event(&c);
+        }
+        anyhow::ensure!(
+            store.len() == n,
+            "the store holds {} of {n} {name}s",
+            store.len()
+        );
+        Held::Primaries(store, index)
+    } else if form == Form::Text {
         let c = Cache::new(by);
         c.record(&Event::Init);
         for i in 0..n {
@@ -230,27 +272,39 @@ fn child(mode: &str, n: usize) -> anyhow::Result<()> {
             resource("example.wasmop.dev", "v1", "App"),
             app as fn(usize) -> Value,
             cache::namespace as cache::GroupBy,
-            false,
+            if mode == "new" {
+                Form::Compact
+            } else {
+                Form::Whole
+            },
         ),
         (
             "Deployment",
             resource("apps", "v1", "Deployment"),
             deployment,
             cache::controller_uid,
-            mode == "new",
+            if mode == "new" {
+                Form::Text
+            } else {
+                Form::Whole
+            },
         ),
         (
             "Service",
             resource("", "v1", "Service"),
             service,
             cache::controller_uid,
-            mode == "new",
+            if mode == "new" {
+                Form::Text
+            } else {
+                Form::Whole
+            },
         ),
     ];
     let mut total = 0.0;
     let mut held = Vec::new();
-    for (name, ar, make, by, compact) in kinds {
-        let (grown, h) = fill(mode, n, (name, ar, make, by), compact)?;
+    for (name, ar, make, by, form) in kinds {
+        let (grown, h) = fill(mode, n, (name, ar, make, by), form)?;
         total += grown;
         held.push(h);
     }

@@ -9,9 +9,9 @@
 //! - a [`Cache`] holds an owned or related kind compactly, each object as its JSON text (a
 //!   `serde_json::Value` costs several times its text; see `docs/benchmarks.md`, "Cache memory
 //!   per object"), with its groups;
-//! - an [`Index`] groups the keys of the primaries' kube-runtime reflector store, which
-//!   kube-runtime's `Controller` reads (a related change with `AllPrimaries` finds one
-//!   namespace's primaries).
+//! - an [`Index`] groups the keys of the primaries' kube-runtime reflector store (of
+//!   [`super::compact::Compact`]s), which kube-runtime's `Controller` reads (a related change
+//!   with `AllPrimaries` finds one namespace's primaries).
 //!
 //! # Guarantees
 //! - Both follow their watch stream: applied objects are (re)grouped, deleted ones dropped,

@@ -39,7 +39,8 @@
 //! when told to.
 //!
 //! Its parts: [`watches`] (the caches and what they report), [`cache`] (the compact caches of
-//! owned and related kinds, and indexes), [`access`] (what the module's identity may read), [`intents`] (the checks of a
+//! owned and related kinds, and indexes), [`compact`] (a primary as its store holds it),
+//! [`access`] (what the module's identity may read), [`intents`] (the checks of a
 //! response), [`apply`] (the writes), [`noop`] (writes that would change nothing),
 //! [`predicate`] (which primary changes call for a reconcile), [`resync`] (jittered resyncs),
 //! [`priority`] (reactive work before timed work), [`limit`] (the host-wide bound),
@@ -49,10 +50,12 @@
 //! What one reconcile costs depends on its own primary, not on the cluster: children are found
 //! through an index by controller uid, related objects through an index by namespace, and a
 //! related change with `AllPrimaries` enqueues only the primaries of its namespace (for a
-//! namespaced primary). Cached objects carry no `managedFields`, and owned and related objects
-//! are cached as their JSON text ([`cache::Cache`], a third of a `serde_json::Value`'s memory or
-//! less): a reconcile parses only its own primary's children, and sends the module the texts as
-//! they are. The primaries stay in kube-runtime's reflector store, which its `Controller` reads.
+//! namespaced primary). Cached objects carry no `managedFields` and are kept as their JSON text
+//! (a `serde_json::Value` costs several times that): owned and related objects in a
+//! [`cache::Cache`], primaries as [`compact::Compact`]s (metadata plus text) in the reflector
+//! store kube-runtime's `Controller` reads. A reconcile parses only its own primary and its
+//! children, and sends the module the cached texts of the children and related objects as
+//! they are.
 //! A converged reconciler writes
 //! nothing: unchanged applies and status writes are skipped ([`noop`]), the host's own status
 //! writes do not trigger reconciles ([`predicate`]), and resyncs are spread out ([`resync`]).
@@ -66,6 +69,7 @@
 pub mod access;
 pub mod apply;
 pub mod cache;
+pub mod compact;
 pub mod conditions;
 pub mod conflict;
 pub mod intents;
@@ -96,6 +100,7 @@ use tracing::{Instrument, info_span};
 
 use self::apply::{Applier, FailureKind, Observed, object_reference};
 use self::cache::{Cache, Index};
+use self::compact::Compact;
 use self::intents::{Grant, Primary, RECONCILER_LABEL, Rejected};
 use self::watches::WatchErrors;
 use crate::contract::{
@@ -244,7 +249,7 @@ pub struct Shared {
     objects: Arc<Mutex<HashMap<Key, ObjectState>>>,
     health: Arc<Health>,
     queue: Queue,
-    primaries: Store<DynamicObject>,
+    primaries: Store<Compact>,
     synced: tokio::sync::watch::Receiver<Gate>,
     /// `spec.limits.concurrency` permits, reactive work first (see [`priority`]).
     priority: priority::PriorityGate<Key>,
@@ -273,11 +278,11 @@ struct Cached {
 
 /// Keeps `wasmop_cache_objects{reconciler,kind}` at `len()`, the size of the cache the watch
 /// events passed to the returned closure were just recorded in.
-fn cached(
+fn cached<K>(
     reconciler: &str,
     kind: &Gvk,
     len: impl Fn() -> usize + Send + 'static,
-) -> impl Fn(&Result<watcher::Event<DynamicObject>, watcher::Error>) + Send + 'static {
+) -> impl Fn(&Result<watcher::Event<K>, watcher::Error>) + Send + 'static {
     let (reconciler, kind) = (reconciler.to_string(), cache_kind(kind));
     move |event| {
         if matches!(
@@ -320,8 +325,32 @@ impl std::fmt::Debug for Shared {
     }
 }
 
-fn key_of(o: &DynamicObject) -> Key {
+fn key_of<K: kube::Resource>(o: &K) -> Key {
     (o.namespace(), o.name_any())
+}
+
+/// The primaries' watch event `item` with its objects in their [`Compact`] form (an object that
+/// does not serialize is logged and its event dropped; it never happens to one read from JSON).
+fn compact_event(
+    item: Result<watcher::Event<DynamicObject>, watcher::Error>,
+) -> Option<Result<watcher::Event<Compact>, watcher::Error>> {
+    let compact = |o: DynamicObject| match Compact::new(&o) {
+        Ok(c) => Some(c),
+        Err(e) => {
+            tracing::warn!(object = %key_text(&key_of(&o)), error = %e, "cannot cache a primary: it does not serialize");
+            None
+        }
+    };
+    Some(item.map(|e| {
+        Some(match e {
+            watcher::Event::Init => watcher::Event::Init,
+            watcher::Event::InitDone => watcher::Event::InitDone,
+            watcher::Event::InitApply(o) => watcher::Event::InitApply(compact(o)?),
+            watcher::Event::Apply(o) => watcher::Event::Apply(compact(o)?),
+            watcher::Event::Delete(o) => watcher::Event::Delete(compact(o)?),
+        })
+    }))
+    .and_then(|r| r.transpose())
 }
 
 /// `ns/name` or `name`: the work-queue key of the metrics.
@@ -339,7 +368,7 @@ fn now_unix_ms() -> u64 {
         .unwrap_or_default()
 }
 
-fn object_ref_of(kind: &Gvk, o: &DynamicObject) -> ObjectRef {
+fn object_ref_of<K: kube::Resource>(kind: &Gvk, o: &K) -> ObjectRef {
     ObjectRef {
         api_version: kind.api_version.clone(),
         kind: kind.kind.clone(),
@@ -436,11 +465,11 @@ impl std::fmt::Debug for Clients {
     }
 }
 
-fn reference(
+fn reference<K: kube::Resource<DynamicType = kube::api::ApiResource>>(
     ar: &kube::api::ApiResource,
     namespace: Option<String>,
     name: &str,
-) -> KubeRef<DynamicObject> {
+) -> KubeRef<K> {
     let r = KubeRef::new_with(name, ar.clone());
     match namespace {
         Some(ns) => r.within(&ns),
@@ -482,9 +511,9 @@ fn forget_key(
 /// Frees the state of primaries that are gone: deleted ones, and after a (re)list, every one
 /// the list no longer holds (deleted while the watch was down).
 fn forget_gone(
-    event: &Result<watcher::Event<DynamicObject>, watcher::Error>,
+    event: &Result<watcher::Event<Compact>, watcher::Error>,
     objects: &Mutex<HashMap<Key, ObjectState>>,
-    primaries: &Store<DynamicObject>,
+    primaries: &Store<Compact>,
     health: &Health,
     queue: &Queue,
 ) {
@@ -492,7 +521,7 @@ fn forget_gone(
         Ok(watcher::Event::Delete(o)) => forget_key(objects, health, queue, &key_of(o)),
         Ok(watcher::Event::InitDone) => {
             let present: std::collections::HashSet<Key> =
-                primaries.state().iter().map(|p| key_of(p)).collect();
+                primaries.state().iter().map(|p| key_of(&**p)).collect();
             let gone: Vec<Key> = objects
                 .lock()
                 .map(|m| {
@@ -574,12 +603,18 @@ pub fn start(
         &settings.namespaces,
         (
             watcher::Config::default(),
-            scope::held_in_store(primaries.clone()),
+            scope::held_in_store(primaries.clone(), |c: &Compact| c.object().ok()),
         ),
         by(crate::sharding::hash::Key::of_primary),
     )
     .modify(strip)
     .inspect(move |e| h.watched(&k, e))
+    .inspect(move |e| {
+        if let Ok(e) = e {
+            pi.record(e);
+        }
+    })
+    .filter_map(|item| std::future::ready(compact_event(item)))
     .reflect(primary_writer)
     .inspect(cached(&settings.name, &primary_kind, {
         let p = primaries.clone();
@@ -595,15 +630,10 @@ pub fn start(
                 .primaries(&wr_name, owned_store.len());
         }
     })
-    .inspect(move |e| {
-        if let Ok(e) = e {
-            pi.record(e);
-        }
-    })
     .inspect(move |e| forget_gone(e, &o, &all, &h2, &q2))
     .applied_objects()
     // The host's own status writes (and anyone's status-only changes) call for no reconcile.
-    .predicate_filter(predicate::outside_status, PredicateConfig::default())
+    .predicate_filter(|c: &Compact| c.outside_status(), PredicateConfig::default())
     .inspect(move |o| {
         if let Ok(o) = o {
             q.requested(key_text(&key_of(o)));
@@ -612,7 +642,7 @@ pub fn start(
     let (q, all) = (queue.clone(), primaries.clone());
     let module_changed = futures::stream::select(module_changed, relisted_rx).inspect(move |()| {
         for p in all.state() {
-            q.requested(key_text(&key_of(&p)));
+            q.requested(key_text(&key_of(&*p)));
         }
     });
     let mut controller =
@@ -762,7 +792,7 @@ pub fn start(
                         Mapping::AllPrimaries if namespaced => targets
                             .extend(primary_index.keys(&other.namespace().unwrap_or_default())),
                         Mapping::AllPrimaries => {
-                            targets.extend(primaries.state().iter().map(|p| key_of(p)))
+                            targets.extend(primaries.state().iter().map(|p| key_of(&**p)))
                         }
                         Mapping::PrimaryNamedByLabel(l) => {
                             if let Some(n) = labels.get(l) {
@@ -909,8 +939,8 @@ pub fn start(
 /// Logs (once per process, at debug) the size of a reconcile's future: what every entry that
 /// waits in the priority gate holds, besides kube-runtime's own wrapping.
 fn sized<F>(
-    reconcile: impl Fn(Arc<DynamicObject>, Arc<Shared>) -> F,
-) -> impl Fn(Arc<DynamicObject>, Arc<Shared>) -> F {
+    reconcile: impl Fn(Arc<Compact>, Arc<Shared>) -> F,
+) -> impl Fn(Arc<Compact>, Arc<Shared>) -> F {
     static LOGGED: std::sync::Once = std::sync::Once::new();
     move |primary, shared| {
         let future = reconcile(primary, shared);
@@ -1161,11 +1191,8 @@ fn truncate(s: &str, max: usize) -> String {
     format!("{}...", &s[..cut])
 }
 
-async fn reconcile(
-    primary: Arc<DynamicObject>,
-    shared: Arc<Shared>,
-) -> Result<Action, ReconcileError> {
-    let key = key_of(&primary);
+async fn reconcile(primary: Arc<Compact>, shared: Arc<Shared>) -> Result<Action, ReconcileError> {
+    let key = key_of(&*primary);
     // Read again once admitted: a reconcile that waited works on the current primary.
     drop(primary);
     // No reconcile and no finalize before every watch has its first list.
@@ -1202,6 +1229,13 @@ async fn reconcile(
         shared.forget(&key);
         return Ok(Action::await_change());
     };
+    // The one primary this reconcile reads, parsed from its cached text.
+    let primary = Arc::new(primary.object().map_err(|e| {
+        ReconcileError::Apply(format!(
+            "cannot read the cached primary {}: {e}",
+            key_text(&key)
+        ))
+    })?);
     // Boxed: what waits above stays small (see `sized`).
     Box::pin(admitted(primary, shared, permit)).await
 }
@@ -1212,7 +1246,7 @@ async fn admitted(
     shared: Arc<Shared>,
     _slot: priority::Permit,
 ) -> Result<Action, ReconcileError> {
-    let key = key_of(&primary);
+    let key = key_of(&*primary);
     // With sharding: only primaries in this replica's active ranges, and the drain of a range
     // being released waits for this reconcile (held until it returns).
     let admitted = match &shared.settings.shards {
@@ -1222,7 +1256,7 @@ async fn admitted(
             match shards.admit(key.hash(&primary)) {
                 Some(a) => Some(a),
                 None => {
-                    shared.forget(&key_of(&primary));
+                    shared.forget(&key_of(&*primary));
                     return Ok(Action::await_change());
                 }
             }
@@ -1326,7 +1360,7 @@ async fn run_once(
     trigger: Trigger,
     attempt: u32,
 ) -> Result<Action, ReconcileError> {
-    let key = key_of(primary);
+    let key = key_of(&**primary);
     let module = &active.module;
     let finalizes = module.metadata().finalizes;
     let own = finalizer_for(&shared.settings.name);
@@ -1570,12 +1604,8 @@ async fn run_once(
     Ok(Action::requeue(next.0))
 }
 
-fn error_policy(
-    primary: Arc<DynamicObject>,
-    error: &ReconcileError,
-    shared: Arc<Shared>,
-) -> Action {
-    let failures = shared.failed(&key_of(&primary));
+fn error_policy(primary: Arc<Compact>, error: &ReconcileError, shared: Arc<Shared>) -> Action {
+    let failures = shared.failed(&key_of(&*primary));
     let delay = backoff(failures);
     shared.queue.requeued(true);
     tracing::debug!(reconciler = %shared.settings.name, object = %primary.name_any(), failures, delay_ms = delay.as_millis() as u64, error = %error, "backing off");

@@ -59,13 +59,21 @@ fn key_of(o: &DynamicObject) -> Key {
 /// before it has reached the cache.
 pub type Held = Arc<dyn Fn(&str, &HashSet<Key>) -> Vec<DynamicObject> + Send + Sync>;
 
-/// [`Held`] of a kube-runtime reflector store.
-pub fn held_in_store(store: Store<DynamicObject>) -> Held {
+/// [`Held`] of a kube-runtime reflector store of `K`, whose objects `object` gives as
+/// `DynamicObject`s (None: skipped).
+pub fn held_in_store<K>(store: Store<K>, object: fn(&K) -> Option<DynamicObject>) -> Held
+where
+    K: kube::Resource + Clone + Send + Sync + 'static,
+    K::DynamicType: std::hash::Hash + Eq + Clone + Send + Sync,
+{
     Arc::new(move |ns: &str, listed: &HashSet<Key>| {
         store
-            .state_filter(|o| o.namespace().as_deref() == Some(ns) && !listed.contains(&key_of(o)))
+            .state_filter(|o| {
+                o.namespace().as_deref() == Some(ns)
+                    && !listed.contains(&(o.namespace(), o.name_any()))
+            })
             .into_iter()
-            .map(|o| (*o).clone())
+            .filter_map(|o| object(&o))
             .collect()
     })
 }
@@ -284,7 +292,7 @@ mod tests {
         let store = writer.as_reader();
         let mut merge = Merge::new(
             namespaces.iter().map(|s| s.to_string()).collect(),
-            held_in_store(store.clone()),
+            held_in_store(store.clone(), |o: &DynamicObject| Some(o.clone())),
         );
         let mut seen = Vec::new();
         let mut drain = |merge: &mut Merge| {
