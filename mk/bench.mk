@@ -11,6 +11,14 @@ bench-dispatch: prereqs
 bench-engine-memory: prereqs
 	$(CARGO) bench -p wasmop --bench engine_memory
 
+.PHONY: bench-cache-memory
+## What the controller's caches hold per object at N image-updater Apps (App, Deployment, Service;
+## no cluster): the reflector stores of whole objects (old) against the compact caches (new), each
+## in a fresh process; last line `cache memory per object KiB: old X.X new Y.Y`.
+## WASMOP_BENCH_N (default 10000).
+bench-cache-memory: prereqs
+	$(CARGO) bench -p wasmop --bench cache_memory
+
 .PHONY: bench-hotswap
 ## Module update -> first reconcile by the new module, on the local control plane: the Rust
 ## example through a ConfigMap, the Python example through an OCI registry. The last lines are

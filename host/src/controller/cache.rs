@@ -1,17 +1,23 @@
-//! Indexes over the controller's caches: which cached objects belong to one primary.
+//! The controller's caches of owned and related kinds, and indexes: which cached objects
+//! belong to one primary.
 //!
-//! kube-runtime's reflector [`Store`] finds an object by name; a reconcile needs the children of
-//! one primary and the related objects of one namespace. Scanning (and cloning) the whole store
-//! for that makes one reconcile O(N) and one resync of N primaries O(N^2). An [`Index`] keeps
-//! the keys of a store's objects grouped by a property (the controller owner's uid, the
-//! namespace), fed by the same watch events as the store, so a lookup costs what it returns.
+//! A reconcile needs the children of one primary and the related objects of one namespace.
+//! Scanning (and cloning) a whole store for that makes one reconcile O(N) and one resync of N
+//! primaries O(N^2). Both kinds of cache therefore group their objects' keys by a property (the
+//! controller owner's uid, the namespace), fed by the same watch events as the objects, so a
+//! lookup costs what it returns:
+//! - a [`Cache`] holds an owned or related kind compactly, each object as its JSON text (a
+//!   `serde_json::Value` costs several times its text; see `docs/benchmarks.md`, "Cache memory
+//!   per object"), with its groups;
+//! - an [`Index`] groups the keys of the primaries' kube-runtime reflector store (of
+//!   [`super::compact::Compact`]s), which kube-runtime's `Controller` reads (a related change
+//!   with `AllPrimaries` finds one namespace's primaries).
 //!
 //! # Guarantees
-//! - The index follows its watch stream: applied objects are (re)grouped, deleted ones dropped,
-//!   and a relist replaces the whole index when it completes, as the store does.
-//! - A lookup returns only objects the store holds at that moment (an index entry whose object
-//!   the store no longer has is skipped), so it never returns more than a scan would; an object
-//!   the store took a moment before the index is seen by the reconcile its own event triggers.
+//! - Both follow their watch stream: applied objects are (re)grouped, deleted ones dropped,
+//!   and a relist replaces the whole contents when it completes, as a reflector store does.
+//! - A [`Cache`] lookup returns exactly what the cache holds at that moment (objects and groups
+//!   change under one lock). An [`Index`] lookup returns keys; the store is read by key.
 //!
 //! # Errors
 //! Nothing here fails; a poisoned lock yields empty lookups.
@@ -20,8 +26,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 use kube::ResourceExt;
-use kube::api::{ApiResource, DynamicObject};
-use kube::runtime::reflector::{ObjectRef, Store};
+use kube::api::DynamicObject;
 use kube::runtime::watcher;
 
 /// An object's key: namespace (None for cluster-scoped) and name.
@@ -142,26 +147,223 @@ impl Index {
             })
             .unwrap_or_default()
     }
+}
 
-    /// The objects of `store` in `group` (`resource` names the store's kind).
-    pub fn objects(
-        &self,
-        store: &Store<DynamicObject>,
-        resource: &ApiResource,
-        group: &str,
-    ) -> Vec<Arc<DynamicObject>> {
-        self.keys(group)
+/// One cached object of a [`Cache`]: its JSON text (what a reconcile sends the module).
+#[derive(Debug, Clone)]
+struct Entry {
+    group: Option<String>,
+    json: Arc<str>,
+}
+
+#[derive(Debug, Default)]
+struct Contents {
+    objects: HashMap<Key, Entry>,
+    groups: HashMap<String, HashSet<Key>>,
+}
+
+impl Contents {
+    fn insert(&mut self, key: Key, entry: Entry) {
+        self.remove(&key);
+        if let Some(group) = &entry.group {
+            self.groups
+                .entry(group.clone())
+                .or_default()
+                .insert(key.clone());
+        }
+        self.objects.insert(key, entry);
+    }
+
+    fn remove(&mut self, key: &Key) {
+        let Some(old) = self.objects.remove(key) else {
+            return;
+        };
+        if let Some(group) = old.group
+            && let Some(members) = self.groups.get_mut(&group)
+        {
+            members.remove(key);
+            if members.is_empty() {
+                self.groups.remove(&group);
+            }
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct CacheState {
+    live: Contents,
+    /// A relist in progress: replaces `live` when it completes.
+    next: Option<Contents>,
+}
+
+/// The compact cache of one owned or related kind: each object as its JSON text, grouped by a
+/// property (children by their controller's uid, related objects by namespace).
+///
+/// A `serde_json::Value` costs several times its JSON text (every JSON object is a B-tree
+/// with its own node allocations), and a reconcile sends the module JSON text anyway; so the
+/// cache keeps the text, built once per watch event, and a reconcile parses only the few objects
+/// it reads (see `docs/benchmarks.md`, "Cache memory per object").
+///
+/// # Guarantees
+/// - The cache follows its watch stream as kube-runtime's reflector store does: applied objects
+///   are (re)stored and (re)grouped, deleted ones dropped, and a relist replaces the whole
+///   contents when it completes (until then reads see the contents from before it).
+/// - An object's text is exactly `serde_json::to_string` of the object the stream delivered
+///   (`managedFields` are stripped before, by the controller), so a module receives what it
+///   received from the reflector's store before.
+/// - A lookup by group returns exactly the stored objects of that group: the index and the
+///   objects change together, under one lock.
+///
+/// # Errors
+/// Nothing here fails: an object that cannot be serialized is not stored (logged), and a
+/// poisoned lock yields empty lookups.
+#[derive(Debug)]
+pub struct Cache {
+    by: GroupBy,
+    state: std::sync::RwLock<CacheState>,
+    /// Whether a first list has completed.
+    ready: tokio::sync::watch::Sender<bool>,
+}
+
+/// One object as the cache holds it: its key and its JSON text.
+pub type Text = (Key, Arc<str>);
+
+impl Cache {
+    /// An empty cache grouping by `by`.
+    pub fn new(by: GroupBy) -> Arc<Self> {
+        Arc::new(Cache {
+            by,
+            state: std::sync::RwLock::default(),
+            ready: tokio::sync::watch::Sender::new(false),
+        })
+    }
+
+    fn entry(&self, o: &DynamicObject) -> Option<Entry> {
+        match serde_json::to_string(o) {
+            Ok(json) => Some(Entry {
+                group: (self.by)(o),
+                json: json.into(),
+            }),
+            Err(e) => {
+                tracing::warn!(object = %o.name_any(), error = %e, "cannot cache an object: it does not serialize");
+                None
+            }
+        }
+    }
+
+    /// Follows one event of the watch stream.
+    pub fn record(&self, event: &watcher::Event<DynamicObject>) {
+        let entry = match event {
+            watcher::Event::InitApply(o) | watcher::Event::Apply(o) => self.entry(o),
+            _ => None,
+        };
+        let Ok(mut state) = self.state.write() else {
+            return;
+        };
+        match (event, entry) {
+            (watcher::Event::Init, _) => state.next = Some(Contents::default()),
+            (watcher::Event::InitApply(o), Some(entry)) => state
+                .next
+                .get_or_insert_with(Contents::default)
+                .insert(key_of(o), entry),
+            (watcher::Event::InitDone, _) => {
+                if let Some(next) = state.next.take() {
+                    state.live = next;
+                }
+                drop(state);
+                self.ready.send_replace(true);
+            }
+            (watcher::Event::Apply(o), Some(entry)) => state.live.insert(key_of(o), entry),
+            (watcher::Event::Apply(o) | watcher::Event::Delete(o), None) => {
+                state.live.remove(&key_of(o))
+            }
+            (watcher::Event::InitApply(_), None) => {}
+            (watcher::Event::Delete(_), Some(_)) => {}
+        }
+    }
+
+    /// Resolves once the cache has completed its first list (at once if it has).
+    pub async fn ready(&self) {
+        let mut ready = self.ready.subscribe();
+        // The sender lives as long as `self`: waiting cannot fail.
+        let _ = ready.wait_for(|r| *r).await;
+    }
+
+    /// How many objects the cache holds.
+    pub fn len(&self) -> usize {
+        self.state.read().map(|s| s.live.objects.len()).unwrap_or(0)
+    }
+
+    /// Whether the cache holds nothing.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The objects in `group`, sorted by key.
+    pub fn group(&self, group: &str) -> Vec<Text> {
+        let Ok(state) = self.state.read() else {
+            return Vec::new();
+        };
+        let live = &state.live;
+        let mut out: Vec<Text> = live
+            .groups
+            .get(group)
             .into_iter()
-            .filter_map(|(ns, name)| {
-                let r = ObjectRef::new_with(&name, resource.clone());
-                let r = match ns {
-                    Some(ns) => r.within(&ns),
-                    None => r,
-                };
-                store.get(&r)
-            })
+            .flatten()
+            .filter_map(|k| live.objects.get(k).map(|e| (k.clone(), e.json.clone())))
+            .collect();
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        out
+    }
+
+    /// Every object, sorted by key.
+    pub fn all(&self) -> Vec<Text> {
+        let Ok(state) = self.state.read() else {
+            return Vec::new();
+        };
+        let mut out: Vec<Text> = state
+            .live
+            .objects
+            .iter()
+            .map(|(k, e)| (k.clone(), e.json.clone()))
+            .collect();
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        out
+    }
+
+    /// The objects of `namespace` whose key `keep` rejects, parsed (a namespace's relist, see
+    /// [`super::scope`]). An object whose text no longer parses is skipped.
+    pub fn held_in(&self, namespace: &str, keep: &dyn Fn(&Key) -> bool) -> Vec<DynamicObject> {
+        let Ok(state) = self.state.read() else {
+            return Vec::new();
+        };
+        state
+            .live
+            .objects
+            .iter()
+            .filter(|(k, _)| k.0.as_deref() == Some(namespace) && !keep(k))
+            .filter_map(|(_, e)| serde_json::from_str(&e.json).ok())
             .collect()
     }
+}
+
+/// The labels of an object given as JSON text (empty when it has none or does not parse).
+pub fn labels_of(json: &str) -> std::collections::BTreeMap<String, String> {
+    #[derive(serde::Deserialize, Default)]
+    struct Meta {
+        #[serde(default)]
+        labels: Option<std::collections::BTreeMap<String, String>>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Object {
+        #[serde(default)]
+        metadata: Option<Meta>,
+    }
+    serde_json::from_str::<Object>(json)
+        .ok()
+        .and_then(|o| o.metadata)
+        .and_then(|m| m.labels)
+        .unwrap_or_default()
 }
 
 #[cfg(test)]
@@ -213,27 +415,104 @@ mod tests {
         assert!(names(&index, "u2").is_empty());
     }
 
+    fn texts(cache: &Cache, group: &str) -> Vec<String> {
+        cache.group(group).into_iter().map(|(k, _)| k.1).collect()
+    }
+
     #[test]
-    fn objects_come_from_the_store_and_only_those_it_holds() {
-        let ar = ApiResource::erase::<k8s_openapi::api::core::v1::ConfigMap>(&());
-        let mut writer = kube::runtime::reflector::store::Writer::new(ar.clone());
-        let store = writer.as_reader();
-        let index = Index::new(namespace);
+    fn the_cache_keeps_each_object_as_the_json_text_of_what_the_watch_delivered() {
+        let cache = Cache::new(controller_uid);
+        let sent = json!({
+            "apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {
+                "name": "web", "namespace": "ns", "uid": "d1", "resourceVersion": "42",
+                "labels": {"app": "web"},
+                "ownerReferences": [{"apiVersion": "v1", "kind": "App", "name": "a", "uid": "u1", "controller": true}]
+            },
+            "spec": {"replicas": 1, "template": {"metadata": {"labels": {"app": "web"}}}},
+            "status": {"conditions": [{"type": "Available", "status": "True"}]}
+        });
+        let o: DynamicObject =
+            serde_json::from_value(sent.clone()).unwrap_or_else(|e| panic!("literal: {e}"));
+        cache.record(&watcher::Event::Init);
+        cache.record(&watcher::Event::InitApply(o.clone()));
+        cache.record(&watcher::Event::InitDone);
+        let got = cache.group("u1");
+        assert_eq!(got.len(), 1);
+        // Byte for byte what the reflector's object serialized to, and the same JSON value.
+        let text = serde_json::to_string(&o).unwrap_or_else(|e| panic!("serialize: {e}"));
+        assert_eq!(&*got[0].1, text.as_str());
+        let back: serde_json::Value =
+            serde_json::from_str(&got[0].1).unwrap_or_else(|e| panic!("parse: {e}"));
+        assert_eq!(back, sent);
+        assert_eq!(
+            labels_of(&got[0].1).get("app").map(String::as_str),
+            Some("web")
+        );
+        assert_eq!(cache.all().len(), 1);
+    }
+
+    #[test]
+    fn cache_lookups_return_only_what_the_cache_holds() {
+        let cache = Cache::new(controller_uid);
+        assert!(cache.group("u1").is_empty(), "empty before any list");
+        cache.record(&watcher::Event::Init);
+        cache.record(&watcher::Event::InitApply(child("a1", Some("u1"))));
+        cache.record(&watcher::Event::InitApply(child("a2", Some("u1"))));
+        cache.record(&watcher::Event::InitApply(child("free", None)));
+        assert!(cache.group("u1").is_empty(), "a relist shows when done");
+        assert_eq!(cache.len(), 0);
+        cache.record(&watcher::Event::InitDone);
+        assert_eq!(texts(&cache, "u1"), ["a1", "a2"]);
+        assert_eq!(cache.len(), 3, "ungrouped objects are held too");
+
+        // A delete drops the object and its group entry; an owner change moves it.
+        cache.record(&watcher::Event::Delete(child("a2", Some("u1"))));
+        cache.record(&watcher::Event::Apply(child("a1", Some("u2"))));
+        assert!(texts(&cache, "u1").is_empty());
+        assert_eq!(texts(&cache, "u2"), ["a1"]);
+        assert_eq!(cache.len(), 2);
+
+        // A relist replaces everything: what it does not list is gone.
+        cache.record(&watcher::Event::Init);
+        cache.record(&watcher::Event::InitApply(child("b1", Some("u3"))));
+        assert_eq!(
+            texts(&cache, "u2"),
+            ["a1"],
+            "reads see the old contents meanwhile"
+        );
+        cache.record(&watcher::Event::InitDone);
+        assert!(texts(&cache, "u2").is_empty());
+        assert_eq!(texts(&cache, "u3"), ["b1"]);
+        assert_eq!(cache.len(), 1);
+    }
+
+    #[test]
+    fn a_namespace_relist_reads_what_the_cache_held_as_whole_objects() {
+        let cache = Cache::new(controller_uid);
         for e in [
             watcher::Event::Init,
-            watcher::Event::InitApply(child("a1", None)),
-            watcher::Event::InitApply(child("a2", None)),
+            watcher::Event::InitApply(child("kept", Some("u1"))),
+            watcher::Event::InitApply(child("lost", Some("u1"))),
             watcher::Event::InitDone,
         ] {
-            writer.apply_watcher_event(&e);
-            index.record(&e);
+            cache.record(&e);
         }
-        assert_eq!(index.objects(&store, &ar, "ns").len(), 2);
-        // The store dropped one before the index heard of it: it is not returned.
-        writer.apply_watcher_event(&watcher::Event::Delete(child("a2", None)));
-        let got = index.objects(&store, &ar, "ns");
-        assert_eq!(got.len(), 1);
-        assert_eq!(got[0].name_any(), "a1");
-        assert!(index.objects(&store, &ar, "other").is_empty());
+        let listed: HashSet<Key> = [(Some("ns".to_string()), "kept".to_string())].into();
+        let dropped = cache.held_in("ns", &|k| listed.contains(k));
+        assert_eq!(dropped.len(), 1);
+        assert_eq!(dropped[0].name_any(), "lost");
+        assert_eq!(controller_uid(&dropped[0]).as_deref(), Some("u1"));
+        assert!(cache.held_in("other", &|_| false).is_empty());
+    }
+
+    #[tokio::test]
+    async fn the_cache_is_ready_after_its_first_list() {
+        let cache = Cache::new(namespace);
+        cache.record(&watcher::Event::Init);
+        let waiting = tokio::time::timeout(std::time::Duration::from_millis(50), cache.ready());
+        assert!(waiting.await.is_err(), "not ready while listing");
+        cache.record(&watcher::Event::InitDone);
+        cache.ready().await;
     }
 }

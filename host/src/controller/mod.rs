@@ -38,8 +38,9 @@
 //! [`ReconcileError`] is what one reconcile can fail with; the controller itself only stops
 //! when told to.
 //!
-//! Its parts: [`watches`] (the caches and what they report), [`cache`] (indexes over the
-//! caches), [`access`] (what the module's identity may read), [`intents`] (the checks of a
+//! Its parts: [`watches`] (the caches and what they report), [`cache`] (the compact caches of
+//! owned and related kinds, and indexes), [`compact`] (a primary as its store holds it),
+//! [`access`] (what the module's identity may read), [`intents`] (the checks of a
 //! response), [`apply`] (the writes), [`noop`] (writes that would change nothing),
 //! [`predicate`] (which primary changes call for a reconcile), [`resync`] (jittered resyncs),
 //! [`priority`] (reactive work before timed work), [`limit`] (the host-wide bound),
@@ -49,7 +50,13 @@
 //! What one reconcile costs depends on its own primary, not on the cluster: children are found
 //! through an index by controller uid, related objects through an index by namespace, and a
 //! related change with `AllPrimaries` enqueues only the primaries of its namespace (for a
-//! namespaced primary). Cached objects carry no `managedFields`. A converged reconciler writes
+//! namespaced primary). Cached objects carry no `managedFields` and are kept as their JSON text
+//! (a `serde_json::Value` costs several times that): owned and related objects in a
+//! [`cache::Cache`], primaries as [`compact::Compact`]s (metadata plus text) in the reflector
+//! store kube-runtime's `Controller` reads. A reconcile parses only its own primary and its
+//! children, and sends the module the cached texts of the children and related objects as
+//! they are.
+//! A converged reconciler writes
 //! nothing: unchanged applies and status writes are skipped ([`noop`]), the host's own status
 //! writes do not trigger reconciles ([`predicate`]), and resyncs are spread out ([`resync`]).
 //! Timed requeues of thousands of slow primaries cannot starve primaries that were just created
@@ -62,6 +69,7 @@
 pub mod access;
 pub mod apply;
 pub mod cache;
+pub mod compact;
 pub mod conditions;
 pub mod conflict;
 pub mod intents;
@@ -91,7 +99,8 @@ use tracing::field::Empty;
 use tracing::{Instrument, info_span};
 
 use self::apply::{Applier, FailureKind, Observed, object_reference};
-use self::cache::Index;
+use self::cache::{Cache, Index};
+use self::compact::Compact;
 use self::intents::{Grant, Primary, RECONCILER_LABEL, Rejected};
 use self::watches::WatchErrors;
 use crate::contract::{
@@ -240,7 +249,7 @@ pub struct Shared {
     objects: Arc<Mutex<HashMap<Key, ObjectState>>>,
     health: Arc<Health>,
     queue: Queue,
-    primaries: Store<DynamicObject>,
+    primaries: Store<Compact>,
     synced: tokio::sync::watch::Receiver<Gate>,
     /// `spec.limits.concurrency` permits, reactive work first (see [`priority`]).
     priority: priority::PriorityGate<Key>,
@@ -260,29 +269,39 @@ enum Gate {
 /// An object's key: namespace (None for cluster-scoped) and name.
 type Key = (Option<String>, String);
 
-/// One watched kind's cache, with its index (children by controller uid, related objects by
-/// namespace).
+/// One owned or related kind's compact cache (children grouped by controller uid, related
+/// objects by namespace).
 struct Cached {
     kind: Gvk,
-    resource: kube::api::ApiResource,
-    store: Store<DynamicObject>,
-    index: Arc<Index>,
+    cache: Arc<Cache>,
 }
 
-/// Keeps `wasmop_cache_objects{reconciler,kind}` at the size of `store`, which the watch events
-/// passed to the returned closure were just reflected into.
-fn cached(
+/// Keeps `wasmop_cache_objects{reconciler,kind}` at `len()`, the size of the cache the watch
+/// events passed to the returned closure were just recorded in.
+fn cached<K>(
     reconciler: &str,
     kind: &Gvk,
-    store: Store<DynamicObject>,
-) -> impl Fn(&Result<watcher::Event<DynamicObject>, watcher::Error>) + Send + 'static {
+    len: impl Fn() -> usize + Send + 'static,
+) -> impl Fn(&Result<watcher::Event<K>, watcher::Error>) + Send + 'static {
     let (reconciler, kind) = (reconciler.to_string(), cache_kind(kind));
     move |event| {
         if matches!(
             event,
             Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_) | watcher::Event::InitDone)
         ) {
-            metrics::global().cache_objects(&reconciler, &kind, store.len());
+            metrics::global().cache_objects(&reconciler, &kind, len());
+        }
+    }
+}
+
+/// Follows the watch events passed to the returned closure in `cache`.
+fn record_in(
+    cache: &Arc<Cache>,
+) -> impl Fn(&Result<watcher::Event<DynamicObject>, watcher::Error>) + Send + 'static {
+    let cache = cache.clone();
+    move |event| {
+        if let Ok(e) = event {
+            cache.record(e);
         }
     }
 }
@@ -306,8 +325,32 @@ impl std::fmt::Debug for Shared {
     }
 }
 
-fn key_of(o: &DynamicObject) -> Key {
+fn key_of<K: kube::Resource>(o: &K) -> Key {
     (o.namespace(), o.name_any())
+}
+
+/// The primaries' watch event `item` with its objects in their [`Compact`] form (an object that
+/// does not serialize is logged and its event dropped; it never happens to one read from JSON).
+fn compact_event(
+    item: Result<watcher::Event<DynamicObject>, watcher::Error>,
+) -> Option<Result<watcher::Event<Compact>, watcher::Error>> {
+    let compact = |o: DynamicObject| match Compact::new(&o) {
+        Ok(c) => Some(c),
+        Err(e) => {
+            tracing::warn!(object = %key_text(&key_of(&o)), error = %e, "cannot cache a primary: it does not serialize");
+            None
+        }
+    };
+    Some(item.map(|e| {
+        Some(match e {
+            watcher::Event::Init => watcher::Event::Init,
+            watcher::Event::InitDone => watcher::Event::InitDone,
+            watcher::Event::InitApply(o) => watcher::Event::InitApply(compact(o)?),
+            watcher::Event::Apply(o) => watcher::Event::Apply(compact(o)?),
+            watcher::Event::Delete(o) => watcher::Event::Delete(compact(o)?),
+        })
+    }))
+    .and_then(|r| r.transpose())
 }
 
 /// `ns/name` or `name`: the work-queue key of the metrics.
@@ -325,7 +368,7 @@ fn now_unix_ms() -> u64 {
         .unwrap_or_default()
 }
 
-fn object_ref_of(kind: &Gvk, o: &DynamicObject) -> ObjectRef {
+fn object_ref_of<K: kube::Resource>(kind: &Gvk, o: &K) -> ObjectRef {
     ObjectRef {
         api_version: kind.api_version.clone(),
         kind: kind.kind.clone(),
@@ -375,18 +418,18 @@ type WatchEvents =
     futures::stream::BoxStream<'static, Result<watcher::Event<DynamicObject>, watcher::Error>>;
 
 /// The events of one watched kind (with the watcher's backoff): the namespaces in scope
-/// ([`scope::watch`], `store` is the reader of the store they are reflected into), or with
+/// ([`scope::watch`], `held` reads the cache they feed), or with
 /// sharding only this replica's slice (`key`: what the kind's objects shard by; None: not
 /// sharded). A sharded watch of two or more namespaces is one cluster-wide watch.
 fn watch_events(
     client: &Client,
     (kind, resolved): (&Gvk, &Resolved),
     namespaces: &[String],
-    (config, store): (watcher::Config, Store<DynamicObject>),
+    (config, held): (watcher::Config, scope::Held),
     sharding: Option<(&Arc<crate::sharding::Shards>, crate::sharding::hash::Key)>,
 ) -> WatchEvents {
     let Some((shards, key)) = sharding else {
-        return scope::watch(client, resolved, namespaces, config, store);
+        return scope::watch(client, resolved, namespaces, config, held);
     };
     let (r, ns) = (resolved.clone(), namespaces.to_vec());
     crate::sharding::watch::watch(crate::sharding::watch::Sharded {
@@ -422,11 +465,11 @@ impl std::fmt::Debug for Clients {
     }
 }
 
-fn reference(
+fn reference<K: kube::Resource<DynamicType = kube::api::ApiResource>>(
     ar: &kube::api::ApiResource,
     namespace: Option<String>,
     name: &str,
-) -> KubeRef<DynamicObject> {
+) -> KubeRef<K> {
     let r = KubeRef::new_with(name, ar.clone());
     match namespace {
         Some(ns) => r.within(&ns),
@@ -468,9 +511,9 @@ fn forget_key(
 /// Frees the state of primaries that are gone: deleted ones, and after a (re)list, every one
 /// the list no longer holds (deleted while the watch was down).
 fn forget_gone(
-    event: &Result<watcher::Event<DynamicObject>, watcher::Error>,
+    event: &Result<watcher::Event<Compact>, watcher::Error>,
     objects: &Mutex<HashMap<Key, ObjectState>>,
-    primaries: &Store<DynamicObject>,
+    primaries: &Store<Compact>,
     health: &Health,
     queue: &Queue,
 ) {
@@ -478,7 +521,7 @@ fn forget_gone(
         Ok(watcher::Event::Delete(o)) => forget_key(objects, health, queue, &key_of(o)),
         Ok(watcher::Event::InitDone) => {
             let present: std::collections::HashSet<Key> =
-                primaries.state().iter().map(|p| key_of(p)).collect();
+                primaries.state().iter().map(|p| key_of(&**p)).collect();
             let gone: Vec<Key> = objects
                 .lock()
                 .map(|m| {
@@ -558,13 +601,25 @@ pub fn start(
         &client,
         (&primary_kind, &primary_resolved),
         &settings.namespaces,
-        (watcher::Config::default(), primaries.clone()),
+        (
+            watcher::Config::default(),
+            scope::held_in_store(primaries.clone(), |c: &Compact| c.object().ok()),
+        ),
         by(crate::sharding::hash::Key::of_primary),
     )
     .modify(strip)
     .inspect(move |e| h.watched(&k, e))
+    .inspect(move |e| {
+        if let Ok(e) = e {
+            pi.record(e);
+        }
+    })
+    .filter_map(|item| std::future::ready(compact_event(item)))
     .reflect(primary_writer)
-    .inspect(cached(&settings.name, &primary_kind, primaries.clone()))
+    .inspect(cached(&settings.name, &primary_kind, {
+        let p = primaries.clone();
+        move || p.len()
+    }))
     .inspect(move |e| {
         if sharded && let Ok(e) = e {
             if matches!(e, watcher::Event::InitDone) {
@@ -575,15 +630,10 @@ pub fn start(
                 .primaries(&wr_name, owned_store.len());
         }
     })
-    .inspect(move |e| {
-        if let Ok(e) = e {
-            pi.record(e);
-        }
-    })
     .inspect(move |e| forget_gone(e, &o, &all, &h2, &q2))
     .applied_objects()
     // The host's own status writes (and anyone's status-only changes) call for no reconcile.
-    .predicate_filter(predicate::outside_status, PredicateConfig::default())
+    .predicate_filter(|c: &Compact| c.outside_status(), PredicateConfig::default())
     .inspect(move |o| {
         if let Ok(o) = o {
             q.requested(key_text(&key_of(o)));
@@ -592,7 +642,7 @@ pub fn start(
     let (q, all) = (queue.clone(), primaries.clone());
     let module_changed = futures::stream::select(module_changed, relisted_rx).inspect(move |()| {
         for p in all.state() {
-            q.requested(key_text(&key_of(&p)));
+            q.requested(key_text(&key_of(&*p)));
         }
     });
     let mut controller =
@@ -628,32 +678,27 @@ pub fn start(
         move |o: DynamicObject| Some(reference(&ar, o.namespace(), &o.name_any())),
         primary_ar.clone(),
     );
-    let mut stores = vec![primaries.clone()];
+    let mut caches: Vec<Arc<Cache>> = Vec::new();
     let label = format!("{RECONCILER_LABEL}={}", settings.name);
 
     let mut owned = Vec::new();
     for (kind, resolved) in &settings.owned {
-        let writer = Writer::new(resolved.resource.clone());
-        let store = writer.as_reader();
-        let (h, k) = (health.clone(), kind.clone());
-        let index = Index::new(cache::controller_uid);
-        let ix = index.clone();
+        let cache = Cache::new(cache::controller_uid);
+        let (h, k, c) = (health.clone(), kind.clone(), cache.clone());
         let stream = watch_events(
             &client,
             (kind, resolved),
             &settings.namespaces,
-            (watcher::Config::default().labels(&label), store.clone()),
+            (
+                watcher::Config::default().labels(&label),
+                scope::held_in_cache(cache.clone()),
+            ),
             by(crate::sharding::hash::Key::of_children),
         )
         .modify(strip)
         .inspect(move |e| h.watched(&k, e))
-        .reflect(writer)
-        .inspect(cached(&settings.name, kind, store.clone()))
-        .inspect(move |e| {
-            if let Ok(e) = e {
-                ix.record(e);
-            }
-        })
+        .inspect(record_in(&cache))
+        .inspect(cached(&settings.name, kind, move || c.len()))
         .touched_objects();
         let (primary_kind, primary_ar, objects, child_kind, q) = (
             primary_kind.clone(),
@@ -682,19 +727,15 @@ pub fn start(
             },
             resolved.resource.clone(),
         );
-        stores.push(store.clone());
+        caches.push(cache.clone());
         owned.push(Cached {
             kind: kind.clone(),
-            resource: resolved.resource.clone(),
-            store,
-            index,
+            cache,
         });
     }
 
     let mut related = Vec::new();
     for (kind, resolved, selector) in &settings.related {
-        let writer = Writer::new(resolved.resource.clone());
-        let store = writer.as_reader();
         // Related objects of a namespaced primary are looked up in the primary's namespace (see
         // the mappings), so a reconciler scoped to one namespace watches them only there: the
         // host then needs read rights in that namespace, not cluster-wide.
@@ -707,9 +748,8 @@ pub fn start(
             Some(s) if !s.is_empty() => watcher::Config::default().labels(s),
             _ => watcher::Config::default(),
         };
-        let (h, k) = (health.clone(), kind.clone());
-        let index = Index::new(cache::namespace);
-        let ix = index.clone();
+        let cache = Cache::new(cache::namespace);
+        let (h, k, c) = (health.clone(), kind.clone(), cache.clone());
         // Related objects of a namespaced primary live in its namespace: they shard with it.
         // Those of a cluster-scoped primary may concern any primary: every replica sees them.
         let related_by = by(crate::sharding::hash::Key::of_primary).filter(|_| namespaced);
@@ -717,18 +757,13 @@ pub fn start(
             &client,
             (kind, resolved),
             in_scope,
-            (wc, store.clone()),
+            (wc, scope::held_in_cache(cache.clone())),
             related_by,
         )
         .modify(strip)
         .inspect(move |e| h.watched(&k, e))
-        .reflect(writer)
-        .inspect(cached(&settings.name, kind, store.clone()))
-        .inspect(move |e| {
-            if let Ok(e) = e {
-                ix.record(e);
-            }
-        })
+        .inspect(record_in(&cache))
+        .inspect(cached(&settings.name, kind, move || c.len()))
         .touched_objects();
         let (primary_ar, objects, kind2, primaries, slot, q, primary_index) = (
             primary_ar.clone(),
@@ -757,7 +792,7 @@ pub fn start(
                         Mapping::AllPrimaries if namespaced => targets
                             .extend(primary_index.keys(&other.namespace().unwrap_or_default())),
                         Mapping::AllPrimaries => {
-                            targets.extend(primaries.state().iter().map(|p| key_of(p)))
+                            targets.extend(primaries.state().iter().map(|p| key_of(&**p)))
                         }
                         Mapping::PrimaryNamedByLabel(l) => {
                             if let Some(n) = labels.get(l) {
@@ -782,12 +817,10 @@ pub fn start(
             },
             resolved.resource.clone(),
         );
-        stores.push(store.clone());
+        caches.push(cache.clone());
         related.push(Cached {
             kind: kind.clone(),
-            resource: resolved.resource.clone(),
-            store,
-            index,
+            cache,
         });
     }
 
@@ -829,19 +862,21 @@ pub fn start(
     // Ready once every cache has its first full list (the controller's own watches start
     // when the controller runs below).
     let component = readiness_component(&name);
+    let primary_store = primaries.clone();
     let synced = tokio::spawn(async move {
-        for store in stores {
-            // A store's readiness wakes only one waiter (kube-runtime's DelayedInit keeps one
-            // waker), and the controller waits on the primary store too: poll instead.
-            loop {
-                match tokio::time::timeout(Duration::from_millis(100), store.wait_until_ready())
-                    .await
-                {
-                    Ok(Ok(())) => break,
-                    Ok(Err(_)) => return,
-                    Err(_) => {}
-                }
+        // A store's readiness wakes only one waiter (kube-runtime's DelayedInit keeps one
+        // waker), and the controller waits on the primary store too: poll instead.
+        loop {
+            match tokio::time::timeout(Duration::from_millis(100), primary_store.wait_until_ready())
+                .await
+            {
+                Ok(Ok(())) => break,
+                Ok(Err(_)) => return,
+                Err(_) => {}
             }
+        }
+        for cache in caches {
+            cache.ready().await;
         }
         tracing::info!(component, "caches synced");
         synced_tx.send_if_modified(|g| {
@@ -904,8 +939,8 @@ pub fn start(
 /// Logs (once per process, at debug) the size of a reconcile's future: what every entry that
 /// waits in the priority gate holds, besides kube-runtime's own wrapping.
 fn sized<F>(
-    reconcile: impl Fn(Arc<DynamicObject>, Arc<Shared>) -> F,
-) -> impl Fn(Arc<DynamicObject>, Arc<Shared>) -> F {
+    reconcile: impl Fn(Arc<Compact>, Arc<Shared>) -> F,
+) -> impl Fn(Arc<Compact>, Arc<Shared>) -> F {
     static LOGGED: std::sync::Once = std::sync::Once::new();
     move |primary, shared| {
         let future = reconcile(primary, shared);
@@ -1035,26 +1070,38 @@ impl Shared {
     }
 
     /// The observed children controlled by `uid`, of every owned kind the module may own
-    /// (through the index: the cost is the primary's children, not the cache's size).
-    fn observed(&self, uid: &str, grant: &Grant) -> Vec<Observed> {
+    /// (through the index: the cost is the primary's children, not the cache's size): parsed
+    /// for the host, and as the JSON text the module receives, both in a stable order.
+    fn observed(&self, uid: &str, grant: &Grant) -> (Vec<Observed>, Vec<KindObjects>) {
         self.owned
             .iter()
             .filter(|c| grant.owned.contains(&c.kind))
             .map(|c| {
-                let mut objects: Vec<DynamicObject> = c
-                    .index
-                    .objects(&c.store, &c.resource, uid)
-                    .iter()
-                    .map(|o| (**o).clone())
-                    .collect();
-                // The module sees them in a stable order.
-                objects.sort_by_key(key_of);
-                Observed {
-                    kind: c.kind.clone(),
-                    objects,
-                }
+                let (objects, texts): (Vec<DynamicObject>, Vec<String>) = c
+                    .cache
+                    .group(uid)
+                    .into_iter()
+                    .filter_map(|(key, json)| match serde_json::from_str(&json) {
+                        Ok(o) => Some((o, json.to_string())),
+                        // The cache wrote this text from an object: it parses.
+                        Err(e) => {
+                            tracing::warn!(kind = %c.kind, object = %key_text(&key), error = %e, "a cached object does not parse");
+                            None
+                        }
+                    })
+                    .unzip();
+                (
+                    Observed {
+                        kind: c.kind.clone(),
+                        objects,
+                    },
+                    KindObjects {
+                        kind: c.kind.clone(),
+                        objects: texts,
+                    },
+                )
             })
-            .collect()
+            .unzip()
     }
 
     /// The related objects the module asked for that the primary may see (in its namespace when
@@ -1069,11 +1116,11 @@ impl Shared {
                     .iter()
                     .filter(|c| c.kind == rk.kind)
                     .flat_map(|c| match namespace {
-                        Some(ns) => c.index.objects(&c.store, &c.resource, ns),
-                        None => c.store.state(),
+                        Some(ns) => c.cache.group(ns),
+                        None => c.cache.all(),
                     })
-                    .filter(|o| rk.selector.matches(o.labels()))
-                    .filter_map(|o| serde_json::to_string(&*o).ok())
+                    .filter(|(_, json)| rk.selector.matches(&cache::labels_of(json)))
+                    .map(|(_, json)| json.to_string())
                     .collect(),
             })
             .collect()
@@ -1144,11 +1191,8 @@ fn truncate(s: &str, max: usize) -> String {
     format!("{}...", &s[..cut])
 }
 
-async fn reconcile(
-    primary: Arc<DynamicObject>,
-    shared: Arc<Shared>,
-) -> Result<Action, ReconcileError> {
-    let key = key_of(&primary);
+async fn reconcile(primary: Arc<Compact>, shared: Arc<Shared>) -> Result<Action, ReconcileError> {
+    let key = key_of(&*primary);
     // Read again once admitted: a reconcile that waited works on the current primary.
     drop(primary);
     // No reconcile and no finalize before every watch has its first list.
@@ -1185,6 +1229,13 @@ async fn reconcile(
         shared.forget(&key);
         return Ok(Action::await_change());
     };
+    // The one primary this reconcile reads, parsed from its cached text.
+    let primary = Arc::new(primary.object().map_err(|e| {
+        ReconcileError::Apply(format!(
+            "cannot read the cached primary {}: {e}",
+            key_text(&key)
+        ))
+    })?);
     // Boxed: what waits above stays small (see `sized`).
     Box::pin(admitted(primary, shared, permit)).await
 }
@@ -1195,7 +1246,7 @@ async fn admitted(
     shared: Arc<Shared>,
     _slot: priority::Permit,
 ) -> Result<Action, ReconcileError> {
-    let key = key_of(&primary);
+    let key = key_of(&*primary);
     // With sharding: only primaries in this replica's active ranges, and the drain of a range
     // being released waits for this reconcile (held until it returns).
     let admitted = match &shared.settings.shards {
@@ -1205,7 +1256,7 @@ async fn admitted(
             match shards.admit(key.hash(&primary)) {
                 Some(a) => Some(a),
                 None => {
-                    shared.forget(&key_of(&primary));
+                    shared.forget(&key_of(&*primary));
                     return Ok(Action::await_change());
                 }
             }
@@ -1309,7 +1360,7 @@ async fn run_once(
     trigger: Trigger,
     attempt: u32,
 ) -> Result<Action, ReconcileError> {
-    let key = key_of(primary);
+    let key = key_of(&**primary);
     let module = &active.module;
     let finalizes = module.metadata().finalizes;
     let own = finalizer_for(&shared.settings.name);
@@ -1334,21 +1385,11 @@ async fn run_once(
         return Ok(Action::await_change());
     }
     let uid = current.uid().unwrap_or_default();
-    let observed = shared.observed(&uid, &active.fit.grant);
+    let (observed, owned) = shared.observed(&uid, &active.fit.grant);
     let request = ReconcileRequest {
         primary: serde_json::to_string(&current)
             .map_err(|e| ReconcileError::Apply(format!("cannot serialize the primary: {e}")))?,
-        owned: observed
-            .iter()
-            .map(|o| KindObjects {
-                kind: o.kind.clone(),
-                objects: o
-                    .objects
-                    .iter()
-                    .filter_map(|x| serde_json::to_string(x).ok())
-                    .collect(),
-            })
-            .collect(),
+        owned,
         related: shared.related_of(
             &active.fit.related,
             if shared.settings.primary.1.namespaced {
@@ -1563,12 +1604,8 @@ async fn run_once(
     Ok(Action::requeue(next.0))
 }
 
-fn error_policy(
-    primary: Arc<DynamicObject>,
-    error: &ReconcileError,
-    shared: Arc<Shared>,
-) -> Action {
-    let failures = shared.failed(&key_of(&primary));
+fn error_policy(primary: Arc<Compact>, error: &ReconcileError, shared: Arc<Shared>) -> Action {
+    let failures = shared.failed(&key_of(&*primary));
     let delay = backoff(failures);
     shared.queue.requeued(true);
     tracing::debug!(reconciler = %shared.settings.name, object = %primary.name_any(), failures, delay_ms = delay.as_millis() as u64, error = %error, "backing off");

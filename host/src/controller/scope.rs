@@ -19,6 +19,9 @@
 //! - Objects outside the scope never reach the stream (each watch is namespaced).
 //! - The merged stream's store ends up with exactly what the namespaces' own stores would hold
 //!   together, after the first lists and after every relist.
+//! - A relist's `Delete` carries the whole object the cache held (its labels and owner references
+//!   reach the controller's mappers), read from the cache through [`Held`], whichever cache
+//!   (kube-runtime's store for primaries, [`super::cache::Cache`] for owned and related kinds).
 //! - Watch errors of any namespace are passed on as they come (health reporting sees them);
 //!   each namespace's watch retries with kube-runtime's default backoff on its own.
 //!
@@ -26,6 +29,7 @@
 //! Nothing here fails; errors are the watchers'.
 
 use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::Arc;
 
 use futures::stream::{BoxStream, SelectAll, StreamExt, select_all};
 use kube::api::{Api, DynamicObject};
@@ -33,6 +37,7 @@ use kube::runtime::reflector::Store;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 
+use super::cache::Cache;
 use crate::discovery::Resolved;
 
 /// One watch's events.
@@ -49,14 +54,43 @@ fn key_of(o: &DynamicObject) -> Key {
     (o.namespace(), o.name_any())
 }
 
-/// The watch of `resolved` over `namespaces` (empty: all) with `config`. `store` is the reader of
-/// the store the stream will be reflected into (a namespace's relist reads what it held).
+/// What the cache a merged stream feeds holds in namespace `ns` apart from the keys `listed`:
+/// the objects a relist of `ns` no longer lists. Called once a relist is done, when everything
+/// before it has reached the cache.
+pub type Held = Arc<dyn Fn(&str, &HashSet<Key>) -> Vec<DynamicObject> + Send + Sync>;
+
+/// [`Held`] of a kube-runtime reflector store of `K`, whose objects `object` gives as
+/// `DynamicObject`s (None: skipped).
+pub fn held_in_store<K>(store: Store<K>, object: fn(&K) -> Option<DynamicObject>) -> Held
+where
+    K: kube::Resource + Clone + Send + Sync + 'static,
+    K::DynamicType: std::hash::Hash + Eq + Clone + Send + Sync,
+{
+    Arc::new(move |ns: &str, listed: &HashSet<Key>| {
+        store
+            .state_filter(|o| {
+                o.namespace().as_deref() == Some(ns)
+                    && !listed.contains(&(o.namespace(), o.name_any()))
+            })
+            .into_iter()
+            .filter_map(|o| object(&o))
+            .collect()
+    })
+}
+
+/// [`Held`] of a compact [`Cache`].
+pub fn held_in_cache(cache: Arc<Cache>) -> Held {
+    Arc::new(move |ns: &str, listed: &HashSet<Key>| cache.held_in(ns, &|k| listed.contains(k)))
+}
+
+/// The watch of `resolved` over `namespaces` (empty: all) with `config`. `held` reads the cache
+/// the stream will feed (a namespace's relist reads what it held).
 pub fn watch(
     client: &Client,
     resolved: &Resolved,
     namespaces: &[String],
     config: watcher::Config,
-    store: Store<DynamicObject>,
+    held: Held,
 ) -> Events {
     let ar = &resolved.resource;
     match (resolved.namespaced, namespaces) {
@@ -74,7 +108,7 @@ pub fn watch(
                         .boxed()
                 })
                 .collect();
-            merge(streams, many.to_vec(), store)
+            merge(streams, many.to_vec(), held)
         }
         _ => watcher(Api::all_with(client.clone(), ar), config)
             .default_backoff()
@@ -97,7 +131,7 @@ struct FirstList {
 
 struct Merge {
     namespaces: Vec<String>,
-    store: Store<DynamicObject>,
+    held: Held,
     out: VecDeque<Result<watcher::Event<DynamicObject>, watcher::Error>>,
     first: Option<FirstList>,
     /// Namespaces relisting after the first list, with the keys listed so far.
@@ -180,17 +214,14 @@ impl Merge {
             }
             watcher::Event::InitDone => {
                 let listed = self.relisting.remove(&i).unwrap_or_default();
-                let namespace = self.namespaces.get(i).cloned();
-                // Everything before this event has been reflected: the store holds the
+                let Some(namespace) = self.namespaces.get(i) else {
+                    return;
+                };
+                // Everything before this event has reached the cache: it holds the
                 // namespace's objects from before the relist, and those it relisted.
-                let dropped = self
-                    .store
-                    .state_filter(|o| o.namespace() == namespace && !listed.contains(&key_of(o)));
-                self.out.extend(
-                    dropped
-                        .into_iter()
-                        .map(|o| Ok(watcher::Event::Delete((*o).clone()))),
-                );
+                let dropped = (self.held)(namespace, &listed);
+                self.out
+                    .extend(dropped.into_iter().map(|o| Ok(watcher::Event::Delete(o))));
             }
             e => self.out.push_back(Ok(e)),
         }
@@ -198,14 +229,14 @@ impl Merge {
 }
 
 impl Merge {
-    fn new(namespaces: Vec<String>, store: Store<DynamicObject>) -> Self {
+    fn new(namespaces: Vec<String>, held: Held) -> Self {
         let first = FirstList {
             pending: (0..namespaces.len()).collect(),
             ..FirstList::default()
         };
         Merge {
             namespaces,
-            store,
+            held,
             out: VecDeque::from([Ok(watcher::Event::Init)]),
             first: Some(first),
             relisting: HashMap::new(),
@@ -214,9 +245,9 @@ impl Merge {
 }
 
 /// Merges the watches of `namespaces` (stream `i` watches `namespaces[i]`) into one stream that a
-/// reflector over `store` can follow (see the module docs).
-pub fn merge(streams: Vec<Tagged>, namespaces: Vec<String>, store: Store<DynamicObject>) -> Events {
-    let state = (Merge::new(namespaces, store), select_all(streams));
+/// reflector store or a [`Cache`] read by `held` can follow (see the module docs).
+pub fn merge(streams: Vec<Tagged>, namespaces: Vec<String>, held: Held) -> Events {
+    let state = (Merge::new(namespaces, held), select_all(streams));
     futures::stream::unfold(
         state,
         |(mut merge, mut inner): (Merge, SelectAll<Tagged>)| async move {
@@ -261,7 +292,7 @@ mod tests {
         let store = writer.as_reader();
         let mut merge = Merge::new(
             namespaces.iter().map(|s| s.to_string()).collect(),
-            store.clone(),
+            held_in_store(store.clone(), |o: &DynamicObject| Some(o.clone())),
         );
         let mut seen = Vec::new();
         let mut drain = |merge: &mut Merge| {
@@ -380,5 +411,38 @@ mod tests {
         assert_eq!(tail, ["Apply", "Delete"], "{:?}", kinds(&events));
         // Only one store replacement ever: the merged first list.
         assert_eq!(kinds(&events).iter().filter(|k| **k == "Init").count(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_relist_deletes_whole_objects_read_from_a_compact_cache() {
+        let cache = Cache::new(super::super::cache::namespace);
+        let mut merge = Merge::new(vec!["a".into()], held_in_cache(cache.clone()));
+        let mut seen = Vec::new();
+        let steps = [
+            Event::Init,
+            Event::InitApply(cm("a", "keep", "1")),
+            Event::InitApply(cm("a", "lost", "1")),
+            Event::InitDone,
+            Event::Init,
+            Event::InitApply(cm("a", "keep", "2")),
+            Event::InitDone,
+        ];
+        for e in steps {
+            merge.take(0, Ok(e));
+            while let Some(Ok(e)) = merge.out.pop_front() {
+                cache.record(&e);
+                seen.push(e);
+            }
+        }
+        let Some(Event::Delete(lost)) = seen.last() else {
+            panic!("the relist ends with a Delete: {:?}", kinds(&seen));
+        };
+        assert_eq!(lost.name_any(), "lost");
+        assert_eq!(
+            lost.data["data"]["v"], "1",
+            "the whole object, not a stand-in"
+        );
+        let left: Vec<String> = cache.all().into_iter().map(|(k, _)| k.1).collect();
+        assert_eq!(left, ["keep"]);
     }
 }

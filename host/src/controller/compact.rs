@@ -1,0 +1,131 @@
+//! A primary as the controller's store holds it: typed metadata and the object's JSON text.
+//!
+//! kube-runtime's `Controller` reads its primaries from a reflector `Store<K>`, so the
+//! primaries cannot live in a [`super::cache::Cache`]. A `DynamicObject` there costs several
+//! times its JSON text (every JSON object of its `serde_json::Value` is a B-tree with its own
+//! allocations); a [`Compact`] keeps what kube-runtime and the host read without parsing (the
+//! metadata, the fingerprint of [`super::predicate::outside_status`]) and the rest as text,
+//! parsed back once per reconcile.
+//!
+//! # Guarantees
+//! - [`Compact::object`] returns the object [`Compact::new`] was given (the same JSON value).
+//! - Its `kube::Resource` implementation is `DynamicObject`'s: the kind comes from the
+//!   `ApiResource` the store and the controller are built with.
+//!
+//! # Errors
+//! [`Compact::new`] and [`Compact::object`] fail with serde_json's error when the object does
+//! not serialize or its text does not parse (neither happens to an object that came from JSON).
+
+use std::borrow::Cow;
+use std::sync::Arc;
+
+use kube::Resource;
+use kube::core::{ApiResource, DynamicObject, DynamicResourceScope, ObjectMeta};
+
+/// One primary: its metadata, its outside-status fingerprint and its JSON text.
+#[derive(Clone, Debug)]
+pub struct Compact {
+    metadata: ObjectMeta,
+    outside_status: Option<u64>,
+    json: Arc<str>,
+}
+
+impl Compact {
+    /// The compact form of `o`.
+    pub fn new(o: &DynamicObject) -> Result<Self, serde_json::Error> {
+        Ok(Compact {
+            metadata: o.metadata.clone(),
+            outside_status: super::predicate::outside_status(o),
+            json: serde_json::to_string(o)?.into(),
+        })
+    }
+
+    /// The object, parsed back from its text.
+    pub fn object(&self) -> Result<DynamicObject, serde_json::Error> {
+        serde_json::from_str(&self.json)
+    }
+
+    /// [`super::predicate::outside_status`] of the object, computed once.
+    pub fn outside_status(&self) -> Option<u64> {
+        self.outside_status
+    }
+}
+
+/// As `DynamicObject`'s (kube-runtime's `Controller` needs `K: DeserializeOwned`).
+impl<'de> serde::Deserialize<'de> for Compact {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let o = DynamicObject::deserialize(d)?;
+        Compact::new(&o).map_err(serde::de::Error::custom)
+    }
+}
+
+impl Resource for Compact {
+    type DynamicType = ApiResource;
+    type Scope = DynamicResourceScope;
+
+    fn group(dt: &ApiResource) -> Cow<'_, str> {
+        dt.group.as_str().into()
+    }
+
+    fn version(dt: &ApiResource) -> Cow<'_, str> {
+        dt.version.as_str().into()
+    }
+
+    fn kind(dt: &ApiResource) -> Cow<'_, str> {
+        dt.kind.as_str().into()
+    }
+
+    fn api_version(dt: &ApiResource) -> Cow<'_, str> {
+        dt.api_version.as_str().into()
+    }
+
+    fn plural(dt: &ApiResource) -> Cow<'_, str> {
+        dt.plural.as_str().into()
+    }
+
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::ResourceExt;
+    use serde_json::json;
+
+    #[test]
+    fn a_compact_primary_gives_back_the_object_and_its_fingerprint() {
+        let sent = json!({
+            "apiVersion": "example.wasmop.dev/v1", "kind": "App",
+            "metadata": {"name": "a", "namespace": "ns", "uid": "u1", "resourceVersion": "7",
+                         "generation": 2, "finalizers": ["wasmop.dev/x"]},
+            "spec": {"image": "i:1", "replicas": 1},
+            "status": {"conditions": [{"type": "Available", "status": "True"}]}
+        });
+        let o: DynamicObject =
+            serde_json::from_value(sent.clone()).unwrap_or_else(|e| panic!("literal: {e}"));
+        let c = Compact::new(&o).unwrap_or_else(|e| panic!("compact: {e}"));
+        assert_eq!(
+            (c.namespace(), c.name_any()),
+            (Some("ns".into()), "a".into())
+        );
+        assert_eq!(c.resource_version().as_deref(), Some("7"));
+        assert_eq!(
+            c.outside_status(),
+            super::super::predicate::outside_status(&o)
+        );
+        let back = c.object().unwrap_or_else(|e| panic!("parse: {e}"));
+        assert_eq!(
+            serde_json::to_value(&back).unwrap_or_else(|e| panic!("value: {e}")),
+            sent
+        );
+        let via_serde: Compact =
+            serde_json::from_value(sent).unwrap_or_else(|e| panic!("deserialize: {e}"));
+        assert_eq!(&*via_serde.json, &*c.json);
+    }
+}
