@@ -418,20 +418,22 @@ impl Engine {
                     fast.cache.as_ref(),
                     bytes,
                     &sha256,
+                    CacheWrite::Later,
                 )?;
                 fresh_fast = fresh;
                 (pre, compiled, Tier::Fast)
             }
             (None, None) => {
-                let (pre, compiled, fresh) = build(
+                // `CacheWrite::Now` caches the compile itself: nothing to `store`.
+                let (pre, compiled, _) = build(
                     &self.inner,
                     &self.compiler,
                     &self.linker,
                     self.cache.as_ref(),
                     bytes,
                     &sha256,
+                    CacheWrite::Now,
                 )?;
-                store(self.cache.as_ref(), &sha256, fresh.as_ref());
                 (pre, compiled, Tier::Optimized)
             }
         };
@@ -496,9 +498,9 @@ impl Engine {
                     engine.cache.as_ref(),
                     &bytes,
                     &sha256,
+                    CacheWrite::Now,
                 ) {
-                    Ok((optimized, _, fresh)) => {
-                        store(engine.cache.as_ref(), &sha256, fresh.as_ref());
+                    Ok((optimized, _, _)) => {
                         let Some(pre) = pre.upgrade() else { return };
                         *pre.write().unwrap_or_else(PoisonError::into_inner) = optimized;
                         tier.store(Tier::Optimized as u8, Ordering::Release);
@@ -515,10 +517,21 @@ impl Engine {
     }
 }
 
+/// When [`build`] writes a fresh compile to the compiled cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum CacheWrite {
+    /// Before using it: the artifact is written, then mapped from the cache file (the optimized
+    /// build, which serves for the module's life: file-backed code, see [`ArtifactCache`]).
+    Now,
+    /// Later, by the caller with [`store`] (the fast build, which serves for seconds: written
+    /// off the path to the first call).
+    Later,
+}
+
 /// Loads `bytes` compiled for `engine` from `cache`, or compiles them with `compiler` (a throwaway
 /// engine, so the compile's memory is freed); checks the world and
-/// links. A freshly compiled component is returned too, for [`store`] (it is not cached yet:
-/// the caller decides when, so the fast tier writes it off the path to the first call).
+/// links. With [`CacheWrite::Later`], a freshly compiled component is returned too, for
+/// [`store`].
 fn build(
     engine: &wasmtime::Engine,
     compiler: &Compiler,
@@ -526,9 +539,16 @@ fn build(
     cache: Option<&ArtifactCache>,
     bytes: &[u8],
     sha256: &str,
+    write: CacheWrite,
 ) -> Result<(bindings::ModulePre<State>, Compiled, Option<Component>), LoadError> {
     if let Some(component) = cache.and_then(|c| c.get(engine, sha256)) {
         return Ok((link(engine, linker, &component)?, Compiled::FromCache, None));
+    }
+    if let (CacheWrite::Now, Some(cache)) = (write, cache) {
+        let component = compiler.compile_into_cache(engine, bytes, cache, sha256)?;
+        // A component of another world does not stay cached.
+        let pre = link(engine, linker, &component).inspect_err(|_| cache.remove(sha256))?;
+        return Ok((pre, Compiled::Fresh, None));
     }
     let component = compiler.compile(engine, bytes)?;
     // `link` checks the world first: a component of another world is never cached.
