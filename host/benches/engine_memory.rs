@@ -14,7 +14,7 @@
 //! `WASMOP_BENCH_CALLS` (default 0: after the idle figure, call `reconcile` on every module
 //! round-robin this many rounds, one call at a time, and print the per-call instantiate time
 //! and the memory after: what keeping warm sandbox slots for fewer modules than are called
-//! costs). The host inherits the environment, so `MALLOC_ARENA_MAX` applies. Last line:
+//! costs), `WASMOP_BENCH_WARM_SLOTS` (default the engine's, `EngineConfig::warm_slots`). The host inherits the environment, so `MALLOC_ARENA_MAX` applies. Last line:
 //! `engine memory modules=<m> rss MiB: X.X anon MiB: Y.Y`.
 
 use std::time::{Duration, Instant};
@@ -62,6 +62,10 @@ fn main() -> anyhow::Result<()> {
         Ok(other) => anyhow::bail!("WASMOP_BENCH_TIERED={other:?}: on or off"),
     };
     let calls: usize = env_number("WASMOP_BENCH_CALLS", 0)?;
+    let warm_slots: u32 = env_number(
+        "WASMOP_BENCH_WARM_SLOTS",
+        EngineConfig::default().warm_slots,
+    )?;
     let tmp = tempfile::tempdir()?;
     let cache_dir = match std::env::var("WASMOP_BENCH_CACHE_DIR") {
         Ok(dir) if !dir.trim().is_empty() => std::path::PathBuf::from(dir),
@@ -72,6 +76,7 @@ fn main() -> anyhow::Result<()> {
         cache_dir: Some(cache_dir),
         max_instances,
         max_calls: max_instances,
+        warm_slots,
         tiered,
         ..EngineConfig::default()
     })?;

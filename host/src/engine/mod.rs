@@ -97,6 +97,14 @@ pub struct EngineConfig {
     /// How many module calls may run at once (the slots of the fair call queue; at most
     /// `max_instances`). More calls wait, within their deadline.
     pub max_calls: u32,
+    /// How many unused sandbox slots keep their module's memory warm (wasmtime's
+    /// `max_unused_warm_slots`; see [`default_warm_slots`]). A slot that ran a module keeps up to
+    /// `memory_keep_resident` bytes resident for that module's next call; once this many unused
+    /// slots are warm, a call of a module without a warm slot of its own takes the least
+    /// recently used one instead of a never-used slot. Resident pool memory then follows the
+    /// calls that run at once (at most this many plus the most calls that ever ran at once),
+    /// not the number of modules loaded.
+    pub warm_slots: u32,
     /// Tiered compilation: activate a quickly compiled build, optimize in the background
     /// (see [`Tier`]). Off (the default, for one-shot tools and tests): every load compiles
     /// optimized before it returns. The host (`wasmop run`) turns it on.
@@ -118,12 +126,22 @@ impl Default for EngineConfig {
             tick: Duration::from_millis(2),
             memory_keep_resident: 4 << 20,
             max_calls: 256,
+            warm_slots: default_warm_slots(),
             tiered: false,
             max_background_compiles: 1,
             fast_compiler: FastCompiler::default(),
             cache_max_bytes: DEFAULT_CACHE_MAX_BYTES,
         }
     }
+}
+
+/// The default [`EngineConfig::warm_slots`]: the CPUs this process may use (at least 1). A module
+/// call runs on its caller's thread and does no I/O, so about this many run at once when calls
+/// are many; each of them finds a warm slot. wasmtime's own default (100) kept a slot warm for
+/// every module whose `metadata()` ran at load, ~5 MiB each for the image-updater example, so an
+/// idle host's memory grew with the modules loaded (docs/benchmarks.md, "Idle host memory").
+pub fn default_warm_slots() -> u32 {
+    std::thread::available_parallelism().map_or(1, |n| u32::try_from(n.get()).unwrap_or(u32::MAX))
 }
 
 /// Per-call limits.
@@ -294,6 +312,7 @@ impl Engine {
             .max_memory_size(memory)
             .max_core_instances_per_component(MAX_CORE_INSTANCES_PER_MODULE)
             .linear_memory_keep_resident(config.memory_keep_resident)
+            .max_unused_warm_slots(config.warm_slots)
             .table_keep_resident(64 << 10);
         let mut wc = wasmtime::Config::new();
         wc.epoch_interruption(true)
