@@ -132,15 +132,29 @@ impl ArtifactCache {
     pub(crate) fn put_artifact(&self, sha256: &str, artifact: &[u8]) -> std::io::Result<()> {
         std::fs::create_dir_all(&self.dir)?;
         let path = self.path(sha256);
+        // A name no other writer uses, created new: hosts sharing the directory (each maybe
+        // pid 1 in its container) never write one inode together, so an inode renamed into
+        // place, and perhaps mapped, is never written again.
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
         let tmp = self
             .dir
-            .join(format!(".{sha256}.{}.tmp", std::process::id()));
-        write_private(&tmp, artifact)?;
-        write_private(
-            &path.with_extension("cwasm.sha256"),
-            hex::encode(Sha256::digest(artifact)).as_bytes(),
-        )?;
-        std::fs::rename(&tmp, &path)?;
+            .join(format!(".{sha256}.{}.{nanos}.tmp", std::process::id()));
+        let written = write_private(&tmp, artifact, true)
+            .and_then(|()| {
+                write_private(
+                    &path.with_extension("cwasm.sha256"),
+                    hex::encode(Sha256::digest(artifact)).as_bytes(),
+                    false,
+                )
+            })
+            .and_then(|()| std::fs::rename(&tmp, &path));
+        if let Err(e) = written {
+            // A half-written temporary file is not left behind (its name is unique).
+            let _ = std::fs::remove_file(&tmp);
+            return Err(e);
+        }
         self.evict(&path);
         Ok(())
     }
@@ -201,12 +215,16 @@ impl ArtifactCache {
     }
 }
 
-/// Writes `bytes` to a new or truncated file at `path`, readable and writable by its owner only
-/// (the mode of a new file; an existing one keeps its mode, and entries are only ever new files:
-/// temporary names, then renamed).
-fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+/// Writes `bytes` to a file at `path`, readable and writable by its owner only (the mode of a new
+/// file; an existing one keeps its mode). With `new`, the file must not exist yet (entries are
+/// only ever new files: temporary names, then renamed); without, an existing one is truncated.
+fn write_private(path: &Path, bytes: &[u8], new: bool) -> std::io::Result<()> {
     let mut options = std::fs::File::options();
-    options.write(true).create(true).truncate(true);
+    if new {
+        options.write(true).create_new(true);
+    } else {
+        options.write(true).create(true).truncate(true);
+    }
     #[cfg(unix)]
     std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
     options.open(path)?.write_all(bytes)
