@@ -269,7 +269,9 @@ fn compiled_modules_are_cached_on_disk() {
     assert_eq!(second.compiled(), Compiled::FromCache);
     assert_eq!(first.sha256(), second.sha256());
     assert_good(&second);
-    // A corrupted artifact is a miss, not a crash.
+    // A corrupted artifact is a miss, not a crash. (Corrupted between runs: the modules map
+    // their entry, which the cache never changes in place while it is mapped.)
+    drop((first, second));
     for entry in std::fs::read_dir(dir.path()).expect("read_dir").flatten() {
         if entry.path().extension().is_some_and(|e| e == "cwasm") {
             std::fs::write(entry.path(), b"garbage").expect("corrupt");
@@ -280,6 +282,81 @@ fn compiled_modules_are_cached_on_disk() {
         .load(&bytes, &Limits::default())
         .expect("load");
     assert_eq!(third.compiled(), Compiled::Fresh);
+    assert_good(&third);
+}
+
+/// The `.cwasm` entries in `dir`.
+fn cache_entries(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut entries: Vec<_> = std::fs::read_dir(dir)
+        .expect("read_dir")
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "cwasm"))
+        .collect();
+    entries.sort();
+    entries
+}
+
+/// Whether this process maps `file` (`/proc/self/maps` names the file of every file mapping).
+#[cfg(target_os = "linux")]
+fn mapped(file: &std::path::Path) -> bool {
+    let file = file.canonicalize().expect("canonical path");
+    let maps = std::fs::read_to_string("/proc/self/maps").expect("/proc/self/maps");
+    maps.lines().any(|l| l.ends_with(&*file.to_string_lossy()))
+}
+
+#[cfg(target_os = "linux")]
+#[test]
+fn compiled_code_is_mapped_from_the_cache_file_not_copied() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = EngineConfig {
+        cache_dir: Some(dir.path().to_path_buf()),
+        ..EngineConfig::default()
+    };
+    let bytes = modules::bytes(modules::MISBEHAVE);
+    // A fresh compile is written to the cache first, then mapped from there.
+    let first = Engine::new(&config)
+        .expect("engine")
+        .load(&bytes, &Limits::default())
+        .expect("load");
+    assert_eq!(first.compiled(), Compiled::Fresh);
+    let entries = cache_entries(dir.path());
+    let [entry] = entries.as_slice() else {
+        panic!("one entry expected: {entries:?}");
+    };
+    assert!(mapped(entry), "the fresh compile does not map {entry:?}");
+    let mode = std::fs::metadata(entry).expect("stat").permissions().mode();
+    assert_eq!(mode & 0o777, 0o600, "entries are private to their owner");
+    assert_good(&first);
+    drop(first);
+    assert!(
+        !mapped(entry),
+        "{entry:?} is still mapped after its module was dropped"
+    );
+
+    // A load from the cache (as after a restart) maps the entry too.
+    let second = Engine::new(&config)
+        .expect("engine")
+        .load(&bytes, &Limits::default())
+        .expect("load");
+    assert_eq!(second.compiled(), Compiled::FromCache);
+    assert!(mapped(entry), "the cache hit does not map {entry:?}");
+    assert_good(&second);
+    drop(second);
+
+    // An entry that other users could change is read into memory and checked there: still a
+    // hit, never mapped.
+    std::fs::set_permissions(entry, std::fs::Permissions::from_mode(0o666)).expect("chmod");
+    let third = Engine::new(&config)
+        .expect("engine")
+        .load(&bytes, &Limits::default())
+        .expect("load");
+    assert_eq!(third.compiled(), Compiled::FromCache);
+    assert!(
+        !mapped(entry),
+        "{entry:?} is writable by others, yet mapped"
+    );
     assert_good(&third);
 }
 

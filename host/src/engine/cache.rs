@@ -8,14 +8,34 @@
 //! time, which a hit refreshes) are deleted until the entries total at most the size bound. The
 //! entry just written is never evicted, even when it alone exceeds the bound.
 //!
+//! An entry is mapped, not copied, when it can be (Linux, a regular file owned by this process's
+//! user and writable by no one else): the compiled code and the modules' initial memory images
+//! are then file-backed pages, resident only where touched and reclaimable by the kernel, instead
+//! of an anonymous copy of the whole artifact per module (docs/benchmarks.md, "Idle host
+//! memory"). Otherwise the entry is read into memory, as before.
+//!
 //! # Guarantees
-//! - Writes are atomic (temp file + rename): a crash never leaves a half-written entry in place.
+//! - Writes are atomic (temp file + rename): a crash never leaves a half-written entry in place,
+//!   and an entry's inode is never written again once it has its name, so a mapped entry never
+//!   changes under the host because of the host (or another wasmop sharing the directory).
+//! - Entries and sidecars are created readable and writable by their owner only (`0600`).
 //! - An entry is only deserialized if its own checksum matches the sidecar; a corrupt, truncated
-//!   or foreign entry is a miss (logged), never undefined behaviour from our side.
+//!   or foreign entry is a miss (logged), never undefined behaviour from our side. A mapped entry
+//!   is checked through the same open file that is then mapped (`/proc/self/fd`), so the bytes
+//!   checked are the inode mapped; only its owner (this user) or root could change them
+//!   afterwards, and they can already change the running process itself.
 //! - Cache failures never fail a load: the module is compiled instead.
+//!
+//! The checksum guards against accidents (a disk error, a truncated copy), not against someone
+//! who can write the directory: they can write an entry and its sidecar alike, and so run code in
+//! the host. The directory must be writable by the host's user only (docs/operating.md, "Threat
+//! model").
 
 use std::hash::{Hash, Hasher};
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
+
+use wasmtime::component::Component;
 
 use sha2::{Digest, Sha256};
 
@@ -55,26 +75,31 @@ impl ArtifactCache {
         self.dir.join(format!("{sha256}-{}.cwasm", self.engine_key))
     }
 
-    /// The compiled component for `sha256`, if a valid entry exists.
-    pub(crate) fn get(
-        &self,
-        engine: &wasmtime::Engine,
-        sha256: &str,
-    ) -> Option<wasmtime::component::Component> {
+    /// The compiled component for `sha256`, if a valid entry exists; mapped from its file when
+    /// [`mappable`] allows it, read into memory otherwise.
+    pub(crate) fn get(&self, engine: &wasmtime::Engine, sha256: &str) -> Option<Component> {
         let path = self.path(sha256);
-        let bytes = std::fs::read(&path).ok()?;
         let sidecar = std::fs::read_to_string(path.with_extension("cwasm.sha256")).ok()?;
-        let actual = hex::encode(Sha256::digest(&bytes));
+        let mut file = std::fs::File::open(&path).ok()?;
+        let map = mappable(&file);
+        let (actual, bytes) = if map {
+            (sha256_of_file(&mut file).ok()?, None)
+        } else {
+            let mut bytes = Vec::new();
+            file.read_to_end(&mut bytes).ok()?;
+            (hex::encode(Sha256::digest(&bytes)), Some(bytes))
+        };
         if actual != sidecar.trim() {
             tracing::warn!(path = %path.display(), "compiled-module cache entry does not match its checksum; recompiling");
             return None;
         }
-        // SAFETY: `deserialize` trusts that the bytes were produced by `Component::serialize` of
-        // a compatible engine. They were: the entry is in the host's own cache directory, named
-        // by this engine's fingerprint, and its checksum matches the one written next to it when
-        // this host serialized it. wasmtime also checks the engine compatibility header.
-        #[allow(unsafe_code)]
-        let component = unsafe { wasmtime::component::Component::deserialize(engine, &bytes) };
+        let component = match bytes {
+            Some(bytes) => deserialize_bytes(engine, &bytes),
+            None => deserialize_mapped(engine, &file).or_else(|e| {
+                tracing::debug!(path = %path.display(), error = %e, "cannot map the compiled-module cache entry; reading it into memory");
+                copy_checked(engine, &mut file, sidecar.trim())
+            }),
+        };
         match component {
             Ok(c) => {
                 // Recently used: evicted last. A failure only makes eviction less exact.
@@ -94,25 +119,51 @@ impl ArtifactCache {
     ///
     /// # Errors
     /// The I/O error, if the entry cannot be written.
-    pub(crate) fn put(
-        &self,
-        sha256: &str,
-        component: &wasmtime::component::Component,
-    ) -> std::io::Result<()> {
+    pub(crate) fn put(&self, sha256: &str, component: &Component) -> std::io::Result<()> {
         let bytes = component.serialize().map_err(std::io::Error::other)?;
+        self.put_artifact(sha256, &bytes)
+    }
+
+    /// Stores `artifact` (the output of `Engine::precompile_component` for this cache's engine)
+    /// for `sha256`.
+    ///
+    /// # Errors
+    /// The I/O error, if the entry cannot be written.
+    pub(crate) fn put_artifact(&self, sha256: &str, artifact: &[u8]) -> std::io::Result<()> {
         std::fs::create_dir_all(&self.dir)?;
         let path = self.path(sha256);
+        // A name no other writer uses, created new: hosts sharing the directory (each maybe
+        // pid 1 in its container) never write one inode together, so an inode renamed into
+        // place, and perhaps mapped, is never written again.
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
         let tmp = self
             .dir
-            .join(format!(".{sha256}.{}.tmp", std::process::id()));
-        std::fs::write(&tmp, &bytes)?;
-        std::fs::write(
-            path.with_extension("cwasm.sha256"),
-            hex::encode(Sha256::digest(&bytes)),
-        )?;
-        std::fs::rename(&tmp, &path)?;
+            .join(format!(".{sha256}.{}.{nanos}.tmp", std::process::id()));
+        let written = write_private(&tmp, artifact, true)
+            .and_then(|()| {
+                write_private(
+                    &path.with_extension("cwasm.sha256"),
+                    hex::encode(Sha256::digest(artifact)).as_bytes(),
+                    false,
+                )
+            })
+            .and_then(|()| std::fs::rename(&tmp, &path));
+        if let Err(e) = written {
+            // A half-written temporary file is not left behind (its name is unique).
+            let _ = std::fs::remove_file(&tmp);
+            return Err(e);
+        }
         self.evict(&path);
         Ok(())
+    }
+
+    /// Deletes the entry for `sha256`, if any (a component that compiled but cannot serve).
+    pub(crate) fn remove(&self, sha256: &str) {
+        let path = self.path(sha256);
+        let _ = std::fs::remove_file(&path);
+        let _ = std::fs::remove_file(path.with_extension("cwasm.sha256"));
     }
 
     /// Deletes the least recently used entries (not `keep`) until the cache fits its bound.
@@ -162,4 +213,112 @@ impl ArtifactCache {
             })
             .unwrap_or(0)
     }
+}
+
+/// Writes `bytes` to a file at `path`, readable and writable by its owner only (the mode of a new
+/// file; an existing one keeps its mode). With `new`, the file must not exist yet (entries are
+/// only ever new files: temporary names, then renamed); without, an existing one is truncated.
+fn write_private(path: &Path, bytes: &[u8], new: bool) -> std::io::Result<()> {
+    let mut options = std::fs::File::options();
+    if new {
+        options.write(true).create_new(true);
+    } else {
+        options.write(true).create(true).truncate(true);
+    }
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    options.open(path)?.write_all(bytes)
+}
+
+/// The sha256 of what `file` holds, read through the file itself in small pieces (so checking a
+/// mapped entry copies nothing into the heap).
+fn sha256_of_file(file: &mut std::fs::File) -> std::io::Result<String> {
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; 64 << 10];
+    loop {
+        match file.read(&mut buf)? {
+            0 => return Ok(hex::encode(hasher.finalize())),
+            n => hasher.update(&buf[..n]),
+        }
+    }
+}
+
+/// Whether the entry open as `file` may be mapped in place: Linux (where `/proc/self/fd` reopens
+/// the very inode checked), a regular file, owned by this process's user and writable by no
+/// other. Anything else is read into memory and checked there.
+#[cfg(target_os = "linux")]
+fn mappable(file: &std::fs::File) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(meta) = file.metadata() else {
+        return false;
+    };
+    // SAFETY: `geteuid` has no preconditions and cannot fail.
+    #[allow(unsafe_code)]
+    let euid = unsafe { libc::geteuid() };
+    meta.is_file() && meta.uid() == euid && meta.mode() & 0o022 == 0
+}
+
+#[cfg(not(target_os = "linux"))]
+fn mappable(_file: &std::fs::File) -> bool {
+    false
+}
+
+/// Reads the entry open as `file` again, from its start, into memory, checks it against
+/// `expected` and loads it.
+fn copy_checked(
+    engine: &wasmtime::Engine,
+    file: &mut std::fs::File,
+    expected: &str,
+) -> wasmtime::Result<Component> {
+    use std::io::Seek;
+    let mut bytes = Vec::new();
+    file.seek(std::io::SeekFrom::Start(0))?;
+    file.read_to_end(&mut bytes)?;
+    if hex::encode(Sha256::digest(&bytes)) != expected {
+        wasmtime::bail!("the entry changed after its checksum was verified");
+    }
+    deserialize_bytes(engine, &bytes)
+}
+
+/// Loads a checked entry's bytes (a copy in memory).
+fn deserialize_bytes(engine: &wasmtime::Engine, bytes: &[u8]) -> wasmtime::Result<Component> {
+    // SAFETY: `deserialize` trusts that the bytes were produced by `Component::serialize` of
+    // a compatible engine. They were: the entry is in the host's own cache directory, named
+    // by this engine's fingerprint, and its checksum matches the one written next to it when
+    // this host serialized it. wasmtime also checks the engine compatibility header.
+    #[allow(unsafe_code)]
+    unsafe {
+        Component::deserialize(engine, bytes)
+    }
+}
+
+/// Maps a checked entry, open as `file`, in place.
+#[cfg(target_os = "linux")]
+fn deserialize_mapped(
+    engine: &wasmtime::Engine,
+    file: &std::fs::File,
+) -> wasmtime::Result<Component> {
+    use std::os::fd::AsRawFd;
+    // Opening the fd's `/proc` link opens the inode `file` is, whatever the directory now holds
+    // under the entry's name.
+    let same_inode = format!("/proc/self/fd/{}", file.as_raw_fd());
+    // SAFETY: as `deserialize_bytes`, and `deserialize_file` further trusts that the file is not
+    // changed while mapped. The bytes mapped are the inode whose checksum was just verified
+    // through this same open file; the cache never writes an inode after renaming it into
+    // place, and `mappable` checked that only this process's user (or root) could: someone
+    // who can already change the running process.
+    #[allow(unsafe_code)]
+    unsafe {
+        Component::deserialize_file(engine, &same_inode)
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn deserialize_mapped(
+    _engine: &wasmtime::Engine,
+    _file: &std::fs::File,
+) -> wasmtime::Result<Component> {
+    Err(wasmtime::format_err!(
+        "mapping compiled artifacts is only done on Linux"
+    ))
 }

@@ -22,6 +22,7 @@
 use wasmtime::component::Component;
 
 use super::LoadError;
+use super::cache::ArtifactCache;
 
 /// How to build the throwaway engine that compiles for a serving engine.
 #[derive(Clone)]
@@ -48,27 +49,68 @@ impl Compiler {
         engine: &wasmtime::Engine,
         bytes: &[u8],
     ) -> Result<Component, LoadError> {
-        let artifact = {
-            let compiler = wasmtime::Engine::new(&self.config)
-                .map_err(|e| LoadError::Compile(format!("starting the compiler: {e:#}")))?;
-            compiler
-                .precompile_component(bytes)
-                .map_err(|e| LoadError::Compile(format!("{e:#}")))?
-        };
-        // SAFETY: `deserialize` trusts that the bytes were produced by wasmtime's compiler for a
-        // compatible engine. They were: `precompile_component` produced them just now, in this
-        // process, from an engine configured like `engine` (same compilation settings), and
-        // wasmtime checks the artifact's compatibility header against `engine` before using it.
-        #[allow(unsafe_code)]
-        let component = unsafe { Component::deserialize(engine, &artifact) };
+        let artifact = self.precompile(bytes)?;
+        let component = load(engine, &artifact);
         drop(artifact);
         give_back_freed_memory();
-        component.map_err(|e| {
-            LoadError::Compile(format!(
-                "loading the freshly compiled artifact into the serving engine: {e:#}"
-            ))
-        })
+        component
     }
+
+    /// As [`Compiler::compile`], but writes the artifact to `cache` (under `sha256`) first and
+    /// maps it from there (see [`ArtifactCache::get`]), so the serving engine holds file-backed
+    /// pages instead of a copy. If the entry cannot be written or read back, the artifact is
+    /// loaded from memory as [`Compiler::compile`] does (logged).
+    ///
+    /// # Errors
+    /// See the module docs.
+    pub(crate) fn compile_into_cache(
+        &self,
+        engine: &wasmtime::Engine,
+        bytes: &[u8],
+        cache: &ArtifactCache,
+        sha256: &str,
+    ) -> Result<Component, LoadError> {
+        let artifact = self.precompile(bytes)?;
+        let mapped = match cache.put_artifact(sha256, &artifact) {
+            Ok(()) => cache.get(engine, sha256),
+            Err(e) => {
+                tracing::warn!(dir = %cache.dir().display(), error = %e, "cannot write the compiled-module cache; the next load compiles again");
+                None
+            }
+        };
+        let component = match mapped {
+            Some(component) => Ok(component),
+            None => load(engine, &artifact),
+        };
+        drop(artifact);
+        give_back_freed_memory();
+        component
+    }
+
+    /// Compiles `bytes` in a fresh engine and drops it: the artifact, for this compiler's
+    /// engines.
+    fn precompile(&self, bytes: &[u8]) -> Result<Vec<u8>, LoadError> {
+        let compiler = wasmtime::Engine::new(&self.config)
+            .map_err(|e| LoadError::Compile(format!("starting the compiler: {e:#}")))?;
+        compiler
+            .precompile_component(bytes)
+            .map_err(|e| LoadError::Compile(format!("{e:#}")))
+    }
+}
+
+/// Loads a freshly compiled `artifact` into `engine` (a copy in memory).
+fn load(engine: &wasmtime::Engine, artifact: &[u8]) -> Result<Component, LoadError> {
+    // SAFETY: `deserialize` trusts that the bytes were produced by wasmtime's compiler for a
+    // compatible engine. They were: `precompile_component` produced them just now, in this
+    // process, from an engine configured like `engine` (same compilation settings), and
+    // wasmtime checks the artifact's compatibility header against `engine` before using it.
+    #[allow(unsafe_code)]
+    let component = unsafe { Component::deserialize(engine, artifact) };
+    component.map_err(|e| {
+        LoadError::Compile(format!(
+            "loading the freshly compiled artifact into the serving engine: {e:#}"
+        ))
+    })
 }
 
 /// Hands the memory the compile freed back to the kernel. glibc keeps freed memory in the arena

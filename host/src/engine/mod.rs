@@ -97,6 +97,14 @@ pub struct EngineConfig {
     /// How many module calls may run at once (the slots of the fair call queue; at most
     /// `max_instances`). More calls wait, within their deadline.
     pub max_calls: u32,
+    /// How many unused sandbox slots keep their module's memory warm (wasmtime's
+    /// `max_unused_warm_slots`; see [`default_warm_slots`]). A slot that ran a module keeps up to
+    /// `memory_keep_resident` bytes resident for that module's next call; once this many unused
+    /// slots are warm, a call of a module without a warm slot of its own takes the least
+    /// recently used one instead of a never-used slot. Resident pool memory then follows the
+    /// calls that run at once (at most this many plus the most calls that ever ran at once),
+    /// not the number of modules loaded.
+    pub warm_slots: u32,
     /// Tiered compilation: activate a quickly compiled build, optimize in the background
     /// (see [`Tier`]). Off (the default, for one-shot tools and tests): every load compiles
     /// optimized before it returns. The host (`wasmop run`) turns it on.
@@ -118,12 +126,22 @@ impl Default for EngineConfig {
             tick: Duration::from_millis(2),
             memory_keep_resident: 4 << 20,
             max_calls: 256,
+            warm_slots: default_warm_slots(),
             tiered: false,
             max_background_compiles: 1,
             fast_compiler: FastCompiler::default(),
             cache_max_bytes: DEFAULT_CACHE_MAX_BYTES,
         }
     }
+}
+
+/// The default [`EngineConfig::warm_slots`]: the CPUs this process may use (at least 1). A module
+/// call runs on its caller's thread and does no I/O, so about this many run at once when calls
+/// are many; each of them finds a warm slot. wasmtime's own default (100) kept a slot warm for
+/// every module whose `metadata()` ran at load, ~5 MiB each for the image-updater example, so an
+/// idle host's memory grew with the modules loaded (docs/benchmarks.md, "Idle host memory").
+pub fn default_warm_slots() -> u32 {
+    std::thread::available_parallelism().map_or(1, |n| u32::try_from(n.get()).unwrap_or(u32::MAX))
 }
 
 /// Per-call limits.
@@ -294,6 +312,7 @@ impl Engine {
             .max_memory_size(memory)
             .max_core_instances_per_component(MAX_CORE_INSTANCES_PER_MODULE)
             .linear_memory_keep_resident(config.memory_keep_resident)
+            .max_unused_warm_slots(config.warm_slots)
             .table_keep_resident(64 << 10);
         let mut wc = wasmtime::Config::new();
         wc.epoch_interruption(true)
@@ -418,20 +437,22 @@ impl Engine {
                     fast.cache.as_ref(),
                     bytes,
                     &sha256,
+                    CacheWrite::Later,
                 )?;
                 fresh_fast = fresh;
                 (pre, compiled, Tier::Fast)
             }
             (None, None) => {
-                let (pre, compiled, fresh) = build(
+                // `CacheWrite::Now` caches the compile itself: nothing to `store`.
+                let (pre, compiled, _) = build(
                     &self.inner,
                     &self.compiler,
                     &self.linker,
                     self.cache.as_ref(),
                     bytes,
                     &sha256,
+                    CacheWrite::Now,
                 )?;
-                store(self.cache.as_ref(), &sha256, fresh.as_ref());
                 (pre, compiled, Tier::Optimized)
             }
         };
@@ -496,9 +517,9 @@ impl Engine {
                     engine.cache.as_ref(),
                     &bytes,
                     &sha256,
+                    CacheWrite::Now,
                 ) {
-                    Ok((optimized, _, fresh)) => {
-                        store(engine.cache.as_ref(), &sha256, fresh.as_ref());
+                    Ok((optimized, _, _)) => {
                         let Some(pre) = pre.upgrade() else { return };
                         *pre.write().unwrap_or_else(PoisonError::into_inner) = optimized;
                         tier.store(Tier::Optimized as u8, Ordering::Release);
@@ -515,10 +536,21 @@ impl Engine {
     }
 }
 
+/// When [`build`] writes a fresh compile to the compiled cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum CacheWrite {
+    /// Before using it: the artifact is written, then mapped from the cache file (the optimized
+    /// build, which serves for the module's life: file-backed code, see [`ArtifactCache`]).
+    Now,
+    /// Later, by the caller with [`store`] (the fast build, which serves for seconds: written
+    /// off the path to the first call).
+    Later,
+}
+
 /// Loads `bytes` compiled for `engine` from `cache`, or compiles them with `compiler` (a throwaway
 /// engine, so the compile's memory is freed); checks the world and
-/// links. A freshly compiled component is returned too, for [`store`] (it is not cached yet:
-/// the caller decides when, so the fast tier writes it off the path to the first call).
+/// links. With [`CacheWrite::Later`], a freshly compiled component is returned too, for
+/// [`store`].
 fn build(
     engine: &wasmtime::Engine,
     compiler: &Compiler,
@@ -526,9 +558,16 @@ fn build(
     cache: Option<&ArtifactCache>,
     bytes: &[u8],
     sha256: &str,
+    write: CacheWrite,
 ) -> Result<(bindings::ModulePre<State>, Compiled, Option<Component>), LoadError> {
     if let Some(component) = cache.and_then(|c| c.get(engine, sha256)) {
         return Ok((link(engine, linker, &component)?, Compiled::FromCache, None));
+    }
+    if let (CacheWrite::Now, Some(cache)) = (write, cache) {
+        let component = compiler.compile_into_cache(engine, bytes, cache, sha256)?;
+        // A component of another world does not stay cached.
+        let pre = link(engine, linker, &component).inspect_err(|_| cache.remove(sha256))?;
+        return Ok((pre, Compiled::Fresh, None));
     }
     let component = compiler.compile(engine, bytes)?;
     // `link` checks the world first: a component of another world is never cached.
