@@ -27,10 +27,17 @@
 //! - At most `permits` holders at once; a permit comes back when its [`Permit`] is dropped,
 //!   however the reconcile ends, and a reactive waiter that gives up (its future is dropped)
 //!   takes none.
-//! - When a permit comes free, it goes to the oldest reactive waiter, unless the oldest parked
-//!   timed key has waited [`PROMOTE_AFTER`] or longer and arrived before it: then the permit is
-//!   kept for that key (anti-starvation). Within a lane: first come, first served (a handed-back
-//!   key that loses its permit to a reactive arrival goes back to the front).
+//! - A free permit always goes to the oldest reactive waiter first. A handed-back key's claim on
+//!   a free permit is not binding: it must come back through kube-runtime's runner, and while
+//!   the runner's slots are all held by reactive waiters it cannot, so a binding claim would
+//!   leave those waiters and the key waiting on each other for ever (found by the N = 10,000
+//!   benchmark: 32 reactive waiters, 16 free permits all claimed, nothing running). A key that
+//!   loses its permit this way goes back to the front of the parked keys.
+//! - Anti-starvation: once the oldest parked key has waited [`PROMOTE_AFTER`] and arrived
+//!   before the oldest reactive waiter, every permit that comes back hands it back, and when it
+//!   returns without a free permit it joins the reactive waiters instead of being parked again:
+//!   it then waits only for the reactive work queued before it. Within a lane: first come,
+//!   first served.
 //! - A timed entry runs at once only when a permit is free that no handed-back key is due to
 //!   take and nothing is parked: fresh timed work does not pass parked timed work.
 //! - A key is parked at most once; a reactive run of a parked primary takes its place (the
@@ -253,14 +260,8 @@ impl<K: Clone + Eq + Hash + Send + 'static> PriorityGate<K> {
                     s.available -= 1;
                     Arrival::Run(self.inner.permit())
                 } else {
-                    let (tx, rx) = oneshot::channel();
-                    let arrived = (self.inner.clock)();
-                    s.reactive.push_back(Waiter { arrived, tx });
-                    s.reactive_live += 1;
-                    Arrival::Wait(Waiting {
-                        inner: self.inner.clone(),
-                        rx: Some(rx),
-                    })
+                    let now = (self.inner.clock)();
+                    self.inner.enqueue(&mut s, now)
                 }
             }
             Lane::Timed => {
@@ -268,9 +269,15 @@ impl<K: Clone + Eq + Hash + Send + 'static> PriorityGate<K> {
                     Some(_) => s.available > 0,
                     None => s.available > s.unparking.len() && s.parked_keys.is_empty(),
                 };
+                let now = (self.inner.clock)();
+                let promoted = returning
+                    .is_some_and(|p| now.saturating_duration_since(p) >= self.inner.promote_after);
                 if free {
                     s.available -= 1;
                     Arrival::Run(self.inner.permit())
+                } else if promoted {
+                    // Waited long enough: it queues with the reactive work instead of parking.
+                    self.inner.enqueue(&mut s, now)
                 } else {
                     if s.parked_keys.insert(key.clone()) {
                         match returning {
@@ -397,12 +404,16 @@ impl<K: Clone + Eq + Hash + Send + 'static> Inner<K> {
 
     /// Hands out the permits that are free and not spoken for by a handed-back key: to the
     /// oldest reactive waiter, else to the oldest parked key (handed back to the controller).
+    /// Reactive waiters take any free permit (a handed-back key's claim is not binding, see the
+    /// module docs); permits beyond the handed-back keys' claims hand back parked keys.
     fn pump(self: &Arc<Self>, s: &mut State<K>) {
-        while s.available > s.unparking.len() {
+        loop {
             while s.reactive.front().is_some_and(|w| w.tx.is_closed()) {
                 s.reactive.pop_front();
             }
-            if let Some(waiter) = s.reactive.pop_front() {
+            if s.available > 0
+                && let Some(waiter) = s.reactive.pop_front()
+            {
                 match waiter.tx.send(self.permit()) {
                     Ok(()) => {
                         s.available -= 1;
@@ -413,10 +424,21 @@ impl<K: Clone + Eq + Hash + Send + 'static> Inner<K> {
                 }
                 continue;
             }
-            if !self.unpark_next(s) {
+            if s.available <= s.unparking.len() || !self.unpark_next(s) {
                 return;
             }
         }
+    }
+
+    /// Queues a reconcile with the reactive waiters (arrived `now`).
+    fn enqueue(self: &Arc<Self>, s: &mut State<K>, now: Instant) -> Arrival<K> {
+        let (tx, rx) = oneshot::channel();
+        s.reactive.push_back(Waiter { arrived: now, tx });
+        s.reactive_live += 1;
+        Arrival::Wait(Waiting {
+            inner: self.clone(),
+            rx: Some(rx),
+        })
     }
 
     /// Hands the oldest parked key back; false when none is parked.
@@ -450,7 +472,8 @@ impl<K: Clone + Eq + Hash + Send + 'static> Inner<K> {
             }
             _ => false,
         };
-        if promoted && s.available > s.unparking.len() {
+        if promoted {
+            // Handed back now; it joins the reactive waiters when it returns (see `arrive`).
             self.unpark_next(&mut s);
         }
         self.pump(&mut s);
@@ -579,14 +602,63 @@ mod tests {
         let Poll::Ready(p) = futures::poll!(early.as_mut()) else {
             panic!("r-early not admitted")
         };
-        // 30 s after it was parked, the key passes the reactive waiter that came later.
+        // 30 s after it was parked, the key is handed back at the next permit; the reactive
+        // waiter already queued takes that permit, and the key, returning without one, queues
+        // behind it instead of parking again, ahead of reactive work that comes after it.
         secs.store(31, Ordering::SeqCst);
         drop(p);
         assert_eq!(taken(&handed), ["t"]);
-        assert!(futures::poll!(late.as_mut()).is_pending());
-        let p = run(gate.arrive(&"t", Lane::Timed));
+        let Poll::Ready(p) = futures::poll!(late.as_mut()) else {
+            panic!("r-late not admitted")
+        };
+        let mut t = wait(gate.arrive(&"t", Lane::Timed));
+        let mut after = wait(gate.arrive(&"r-after", Lane::Reactive));
+        assert_eq!(gate.waiting(), [2, 0]);
         drop(p);
-        assert!(futures::poll!(late.as_mut()).is_ready());
+        let Poll::Ready(p) = futures::poll!(t.as_mut()) else {
+            panic!("the promoted key was passed")
+        };
+        assert!(futures::poll!(after.as_mut()).is_pending());
+        drop(p);
+        assert!(futures::poll!(after.as_mut()).is_ready());
+    }
+
+    /// Reactive waiters that fill kube-runtime's runner are never held back by permits claimed
+    /// for handed-back keys: those keys cannot come back through a full runner, so waiting for
+    /// them would stop everything (the N = 10,000 benchmark's hang: 32 reactive waiters, every
+    /// permit claimed, nothing running).
+    #[tokio::test(flavor = "current_thread")]
+    async fn claimed_permits_do_not_hold_back_reactive_waiters() {
+        let (gate, handed, _) = gate(2);
+        let a = run(gate.arrive(&"a", Lane::Reactive));
+        let b = run(gate.arrive(&"b", Lane::Reactive));
+        assert!(parked(&gate.arrive(&"t1", Lane::Timed)));
+        assert!(parked(&gate.arrive(&"t2", Lane::Timed)));
+        // Both permits come back with no reactive waiter: both go to the parked keys.
+        drop(a);
+        drop(b);
+        assert_eq!(taken(&handed), ["t1", "t2"]);
+        // Reactive work arrives before t1 and t2 return (their runner slots are taken): it runs
+        // on the claimed permits, and what comes after waits.
+        let p1 = run(gate.arrive(&"r1", Lane::Reactive));
+        let p2 = run(gate.arrive(&"r2", Lane::Reactive));
+        let mut r3 = wait(gate.arrive(&"r3", Lane::Reactive));
+        // A permit comes back while both keys still claim one: the waiter gets it.
+        drop(p1);
+        let Poll::Ready(p3) = futures::poll!(r3.as_mut()) else {
+            panic!("r3 held back by the claim of a key that cannot return")
+        };
+        // The keys return without a permit: back to the front of the parked keys.
+        assert!(parked(&gate.arrive(&"t2", Lane::Timed)));
+        assert!(parked(&gate.arrive(&"t1", Lane::Timed)));
+        drop(p2);
+        drop(p3);
+        let mut back = taken(&handed);
+        back.sort_unstable();
+        assert_eq!(back, ["t1", "t2"]);
+        drop(run(gate.arrive(&"t1", Lane::Timed)));
+        drop(run(gate.arrive(&"t2", Lane::Timed)));
+        assert_eq!(gate.waiting(), [0, 0]);
     }
 
     /// Permits come back on every path: a waiter that gives up, a waiter handed a permit and
