@@ -90,6 +90,7 @@ impl Compiler {
     /// Compiles `bytes` in a fresh engine and drops it: the artifact, for this compiler's
     /// engines.
     fn precompile(&self, bytes: &[u8]) -> Result<Vec<u8>, LoadError> {
+        fix_allocator_thresholds();
         let compiler = wasmtime::Engine::new(&self.config)
             .map_err(|e| LoadError::Compile(format!("starting the compiler: {e:#}")))?;
         compiler
@@ -111,6 +112,31 @@ fn load(engine: &wasmtime::Engine, artifact: &[u8]) -> Result<Component, LoadErr
             "loading the freshly compiled artifact into the serving engine: {e:#}"
         ))
     })
+}
+
+/// Fixes glibc's mmap and trim thresholds at 128 KiB (their initial values), once per process,
+/// before the first compile. glibc raises both as large blocks are freed (the mmap threshold up
+/// to 32 MiB, the trim threshold to twice that), after which the compile threads' large
+/// allocations come from their arenas and stay there when freed: after 20 fresh compiles with
+/// tiering on, 171 MiB of an idle engine's 213.5 MiB was such freed memory, and 58.7 MiB
+/// remained with the thresholds fixed (docs/benchmarks.md, "Idle host memory"). Fixed
+/// thresholds make every allocation of 128 KiB or more its own mapping, given back when freed; on
+/// the reconcile path such allocations are rare (a request is the primary and its children as
+/// JSON text). Other C libraries (musl, in the release image) are left alone.
+fn fix_allocator_thresholds() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        static ONCE: std::sync::Once = std::sync::Once::new();
+        ONCE.call_once(|| {
+            // SAFETY: `mallopt` only changes the C allocator's tuning parameters; it may be
+            // called at any time from any thread.
+            #[allow(unsafe_code)]
+            unsafe {
+                libc::mallopt(libc::M_MMAP_THRESHOLD, 128 << 10);
+                libc::mallopt(libc::M_TRIM_THRESHOLD, 128 << 10);
+            }
+        });
+    }
 }
 
 /// Hands the memory the compile freed back to the kernel. glibc keeps freed memory in the arena
