@@ -266,39 +266,34 @@ fn fill(
 
 /// The child process: one representation, all three kinds; prints `total KiB: X`.
 fn child(mode: &str, n: usize) -> anyhow::Result<()> {
+    // The old form keeps every kind whole; the new one keeps primaries compact and the rest as
+    // text, as the controller does.
+    let (primaries, others) = if mode == "new" {
+        (Form::Compact, Form::Text)
+    } else {
+        (Form::Whole, Form::Whole)
+    };
     let kinds = [
         (
             "App",
             resource("example.wasmop.dev", "v1", "App"),
             app as fn(usize) -> Value,
             cache::namespace as cache::GroupBy,
-            if mode == "new" {
-                Form::Compact
-            } else {
-                Form::Whole
-            },
+            primaries,
         ),
         (
             "Deployment",
             resource("apps", "v1", "Deployment"),
             deployment,
             cache::controller_uid,
-            if mode == "new" {
-                Form::Text
-            } else {
-                Form::Whole
-            },
+            others,
         ),
         (
             "Service",
             resource("", "v1", "Service"),
             service,
             cache::controller_uid,
-            if mode == "new" {
-                Form::Text
-            } else {
-                Form::Whole
-            },
+            others,
         ),
     ];
     let mut total = 0.0;

@@ -256,16 +256,10 @@ fn compiled_modules_are_cached_on_disk() {
         ..EngineConfig::default()
     };
     let bytes = modules::bytes(modules::MISBEHAVE);
-    let first = Engine::new(&config)
-        .expect("engine")
-        .load(&bytes, &Limits::default())
-        .expect("load");
+    let first = load_with(&config, &bytes);
     assert_eq!(first.compiled(), Compiled::Fresh);
     // A new engine (as after a restart) finds the artifact.
-    let second = Engine::new(&config)
-        .expect("engine")
-        .load(&bytes, &Limits::default())
-        .expect("load");
+    let second = load_with(&config, &bytes);
     assert_eq!(second.compiled(), Compiled::FromCache);
     assert_eq!(first.sha256(), second.sha256());
     assert_good(&second);
@@ -277,12 +271,17 @@ fn compiled_modules_are_cached_on_disk() {
             std::fs::write(entry.path(), b"garbage").expect("corrupt");
         }
     }
-    let third = Engine::new(&config)
-        .expect("engine")
-        .load(&bytes, &Limits::default())
-        .expect("load");
+    let third = load_with(&config, &bytes);
     assert_eq!(third.compiled(), Compiled::Fresh);
     assert_good(&third);
+}
+
+/// Loads `bytes` in a new engine with `config` (a new engine: as after a restart).
+fn load_with(config: &EngineConfig, bytes: &[u8]) -> Module {
+    Engine::new(config)
+        .expect("engine")
+        .load(bytes, &Limits::default())
+        .expect("load")
 }
 
 /// The `.cwasm` entries in `dir`.
@@ -316,10 +315,7 @@ fn compiled_code_is_mapped_from_the_cache_file_not_copied() {
     };
     let bytes = modules::bytes(modules::MISBEHAVE);
     // A fresh compile is written to the cache first, then mapped from there.
-    let first = Engine::new(&config)
-        .expect("engine")
-        .load(&bytes, &Limits::default())
-        .expect("load");
+    let first = load_with(&config, &bytes);
     assert_eq!(first.compiled(), Compiled::Fresh);
     let entries = cache_entries(dir.path());
     let [entry] = entries.as_slice() else {
@@ -336,10 +332,7 @@ fn compiled_code_is_mapped_from_the_cache_file_not_copied() {
     );
 
     // A load from the cache (as after a restart) maps the entry too.
-    let second = Engine::new(&config)
-        .expect("engine")
-        .load(&bytes, &Limits::default())
-        .expect("load");
+    let second = load_with(&config, &bytes);
     assert_eq!(second.compiled(), Compiled::FromCache);
     assert!(mapped(entry), "the cache hit does not map {entry:?}");
     assert_good(&second);
@@ -348,10 +341,7 @@ fn compiled_code_is_mapped_from_the_cache_file_not_copied() {
     // An entry that other users could change is read into memory and checked there: still a
     // hit, never mapped.
     std::fs::set_permissions(entry, std::fs::Permissions::from_mode(0o666)).expect("chmod");
-    let third = Engine::new(&config)
-        .expect("engine")
-        .load(&bytes, &Limits::default())
-        .expect("load");
+    let third = load_with(&config, &bytes);
     assert_eq!(third.compiled(), Compiled::FromCache);
     assert!(
         !mapped(entry),
