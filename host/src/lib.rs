@@ -20,6 +20,7 @@
 //! - [`host`]: the running host (used by `wasmop run` and the end-to-end tests).
 //! - [`discovery`]: resolving kinds to API resources.
 //! - [`cli`]: the `wasmop` command.
+//! - [`text`]: the text helpers every layer shares (YAML rendering).
 
 pub mod admission;
 pub mod cli;
@@ -33,6 +34,18 @@ pub mod manager;
 pub mod modules;
 pub mod operations;
 pub mod sharding;
+pub mod text;
 
 /// The version of this host, as built.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// Makes ring the process's rustls crypto provider, once (later calls do nothing).
+///
+/// rustls is compiled with two providers: ring (the host's choice: kube, admission, OCI pulls)
+/// and aws-lc-rs (which sigstore's `rustls-tls` backend brings in for its crypto). With two,
+/// rustls cannot pick a default itself and kube's `ClientConfig::builder()` would panic, so
+/// every entry point (`wasmop::cli::run`, [`host::Host::start`], the OCI and signature clients)
+/// calls this before building a client.
+pub fn install_crypto_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
