@@ -20,7 +20,7 @@
 //! - [`host`]: the running host (used by `wasmop run` and the end-to-end tests).
 //! - [`discovery`]: resolving kinds to API resources.
 //! - [`cli`]: the `wasmop` command.
-//! - [`text`]: the text helpers every layer shares (YAML rendering).
+//! - [`text`]: the text helpers every layer shares (inert outside text, cut, short digests, YAML).
 
 pub mod admission;
 pub mod cli;

@@ -1,7 +1,12 @@
-//! Text the host shows people: YAML rendering of values.
+//! Text the host shows people: outside text made inert, cut to a size, short digests, and YAML.
 //!
-//! A floor-1 module: it imports nothing else of the crate, so the controller, the manager and
-//! the `wasmop` command can all use it without reaching up to one another.
+//! A low module: it imports nothing of the crate but the engine's text helpers, so the
+//! controller, the manager and the `wasmop` command can all use it without reaching up to one
+//! another. [`inert`], [`cut`], [`short_sha`] and [`short_hex`] are the engine's
+//! ([`crate::engine::text`], which sanitizes a module's logs and errors before the host sees
+//! them): one implementation, one escape set for every outside text.
+
+pub use crate::engine::text::{cut, inert, is_unsafe_char, short_hex, short_sha};
 
 /// Renders a value as YAML, ending with a newline.
 ///

@@ -19,9 +19,10 @@
 //!   namespace of every namespaced target.
 //! - Counts are capped before anything is examined or costs a request ([`Counts`], from
 //!   `spec.limits`): an over-limit response is refused whole.
-//! - Text from the module is inert: control and bidirectional-override characters in Event
-//!   notes and condition messages are escaped (`\n`, `\u{1b}`); in Event actions and condition
-//!   types they are refused; reasons are CamelCase. Violations quote module text escaped.
+//! - Text from the module is inert ([`crate::text::inert`]): control characters, line
+//!   separators and bidirectional marks and overrides in Event notes and condition messages are
+//!   escaped (`\n`, `\u{1b}`); in Event actions and condition types they are refused; reasons
+//!   are CamelCase. Violations quote module text escaped.
 //!
 //! # Errors
 //! [`Rejected`] with one [`Violation`] per problem.
@@ -36,6 +37,7 @@ use serde_json::{Map, Value, json};
 use crate::contract::{
     Action, ChildSet, Event, Gvk, ModuleMetadata, ObjectRef, ReconcileResponse, Status,
 };
+use crate::text::{cut, inert, is_unsafe_char};
 
 /// The label the host puts on every child: `wasmop.dev/reconciler=<WasmReconciler name>`.
 pub const RECONCILER_LABEL: &str = "wasmop.dev/reconciler";
@@ -816,48 +818,6 @@ fn is_protected_pointer(pointer: &str) -> bool {
         [meta] => meta == "metadata",
         [meta, field, ..] => meta == "metadata" && PROTECTED.contains(&field.as_str()),
     }
-}
-
-/// Whether `c` must not reach a log line, a terminal or an Event unescaped: control characters
-/// (C0, DEL, C1: newline, ESC, NUL...) and the bidirectional overrides and isolates that make
-/// text read differently than it is.
-fn is_unsafe_char(c: char) -> bool {
-    c.is_control() || matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
-}
-
-/// `text` with every unsafe character escaped as Rust does (`\n`, `\0`, `\u{1b}`); borrowed when
-/// nothing needed escaping.
-///
-/// # Guarantees
-/// The result holds no control character, so it cannot break a log line or forge terminal
-/// output.
-pub fn inert(text: &str) -> std::borrow::Cow<'_, str> {
-    if !text.chars().any(is_unsafe_char) {
-        return std::borrow::Cow::Borrowed(text);
-    }
-    let mut out = String::with_capacity(text.len() + 8);
-    for c in text.chars() {
-        if is_unsafe_char(c) {
-            out.extend(c.escape_default());
-        } else {
-            out.push(c);
-        }
-    }
-    std::borrow::Cow::Owned(out)
-}
-
-/// `text` cut to at most `max` bytes at a character boundary, with `...` when cut.
-fn cut(mut text: String, max: usize) -> String {
-    if text.len() <= max {
-        return text;
-    }
-    let mut at = max.saturating_sub(3);
-    while !text.is_char_boundary(at) {
-        at -= 1;
-    }
-    text.truncate(at);
-    text.push_str("...");
-    text
 }
 
 fn is_reason(s: &str) -> bool {

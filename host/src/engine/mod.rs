@@ -34,6 +34,7 @@ mod error;
 mod needs;
 mod queue;
 mod sandbox;
+pub mod text;
 mod tier;
 
 use std::path::PathBuf;
@@ -460,7 +461,7 @@ impl Engine {
             pre: Arc::new(RwLock::new(pre)),
             tier: Arc::new(AtomicU8::new(tier as u8)),
             engine: self.clone(),
-            name: Arc::from(format!("sha256:{}", &sha256[..12])),
+            name: Arc::from(text::short_sha(&sha256)),
             metadata: placeholder_metadata(),
             sha256,
             size: bytes.len(),
@@ -989,7 +990,7 @@ impl Module {
             }),
             Ok(Ok(Ok(v))) => Ok(v),
             Ok(Ok(Err(e))) => Err(CallError::Module {
-                message: sandbox::inert(&e.message).into_owned(),
+                message: text::inert(&e.message).into_owned(),
             }),
             Ok(Err((e, instantiating))) => {
                 Err(classify(&e, &store, limits, output_cap, instantiating))
@@ -1073,13 +1074,13 @@ fn classify(
     // What the module printed ends up in Events, conditions and log lines: inert, so it cannot
     // forge a line or drive a terminal.
     let raw = state.stderr_tail(2048);
-    let stderr = sandbox::inert(&raw).into_owned();
+    let stderr = text::inert(&raw).into_owned();
     match e.downcast_ref::<Trap>() {
         Some(Trap::Interrupt) => CallError::Deadline {
             deadline: limits.deadline,
         },
         Some(Trap::UnreachableCodeReached) if !raw.is_empty() => CallError::Panic {
-            message: sandbox::inert(&panic_message(&raw)).into_owned(),
+            message: text::inert(&panic_message(&raw)).into_owned(),
         },
         Some(trap) => CallError::Trap {
             trap: trap.to_string(),
