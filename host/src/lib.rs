@@ -7,6 +7,7 @@
 //! - [`contract`]: the host's types for the `wasmop:reconciler@0.1.0` WIT contract.
 //! - [`engine`]: the sandbox (the only module that touches wasmtime).
 //! - [`crd`]: the WasmReconciler custom resource.
+//! - [`grant`]: what a reconciler is allowed (kinds, counts of intents, scopes).
 //! - [`modules`]: where a module comes from ([`modules::source`]), the swappable active module
 //!   ([`modules::slot`]) and the host's copy of it ([`modules::copy`]).
 //! - [`manager`]: one supervised controller per WasmReconciler, module loading and hot swap.
@@ -29,6 +30,7 @@ pub mod controller;
 pub mod crd;
 pub mod discovery;
 pub mod engine;
+pub mod grant;
 pub mod host;
 pub mod manager;
 pub mod modules;
