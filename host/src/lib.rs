@@ -5,7 +5,8 @@
 //!
 //! The crate's folders follow the host's architecture:
 //! - [`contract`]: the host's types for the `wasmop:reconciler@0.1.0` WIT contract.
-//! - [`engine`]: the sandbox (the only module that touches wasmtime).
+//! - [`engine`]: the sandbox, re-exported from the `wasmop-engine` crate (the only crate that
+//!   depends on wasmtime).
 //! - [`crd`]: the WasmReconciler custom resource.
 //! - [`grant`]: what a reconciler is allowed (kinds, counts of intents, scopes).
 //! - [`modules`]: where a module comes from ([`modules::source`]), the swappable active module
@@ -25,11 +26,9 @@
 
 pub mod admission;
 pub mod cli;
-pub mod contract;
 pub mod controller;
 pub mod crd;
 pub mod discovery;
-pub mod engine;
 pub mod grant;
 pub mod host;
 pub mod manager;
@@ -37,6 +36,11 @@ pub mod modules;
 pub mod operations;
 pub mod sharding;
 pub mod text;
+
+/// The sandbox, its own crate ([`wasmop_engine`]): the only one that depends on wasmtime.
+pub use wasmop_engine as engine;
+/// The host's types for the WIT contract, defined beside the sandbox that converts them.
+pub use wasmop_engine::contract;
 
 /// The version of this host, as built.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

@@ -1,4 +1,9 @@
-//! The sandbox: the only code in wasmop that touches wasmtime.
+//! The sandbox: the low-level Wasm functionality the wasmop host needs, and the only crate of
+//! wasmop that depends on wasmtime. Most of it wraps [`wasmtime`] to narrow its flexibility to
+//! what wasmop uses (components of the `wasmop:reconciler` world, async exports driven off the
+//! caller's runtime, a pooling allocator, Cranelift with Winch as the fast tier), so the
+//! sandbox's boundary is visible in Cargo.toml. The host re-exports this crate as
+//! `wasmop::engine` and its [`contract`] as `wasmop::contract`.
 //!
 //! An [`Engine`] compiles modules (Cranelift, with an on-disk artifact cache) and runs them. A
 //! [`Module`] is a checked, compiled, pre-linked component (`InstancePre` made once); every call
@@ -29,6 +34,7 @@
 
 mod cache;
 mod compile;
+pub mod contract;
 mod convert;
 mod error;
 mod needs;
@@ -524,15 +530,15 @@ impl Engine {
                         let Some(pre) = pre.upgrade() else { return };
                         *pre.write().unwrap_or_else(PoisonError::into_inner) = optimized;
                         tier.store(Tier::Optimized as u8, Ordering::Release);
-                        tracing::info!(module = %name, sha256 = %sha256, took_ms = started.elapsed().as_millis() as u64, "the optimized build now serves");
+                        tracing::info!(target: "wasmop::engine", module = %name, sha256 = %sha256, took_ms = started.elapsed().as_millis() as u64, "the optimized build now serves");
                     }
                     Err(e) => {
-                        tracing::warn!(module = %name, sha256 = %sha256, error = %e, "the optimized build failed; the fast build keeps serving")
+                        tracing::warn!(target: "wasmop::engine", module = %name, sha256 = %sha256, error = %e, "the optimized build failed; the fast build keeps serving")
                     }
                 }
             });
         if let Err(e) = spawned {
-            tracing::warn!(module = %module.name, error = %e, "cannot start the optimizing compile; the fast build keeps serving");
+            tracing::warn!(target: "wasmop::engine", module = %module.name, error = %e, "cannot start the optimizing compile; the fast build keeps serving");
         }
     }
 }
@@ -582,7 +588,7 @@ fn store(cache: Option<&ArtifactCache>, sha256: &str, component: Option<&Compone
     if let (Some(cache), Some(component)) = (cache, component)
         && let Err(e) = cache.put(sha256, component)
     {
-        tracing::warn!(dir = %cache.dir().display(), error = %e, "cannot write the compiled-module cache; the next load compiles again");
+        tracing::warn!(target: "wasmop::engine", dir = %cache.dir().display(), error = %e, "cannot write the compiled-module cache; the next load compiles again");
     }
 }
 
@@ -982,7 +988,7 @@ impl Module {
         stats.memory_peak = store.data().limiter.peak;
         stats.logs_dropped = store.data().logs_dropped;
         if stats.logs_dropped > 0 {
-            tracing::warn!(module = %self.name, dropped = stats.logs_dropped, "module log lines over the per-call budget were dropped");
+            tracing::warn!(target: "wasmop::engine", module = %self.name, dropped = stats.logs_dropped, "module log lines over the per-call budget were dropped");
         }
         let result = match result {
             Err(_elapsed) => Err(CallError::Deadline {
