@@ -923,20 +923,15 @@ impl Module {
         let engine = &self.engine;
         let slot = engine.queue.acquire(lane, deadline_at);
         stats.queued = started.elapsed();
-        let _slot = match slot {
-            Ok(slot) => slot,
-            Err(e) => {
-                return Outcome {
-                    result: Err(CallError::Queued {
-                        deadline: limits.deadline,
-                        slots: e.slots,
-                    }),
-                    stats,
-                };
-            }
-        };
-        let driver = match driver() {
-            Ok(d) => d,
+        let admitted = slot
+            .map_err(|e| CallError::Queued {
+                deadline: limits.deadline,
+                slots: e.slots,
+            })
+            .and_then(|slot| Ok((slot, driver()?)));
+        // `_slot` holds the queue's slot until the call returns.
+        let (_slot, driver) = match admitted {
+            Ok(admitted) => admitted,
             Err(e) => {
                 return Outcome {
                     result: Err(e),
@@ -951,16 +946,7 @@ impl Module {
             .read()
             .unwrap_or_else(PoisonError::into_inner)
             .clone();
-        let mut store = Store::new(
-            pre.engine(),
-            State::new(self.name.clone(), limits.memory_bytes, limits.log_lines),
-        );
-        store.limiter(|s| &mut s.limiter);
-        store.set_hostcall_fuel(hostcall_fuel(output_cap));
-        let tick_nanos = engine.tick.as_nanos().max(1);
-        let ticks = remaining.as_nanos().div_ceil(tick_nanos) + 1;
-        store.set_epoch_deadline(u64::try_from(ticks).unwrap_or(u64::MAX));
-        store.epoch_deadline_trap();
+        let mut store = self.store(pre.engine(), limits, output_cap, remaining);
         let instantiating = Instant::now();
         let mut instantiated = None;
         let run = async {
@@ -990,19 +976,55 @@ impl Module {
         if stats.logs_dropped > 0 {
             tracing::warn!(target: "wasmop::engine", module = %self.name, dropped = stats.logs_dropped, "module log lines over the per-call budget were dropped");
         }
-        let result = match result {
-            Err(_elapsed) => Err(CallError::Deadline {
-                deadline: limits.deadline,
-            }),
-            Ok(Ok(Ok(v))) => Ok(v),
-            Ok(Ok(Err(e))) => Err(CallError::Module {
-                message: text::inert(&e.message).into_owned(),
-            }),
-            Ok(Err((e, instantiating))) => {
-                Err(classify(&e, &store, limits, output_cap, instantiating))
-            }
-        };
+        let result = settle(result, &store, limits, output_cap);
         Outcome { result, stats }
+    }
+
+    /// A fresh store for one call: the memory cap and log budget, hostcall fuel for
+    /// `output_cap`, and an epoch deadline `remaining` from now that traps.
+    fn store(
+        &self,
+        engine: &wasmtime::Engine,
+        limits: &Limits,
+        output_cap: usize,
+        remaining: Duration,
+    ) -> Store<State> {
+        let mut store = Store::new(
+            engine,
+            State::new(self.name.clone(), limits.memory_bytes, limits.log_lines),
+        );
+        store.limiter(|s| &mut s.limiter);
+        store.set_hostcall_fuel(hostcall_fuel(output_cap));
+        let tick_nanos = self.engine.tick.as_nanos().max(1);
+        let ticks = remaining.as_nanos().div_ceil(tick_nanos) + 1;
+        store.set_epoch_deadline(u64::try_from(ticks).unwrap_or(u64::MAX));
+        store.epoch_deadline_trap();
+        store
+    }
+}
+
+/// What a guest call ran to: the module's own result, or a wasmtime error and whether it came
+/// while instantiating.
+type Ran<T> =
+    Result<Result<T, bindings::wasmop::reconciler::types::ReconcileError>, (wasmtime::Error, bool)>;
+
+/// A call's result as the host sees it: past the deadline, the module's value or its error
+/// (made inert), or a failure classified ([`classify`]).
+fn settle<T>(
+    ran: Result<Ran<T>, tokio::time::error::Elapsed>,
+    store: &Store<State>,
+    limits: &Limits,
+    output_cap: usize,
+) -> Result<T, CallError> {
+    match ran {
+        Err(_elapsed) => Err(CallError::Deadline {
+            deadline: limits.deadline,
+        }),
+        Ok(Ok(Ok(v))) => Ok(v),
+        Ok(Ok(Err(e))) => Err(CallError::Module {
+            message: text::inert(&e.message).into_owned(),
+        }),
+        Ok(Err((e, instantiating))) => Err(classify(&e, store, limits, output_cap, instantiating)),
     }
 }
 
