@@ -106,7 +106,7 @@ impl Candidate {
         }
     }
 
-    /// The fast tier's settings (host/src/engine/mod.rs) with this candidate's compiler.
+    /// The fast tier's settings (engine/src/lib.rs) with this candidate's compiler.
     fn engine(self, cache: Option<Arc<MemoryCache>>) -> wasmtime::Engine {
         let mut config = wasmtime::Config::new();
         match self {

@@ -377,8 +377,8 @@ pub struct ReconcilerLimits {
 
 impl ReconcilerLimits {
     /// The count limits of one response.
-    pub fn counts(&self) -> crate::controller::intents::Counts {
-        crate::controller::intents::Counts {
+    pub fn counts(&self) -> crate::grant::Counts {
+        crate::grant::Counts {
             children: self.children,
             actions: self.actions,
             events: self.events,
@@ -396,13 +396,13 @@ fn default_concurrency() -> u16 {
     4
 }
 fn default_children() -> u32 {
-    crate::controller::intents::DEFAULT_MAX_CHILDREN
+    crate::grant::DEFAULT_MAX_CHILDREN
 }
 fn default_actions() -> u32 {
-    crate::controller::intents::DEFAULT_MAX_ACTIONS
+    crate::grant::DEFAULT_MAX_ACTIONS
 }
 fn default_events() -> u32 {
-    crate::controller::intents::DEFAULT_MAX_EVENTS
+    crate::grant::DEFAULT_MAX_EVENTS
 }
 
 impl Default for ReconcilerLimits {

@@ -13,7 +13,7 @@ use kube::api::{ApiResource, GroupVersionKind};
 use kube::discovery::Scope;
 
 use crate::contract::Gvk;
-use crate::controller::intents::Scopes;
+use crate::grant::Scopes;
 
 /// A discovery failure.
 #[derive(Debug, Clone, thiserror::Error)]

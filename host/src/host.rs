@@ -257,7 +257,7 @@ impl Host {
     /// # Errors
     /// See [`HostError`].
     pub async fn start(options: HostOptions) -> Result<Host, HostError> {
-        install_crypto_provider();
+        crate::install_crypto_provider();
         readiness::global().pending("startup");
         let config = kube_config(options.kubeconfig.as_ref()).await?;
         let rate_limit = RateLimit::new(options.kube_qps, options.kube_burst)?;
@@ -536,15 +536,4 @@ impl Drop for Host {
             task.abort();
         }
     }
-}
-
-/// Makes ring the process's rustls crypto provider, once (later calls do nothing).
-///
-/// rustls is compiled with two providers: ring (the host's choice: kube, admission, OCI pulls)
-/// and aws-lc-rs (which sigstore's `rustls-tls` backend brings in for its crypto). With two,
-/// rustls cannot pick a default itself and kube's `ClientConfig::builder()` would panic, so
-/// every entry point (`wasmop::cli::run`, [`Host::start`], the OCI and signature clients) calls
-/// this before building a client.
-pub fn install_crypto_provider() {
-    let _ = rustls::crypto::ring::default_provider().install_default();
 }

@@ -5,8 +5,10 @@
 //!
 //! The crate's folders follow the host's architecture:
 //! - [`contract`]: the host's types for the `wasmop:reconciler@0.1.0` WIT contract.
-//! - [`engine`]: the sandbox (the only module that touches wasmtime).
+//! - [`engine`]: the sandbox, re-exported from the `wasmop-engine` crate (the only crate that
+//!   depends on wasmtime).
 //! - [`crd`]: the WasmReconciler custom resource.
+//! - [`grant`]: what a reconciler is allowed (kinds, counts of intents, scopes).
 //! - [`modules`]: where a module comes from ([`modules::source`]), the swappable active module
 //!   ([`modules::slot`]) and the host's copy of it ([`modules::copy`]).
 //! - [`manager`]: one supervised controller per WasmReconciler, module loading and hot swap.
@@ -20,19 +22,36 @@
 //! - [`host`]: the running host (used by `wasmop run` and the end-to-end tests).
 //! - [`discovery`]: resolving kinds to API resources.
 //! - [`cli`]: the `wasmop` command.
+//! - [`text`]: the text helpers every layer shares (inert outside text, cut, short digests, YAML).
 
 pub mod admission;
 pub mod cli;
-pub mod contract;
 pub mod controller;
 pub mod crd;
 pub mod discovery;
-pub mod engine;
+pub mod grant;
 pub mod host;
 pub mod manager;
 pub mod modules;
 pub mod operations;
 pub mod sharding;
+pub mod text;
+
+/// The sandbox, its own crate ([`wasmop_engine`]): the only one that depends on wasmtime.
+pub use wasmop_engine as engine;
+/// The host's types for the WIT contract, defined beside the sandbox that converts them.
+pub use wasmop_engine::contract;
 
 /// The version of this host, as built.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// Makes ring the process's rustls crypto provider, once (later calls do nothing).
+///
+/// rustls is compiled with two providers: ring (the host's choice: kube, admission, OCI pulls)
+/// and aws-lc-rs (which sigstore's `rustls-tls` backend brings in for its crypto). With two,
+/// rustls cannot pick a default itself and kube's `ClientConfig::builder()` would panic, so
+/// every entry point (`wasmop::cli::run`, [`host::Host::start`], the OCI and signature clients)
+/// calls this before building a client.
+pub fn install_crypto_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}

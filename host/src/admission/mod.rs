@@ -230,7 +230,7 @@ impl Webhook {
             .await
             .map_err(|e| ModuleUnavailable::Load(e.to_string()))?
             .map_err(|e| ModuleUnavailable::Load(e.to_string()))?;
-        tracing::info!(reconciler = %name, sha256 = %&found[..12], "loaded the module for admission");
+        tracing::info!(reconciler = %name, sha256 = %crate::text::short_hex(&found), "loaded the module for admission");
         if let Ok(mut l) = self.loaded.lock() {
             l.insert(name, (found, module.clone()));
         }

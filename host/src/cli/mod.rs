@@ -19,6 +19,8 @@ use clap::{Parser, Subcommand};
 
 use crate::controller::intents::Rejected;
 use crate::engine::{CallError, Engine, EngineConfig, LoadError};
+/// Re-exported for the subcommands, which render their output as YAML.
+pub use crate::text::to_yaml;
 
 /// A WebAssembly-hosted reconcile runtime for Kubernetes.
 #[derive(Debug, Parser)]
@@ -155,16 +157,6 @@ pub fn yaml_documents(
         })
 }
 
-/// Renders a value as YAML.
-pub fn to_yaml(value: &impl serde::Serialize) -> String {
-    let mut text =
-        serde_saphyr::to_string(value).unwrap_or_else(|e| format!("# cannot render YAML: {e}"));
-    if !text.ends_with('\n') {
-        text.push('\n');
-    }
-    text
-}
-
 /// Runs `f` on a blocking thread. Module calls block their thread (see
 /// [`crate::engine::Module::reconcile`]) and must never run on the async runtime's workers.
 ///
@@ -180,7 +172,7 @@ pub(crate) async fn off_runtime<T: Send + 'static>(
 
 /// Runs a parsed command line.
 pub async fn run(cli: Cli) -> Result<ExitCode, CliError> {
-    crate::host::install_crypto_provider();
+    crate::install_crypto_provider();
     match cli.command {
         Command::Inspect(args) => off_runtime(move || inspect::run(args)).await,
         Command::Test(args) => test::run_with_capture(args).await,

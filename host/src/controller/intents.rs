@@ -19,9 +19,10 @@
 //!   namespace of every namespaced target.
 //! - Counts are capped before anything is examined or costs a request ([`Counts`], from
 //!   `spec.limits`): an over-limit response is refused whole.
-//! - Text from the module is inert: control and bidirectional-override characters in Event
-//!   notes and condition messages are escaped (`\n`, `\u{1b}`); in Event actions and condition
-//!   types they are refused; reasons are CamelCase. Violations quote module text escaped.
+//! - Text from the module is inert ([`crate::text::inert`]): control characters, line
+//!   separators and bidirectional marks and overrides in Event notes and condition messages are
+//!   escaped (`\n`, `\u{1b}`); in Event actions and condition types they are refused; reasons
+//!   are CamelCase. Violations quote module text escaped.
 //!
 //! # Errors
 //! [`Rejected`] with one [`Violation`] per problem.
@@ -33,8 +34,12 @@ use std::time::Duration;
 use serde::Serialize;
 use serde_json::{Map, Value, json};
 
-use crate::contract::{
-    Action, ChildSet, Event, Gvk, ModuleMetadata, ObjectRef, ReconcileResponse, Status,
+use crate::contract::{Action, ChildSet, Event, Gvk, ObjectRef, ReconcileResponse, Status};
+use crate::text::{cut, inert, is_unsafe_char};
+
+pub use crate::grant::{
+    Counts, DEFAULT_MAX_ACTIONS, DEFAULT_MAX_CHILDREN, DEFAULT_MAX_EVENTS, Grant, Scopes,
+    WellKnownScopes,
 };
 
 /// The label the host puts on every child: `wasmop.dev/reconciler=<WasmReconciler name>`.
@@ -48,122 +53,10 @@ pub const REQUEUE_MIN: Duration = Duration::from_millis(100);
 /// Requeue delays are kept between these bounds.
 pub const REQUEUE_MAX: Duration = Duration::from_secs(24 * 3600);
 
-/// Whether kinds are namespaced. Online the host asks discovery; offline a table of well-known
-/// cluster-scoped kinds is used and any other kind is taken as namespaced.
-pub trait Scopes {
-    /// `Some(true)` if `kind` is namespaced, `Some(false)` if cluster-scoped, None if unknown.
-    fn namespaced(&self, kind: &Gvk) -> Option<bool>;
-}
-
-/// The offline table of well-known cluster-scoped kinds.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct WellKnownScopes;
-
-const CLUSTER_SCOPED: &[(&str, &str)] = &[
-    ("v1", "Namespace"),
-    ("v1", "Node"),
-    ("v1", "PersistentVolume"),
-    ("rbac.authorization.k8s.io/v1", "ClusterRole"),
-    ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding"),
-    ("apiextensions.k8s.io/v1", "CustomResourceDefinition"),
-    ("storage.k8s.io/v1", "StorageClass"),
-    ("storage.k8s.io/v1", "CSIDriver"),
-    ("scheduling.k8s.io/v1", "PriorityClass"),
-    (
-        "admissionregistration.k8s.io/v1",
-        "ValidatingWebhookConfiguration",
-    ),
-    (
-        "admissionregistration.k8s.io/v1",
-        "MutatingWebhookConfiguration",
-    ),
-    ("networking.k8s.io/v1", "IngressClass"),
-    ("wasmop.dev/v1alpha1", "WasmReconciler"),
-];
-
-impl Scopes for WellKnownScopes {
-    fn namespaced(&self, kind: &Gvk) -> Option<bool> {
-        Some(
-            !CLUSTER_SCOPED
-                .iter()
-                .any(|(v, k)| *v == kind.api_version && *k == kind.kind),
-        )
-    }
-}
-
-/// Default of `spec.limits.children`: children per response, over all child sets.
-pub const DEFAULT_MAX_CHILDREN: u32 = 500;
-/// Default of `spec.limits.actions`: actions per response.
-pub const DEFAULT_MAX_ACTIONS: u32 = 100;
-/// Default of `spec.limits.events`: Events per response.
-pub const DEFAULT_MAX_EVENTS: u32 = 20;
 /// Status conditions per response (fixed: a status is one object, at most [`MAX_OBJECT_BYTES`]).
 pub const MAX_CONDITIONS: usize = 64;
 /// Longest condition message kept (the API's limit).
 pub const MAX_CONDITION_MESSAGE: usize = 32768;
-
-/// How many intents of each sort one response may carry (`spec.limits`). Each child costs a
-/// GET and an apply, each action and Event a request: the caps bound what one reconcile costs
-/// the API server.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Counts {
-    /// Children over all child sets.
-    pub children: u32,
-    /// Actions.
-    pub actions: u32,
-    /// Events.
-    pub events: u32,
-}
-
-impl Default for Counts {
-    fn default() -> Self {
-        Counts {
-            children: DEFAULT_MAX_CHILDREN,
-            actions: DEFAULT_MAX_ACTIONS,
-            events: DEFAULT_MAX_EVENTS,
-        }
-    }
-}
-
-/// What the administrator allows a reconciler (the WasmReconciler's grant, intersected with the
-/// module's metadata by the caller; offline, the metadata itself).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Grant {
-    /// Kinds whose objects may be children.
-    pub owned: BTreeSet<Gvk>,
-    /// Kinds the module reads besides the owned ones; Events may not regard them and they are
-    /// not written unless also in `writable`.
-    pub related: BTreeSet<Gvk>,
-    /// Related kinds the WasmReconciler grants writes to (`spec.related[].write`): their objects
-    /// may be patched, deleted and be Event subjects.
-    pub writable: BTreeSet<Gvk>,
-    /// Count limits of one response.
-    pub counts: Counts,
-}
-
-impl Grant {
-    /// Everything the metadata asks for (offline: related kinds are writable, limits default).
-    pub fn from_metadata(m: &ModuleMetadata) -> Self {
-        let related: BTreeSet<Gvk> = m.related.iter().map(|r| r.kind.clone()).collect();
-        Grant {
-            owned: m.owns.iter().cloned().collect(),
-            writable: related.clone(),
-            related,
-            counts: Counts::default(),
-        }
-    }
-
-    /// Narrows this grant by the WasmReconciler's spec: only granted related kinds in
-    /// `writable` become writable, and `counts` limits each response.
-    pub fn with_spec(mut self, writable: impl IntoIterator<Item = Gvk>, counts: Counts) -> Self {
-        self.writable = writable
-            .into_iter()
-            .filter(|k| self.related.contains(k))
-            .collect();
-        self.counts = counts;
-        self
-    }
-}
 
 /// The observed children of one primary (objects of owned kinds whose controller
 /// ownerReference is the primary): what patches and deletes of owned kinds may target.
@@ -462,6 +355,25 @@ impl Checker<'_> {
             self.bad(intent, "not a JSON object");
             return None;
         };
+        if !self.child_kind(intent, kind, map) {
+            return None;
+        }
+        let meta = map.entry("metadata").or_insert_with(|| json!({}));
+        let Some(meta) = meta.as_object_mut() else {
+            self.bad(intent, "metadata is not an object");
+            return None;
+        };
+        let (namespace, name) = self.child_identity(intent, kind, meta)?;
+        self.stamp_child(intent, meta)?;
+        Some(PreparedChild {
+            namespace,
+            name,
+            object,
+        })
+    }
+
+    /// Whether a child's `apiVersion` and `kind` are set and those of its child set.
+    fn child_kind(&mut self, intent: &str, kind: &Gvk, map: &Map<String, Value>) -> bool {
         let field = |m: &Map<String, Value>, k: &str| {
             m.get(k)
                 .and_then(Value::as_str)
@@ -471,20 +383,26 @@ impl Checker<'_> {
         let (api_version, k) = (field(map, "apiVersion"), field(map, "kind"));
         if api_version.is_empty() || k.is_empty() {
             self.bad(intent, "apiVersion and kind are required");
-            return None;
+            return false;
         }
         if api_version != kind.api_version || k != kind.kind {
             self.bad(
                 intent,
                 format!("the object is a {api_version}/{k} in the set of {kind}"),
             );
-            return None;
+            return false;
         }
-        let meta = map.entry("metadata").or_insert_with(|| json!({}));
-        let Some(meta) = meta.as_object_mut() else {
-            self.bad(intent, "metadata is not an object");
-            return None;
-        };
+        true
+    }
+
+    /// A child's namespace and name: the name required and valid, no field the host or the API
+    /// server sets, the namespace resolved by the scope rules and written back into `meta`.
+    fn child_identity(
+        &mut self,
+        intent: &str,
+        kind: &Gvk,
+        meta: &mut Map<String, Value>,
+    ) -> Option<(Option<String>, String)> {
         let name = meta
             .get("name")
             .and_then(Value::as_str)
@@ -523,6 +441,12 @@ impl Checker<'_> {
                 meta.remove("namespace");
             }
         }
+        Some((namespace, name))
+    }
+
+    /// Puts the host's marks on a child: the reconciler label (refused if it names another
+    /// reconciler) and the primary as its controller ownerReference.
+    fn stamp_child(&mut self, intent: &str, meta: &mut Map<String, Value>) -> Option<()> {
         let labels = meta.entry("labels").or_insert_with(|| json!({}));
         let Some(labels) = labels.as_object_mut() else {
             self.bad(intent, "metadata.labels is not an object");
@@ -551,11 +475,7 @@ impl Checker<'_> {
                 "blockOwnerDeletion": true,
             }]),
         );
-        Some(PreparedChild {
-            namespace,
-            name,
-            object,
-        })
+        Some(())
     }
 
     /// Checks the target of an action or Event: a granted kind, a valid name, the scope rules,
@@ -816,48 +736,6 @@ fn is_protected_pointer(pointer: &str) -> bool {
         [meta] => meta == "metadata",
         [meta, field, ..] => meta == "metadata" && PROTECTED.contains(&field.as_str()),
     }
-}
-
-/// Whether `c` must not reach a log line, a terminal or an Event unescaped: control characters
-/// (C0, DEL, C1: newline, ESC, NUL...) and the bidirectional overrides and isolates that make
-/// text read differently than it is.
-fn is_unsafe_char(c: char) -> bool {
-    c.is_control() || matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
-}
-
-/// `text` with every unsafe character escaped as Rust does (`\n`, `\0`, `\u{1b}`); borrowed when
-/// nothing needed escaping.
-///
-/// # Guarantees
-/// The result holds no control character, so it cannot break a log line or forge terminal
-/// output.
-pub fn inert(text: &str) -> std::borrow::Cow<'_, str> {
-    if !text.chars().any(is_unsafe_char) {
-        return std::borrow::Cow::Borrowed(text);
-    }
-    let mut out = String::with_capacity(text.len() + 8);
-    for c in text.chars() {
-        if is_unsafe_char(c) {
-            out.extend(c.escape_default());
-        } else {
-            out.push(c);
-        }
-    }
-    std::borrow::Cow::Owned(out)
-}
-
-/// `text` cut to at most `max` bytes at a character boundary, with `...` when cut.
-fn cut(mut text: String, max: usize) -> String {
-    if text.len() <= max {
-        return text;
-    }
-    let mut at = max.saturating_sub(3);
-    while !text.is_char_boundary(at) {
-        at -= 1;
-    }
-    text.truncate(at);
-    text.push_str("...");
-    text
 }
 
 fn is_reason(s: &str) -> bool {
@@ -1161,33 +1039,12 @@ mod tests {
                 },
             ],
             actions: vec![
-                Action::MergePatch {
-                    target: ObjectRef {
-                        api_version: "v1".into(),
-                        kind: "Service".into(),
-                        namespace: None,
-                        name: "s".into(),
-                    },
-                    patch: json!([1]),
-                },
+                merge(target("v1", "Service", "s"), json!([1])),
                 Action::JsonPatch {
-                    target: ObjectRef {
-                        api_version: "v1".into(),
-                        kind: "Service".into(),
-                        namespace: None,
-                        name: "s".into(),
-                    },
+                    target: target("v1", "Service", "s"),
                     patch: json!([{"op": "frobnicate"}]),
                 },
-                Action::Delete {
-                    target: ObjectRef {
-                        api_version: "v1".into(),
-                        kind: "ConfigMap".into(),
-                        namespace: None,
-                        name: "c".into(),
-                    },
-                    propagation: Propagation::Background,
-                },
+                delete(target("v1", "ConfigMap", "c")),
             ],
             status: Some(Status {
                 fields: json!({"observedGeneration": 3}),
@@ -1199,11 +1056,8 @@ mod tests {
                 }],
             }),
             events: vec![Event {
-                type_: EventType::Normal,
                 reason: "".into(),
-                message: "m".into(),
-                action: String::new(),
-                regarding: None,
+                ..event_on(None)
             }],
             requeue_after: None,
         }));

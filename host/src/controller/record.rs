@@ -261,7 +261,7 @@ impl FailureRecorder {
         );
         let text = format!(
             "# A failed reconcile recorded by wasmop; replay it with\n#   wasmop test MODULE.wasm --request THIS_FILE\n{}",
-            crate::cli::to_yaml(&recorded)
+            crate::text::to_yaml(&recorded)
         );
         if text.len() > self.options.max_bytes {
             return Err(RecordError::TooLarge {

@@ -19,18 +19,17 @@
 //! reason the WasmReconciler reports ([`OciError::reason`]).
 
 use std::collections::BTreeMap;
-use std::time::Duration;
 
 use base64::Engine as _;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::{Api, Client};
-use oci_client::client::{ClientConfig, ClientProtocol, Config, ImageLayer};
+use oci_client::client::{Config, ImageLayer};
 use oci_client::manifest::{OciDescriptor, OciImageManifest, OciManifest};
-use oci_client::secrets::RegistryAuth;
 use oci_client::{Reference, errors::OciDistributionError};
 
 use crate::crd::OciModule;
+pub use crate::modules::registry::{Access, Pinned};
 use crate::modules::signature::{self, SignatureError, TrustedKey};
 
 /// The config media type of a Wasm artifact.
@@ -43,10 +42,6 @@ const LEGACY_CONFIG: &str = oci_client::manifest::WASM_CONFIG_MEDIA_TYPE;
 
 /// The default cap on a module pulled from a registry.
 pub const DEFAULT_MAX_MODULE_BYTES: u64 = 64 << 20;
-
-/// How long a registry may take to accept a connection, and to send the next bytes.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
-const READ_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The host-wide settings of OCI module sources.
 #[derive(Debug, Clone)]
@@ -201,28 +196,6 @@ impl OciError {
     }
 }
 
-/// A reference resolved against its digest policy: the repository and the manifest digest to
-/// pull.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Pinned {
-    /// The reference by digest (`registry/repository@sha256:...`).
-    pub reference: Reference,
-    /// The manifest digest (`sha256:<hex>`).
-    pub digest: String,
-}
-
-impl Pinned {
-    /// Where the module came from, for the status: `oci <registry/repository>@<digest>`.
-    pub fn origin(&self) -> String {
-        format!(
-            "oci {}/{}@{}",
-            self.reference.registry(),
-            self.reference.repository(),
-            self.digest
-        )
-    }
-}
-
 /// Resolves `spec` to the reference by digest that is pulled.
 ///
 /// # Errors
@@ -274,44 +247,6 @@ fn check_digest(digest: &str) -> Result<(), OciError> {
         Err(OciError::InvalidSpec(format!(
             "digest {digest:?} is not sha256:<64 lowercase hex digits>"
         )))
-    }
-}
-
-/// How to reach and trust a registry.
-#[derive(Debug, Clone, Default)]
-pub struct Access {
-    /// Credentials (anonymous when `None`).
-    pub auth: Option<(String, String)>,
-    /// Extra PEM CA certificates to trust.
-    pub ca_pem: Option<String>,
-}
-
-impl Access {
-    fn registry_auth(&self) -> RegistryAuth {
-        match &self.auth {
-            Some((user, password)) => RegistryAuth::Basic(user.clone(), password.clone()),
-            None => RegistryAuth::Anonymous,
-        }
-    }
-
-    fn client(&self) -> oci_client::Client {
-        // reqwest is built without a crypto provider of its own: use the host's (ring).
-        crate::host::install_crypto_provider();
-        let extra_root_certificates = self
-            .ca_pem
-            .iter()
-            .map(|pem| oci_client::client::Certificate {
-                encoding: oci_client::client::CertificateEncoding::Pem,
-                data: pem.as_bytes().to_vec(),
-            })
-            .collect();
-        oci_client::Client::new(ClientConfig {
-            protocol: ClientProtocol::Https,
-            extra_root_certificates,
-            connect_timeout: Some(CONNECT_TIMEOUT),
-            read_timeout: Some(READ_TIMEOUT),
-            ..ClientConfig::default()
-        })
     }
 }
 

@@ -42,7 +42,7 @@ use sigstore::crypto::{CosignVerificationKey, SigningScheme};
 use sigstore::registry::{Auth, Certificate, CertificateEncoding, ClientConfig, OciReference};
 
 use crate::crd::{LocalKey, OciModule, SignaturePolicy};
-use crate::modules::oci::{Access, Pinned};
+use crate::modules::registry::{Access, Pinned};
 
 /// How long looking up and fetching a module's signatures may take.
 pub const LOOKUP_TIMEOUT: Duration = Duration::from_secs(60);
@@ -255,7 +255,7 @@ fn lookup<K>(
 
 fn client(access: &Access) -> Result<sigstore::cosign::Client, String> {
     // sigstore's registry client shares the host's reqwest build (two rustls providers).
-    crate::host::install_crypto_provider();
+    crate::install_crypto_provider();
     let config = ClientConfig {
         extra_root_certificates: access
             .ca_pem

@@ -12,8 +12,8 @@ use std::sync::{Arc, RwLock};
 use std::time::SystemTime;
 
 use crate::contract::{Gvk, ModuleMetadata, RelatedKind};
-use crate::controller::intents::Grant;
 use crate::engine::Module;
+use crate::grant::Grant;
 
 /// What a module may do: its request (metadata) intersected with the administrator's grant.
 #[derive(Debug, Clone, PartialEq, Eq)]

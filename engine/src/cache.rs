@@ -90,13 +90,13 @@ impl ArtifactCache {
             (hex::encode(Sha256::digest(&bytes)), Some(bytes))
         };
         if actual != sidecar.trim() {
-            tracing::warn!(path = %path.display(), "compiled-module cache entry does not match its checksum; recompiling");
+            tracing::warn!(target: "wasmop::engine::cache", path = %path.display(), "compiled-module cache entry does not match its checksum; recompiling");
             return None;
         }
         let component = match bytes {
             Some(bytes) => deserialize_bytes(engine, &bytes),
             None => deserialize_mapped(engine, &file).or_else(|e| {
-                tracing::debug!(path = %path.display(), error = %e, "cannot map the compiled-module cache entry; reading it into memory");
+                tracing::debug!(target: "wasmop::engine::cache", path = %path.display(), error = %e, "cannot map the compiled-module cache entry; reading it into memory");
                 copy_checked(engine, &mut file, sidecar.trim())
             }),
         };
@@ -109,7 +109,7 @@ impl ArtifactCache {
                 Some(c)
             }
             Err(e) => {
-                tracing::warn!(path = %path.display(), error = %e, "compiled-module cache entry is not usable; recompiling");
+                tracing::warn!(target: "wasmop::engine::cache", path = %path.display(), error = %e, "compiled-module cache entry is not usable; recompiling");
                 None
             }
         }
@@ -192,10 +192,10 @@ impl ArtifactCache {
                 Ok(()) => {
                     let _ = std::fs::remove_file(path.with_extension("cwasm.sha256"));
                     total = total.saturating_sub(len);
-                    tracing::info!(path = %path.display(), bytes = len, "evicted from the compiled-module cache (least recently used)");
+                    tracing::info!(target: "wasmop::engine::cache", path = %path.display(), bytes = len, "evicted from the compiled-module cache (least recently used)");
                 }
                 Err(e) => {
-                    tracing::warn!(path = %path.display(), error = %e, "cannot evict from the compiled-module cache")
+                    tracing::warn!(target: "wasmop::engine::cache", path = %path.display(), error = %e, "cannot evict from the compiled-module cache")
                 }
             }
         }

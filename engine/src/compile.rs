@@ -74,7 +74,7 @@ impl Compiler {
         let mapped = match cache.put_artifact(sha256, &artifact) {
             Ok(()) => cache.get(engine, sha256),
             Err(e) => {
-                tracing::warn!(dir = %cache.dir().display(), error = %e, "cannot write the compiled-module cache; the next load compiles again");
+                tracing::warn!(target: "wasmop::engine::compile", dir = %cache.dir().display(), error = %e, "cannot write the compiled-module cache; the next load compiles again");
                 None
             }
         };

@@ -1,4 +1,9 @@
-//! The sandbox: the only code in wasmop that touches wasmtime.
+//! The sandbox: the low-level Wasm functionality the wasmop host needs, and the only crate of
+//! wasmop that depends on wasmtime. Most of it wraps [`wasmtime`] to narrow its flexibility to
+//! what wasmop uses (components of the `wasmop:reconciler` world, async exports driven off the
+//! caller's runtime, a pooling allocator, Cranelift with Winch as the fast tier), so the
+//! sandbox's boundary is visible in Cargo.toml. The host re-exports this crate as
+//! `wasmop::engine` and its [`contract`] as `wasmop::contract`.
 //!
 //! An [`Engine`] compiles modules (Cranelift, with an on-disk artifact cache) and runs them. A
 //! [`Module`] is a checked, compiled, pre-linked component (`InstancePre` made once); every call
@@ -29,11 +34,13 @@
 
 mod cache;
 mod compile;
+pub mod contract;
 mod convert;
 mod error;
 mod needs;
 mod queue;
 mod sandbox;
+pub mod text;
 mod tier;
 
 use std::path::PathBuf;
@@ -460,7 +467,7 @@ impl Engine {
             pre: Arc::new(RwLock::new(pre)),
             tier: Arc::new(AtomicU8::new(tier as u8)),
             engine: self.clone(),
-            name: Arc::from(format!("sha256:{}", &sha256[..12])),
+            name: Arc::from(text::short_sha(&sha256)),
             metadata: placeholder_metadata(),
             sha256,
             size: bytes.len(),
@@ -523,15 +530,15 @@ impl Engine {
                         let Some(pre) = pre.upgrade() else { return };
                         *pre.write().unwrap_or_else(PoisonError::into_inner) = optimized;
                         tier.store(Tier::Optimized as u8, Ordering::Release);
-                        tracing::info!(module = %name, sha256 = %sha256, took_ms = started.elapsed().as_millis() as u64, "the optimized build now serves");
+                        tracing::info!(target: "wasmop::engine", module = %name, sha256 = %sha256, took_ms = started.elapsed().as_millis() as u64, "the optimized build now serves");
                     }
                     Err(e) => {
-                        tracing::warn!(module = %name, sha256 = %sha256, error = %e, "the optimized build failed; the fast build keeps serving")
+                        tracing::warn!(target: "wasmop::engine", module = %name, sha256 = %sha256, error = %e, "the optimized build failed; the fast build keeps serving")
                     }
                 }
             });
         if let Err(e) = spawned {
-            tracing::warn!(module = %module.name, error = %e, "cannot start the optimizing compile; the fast build keeps serving");
+            tracing::warn!(target: "wasmop::engine", module = %module.name, error = %e, "cannot start the optimizing compile; the fast build keeps serving");
         }
     }
 }
@@ -581,7 +588,7 @@ fn store(cache: Option<&ArtifactCache>, sha256: &str, component: Option<&Compone
     if let (Some(cache), Some(component)) = (cache, component)
         && let Err(e) = cache.put(sha256, component)
     {
-        tracing::warn!(dir = %cache.dir().display(), error = %e, "cannot write the compiled-module cache; the next load compiles again");
+        tracing::warn!(target: "wasmop::engine", dir = %cache.dir().display(), error = %e, "cannot write the compiled-module cache; the next load compiles again");
     }
 }
 
@@ -916,20 +923,15 @@ impl Module {
         let engine = &self.engine;
         let slot = engine.queue.acquire(lane, deadline_at);
         stats.queued = started.elapsed();
-        let _slot = match slot {
-            Ok(slot) => slot,
-            Err(e) => {
-                return Outcome {
-                    result: Err(CallError::Queued {
-                        deadline: limits.deadline,
-                        slots: e.slots,
-                    }),
-                    stats,
-                };
-            }
-        };
-        let driver = match driver() {
-            Ok(d) => d,
+        let admitted = slot
+            .map_err(|e| CallError::Queued {
+                deadline: limits.deadline,
+                slots: e.slots,
+            })
+            .and_then(|slot| Ok((slot, driver()?)));
+        // `_slot` holds the queue's slot until the call returns.
+        let (_slot, driver) = match admitted {
+            Ok(admitted) => admitted,
             Err(e) => {
                 return Outcome {
                     result: Err(e),
@@ -944,16 +946,7 @@ impl Module {
             .read()
             .unwrap_or_else(PoisonError::into_inner)
             .clone();
-        let mut store = Store::new(
-            pre.engine(),
-            State::new(self.name.clone(), limits.memory_bytes, limits.log_lines),
-        );
-        store.limiter(|s| &mut s.limiter);
-        store.set_hostcall_fuel(hostcall_fuel(output_cap));
-        let tick_nanos = engine.tick.as_nanos().max(1);
-        let ticks = remaining.as_nanos().div_ceil(tick_nanos) + 1;
-        store.set_epoch_deadline(u64::try_from(ticks).unwrap_or(u64::MAX));
-        store.epoch_deadline_trap();
+        let mut store = self.store(pre.engine(), limits, output_cap, remaining);
         let instantiating = Instant::now();
         let mut instantiated = None;
         let run = async {
@@ -981,21 +974,57 @@ impl Module {
         stats.memory_peak = store.data().limiter.peak;
         stats.logs_dropped = store.data().logs_dropped;
         if stats.logs_dropped > 0 {
-            tracing::warn!(module = %self.name, dropped = stats.logs_dropped, "module log lines over the per-call budget were dropped");
+            tracing::warn!(target: "wasmop::engine", module = %self.name, dropped = stats.logs_dropped, "module log lines over the per-call budget were dropped");
         }
-        let result = match result {
-            Err(_elapsed) => Err(CallError::Deadline {
-                deadline: limits.deadline,
-            }),
-            Ok(Ok(Ok(v))) => Ok(v),
-            Ok(Ok(Err(e))) => Err(CallError::Module {
-                message: sandbox::inert(&e.message).into_owned(),
-            }),
-            Ok(Err((e, instantiating))) => {
-                Err(classify(&e, &store, limits, output_cap, instantiating))
-            }
-        };
+        let result = settle(result, &store, limits, output_cap);
         Outcome { result, stats }
+    }
+
+    /// A fresh store for one call: the memory cap and log budget, hostcall fuel for
+    /// `output_cap`, and an epoch deadline `remaining` from now that traps.
+    fn store(
+        &self,
+        engine: &wasmtime::Engine,
+        limits: &Limits,
+        output_cap: usize,
+        remaining: Duration,
+    ) -> Store<State> {
+        let mut store = Store::new(
+            engine,
+            State::new(self.name.clone(), limits.memory_bytes, limits.log_lines),
+        );
+        store.limiter(|s| &mut s.limiter);
+        store.set_hostcall_fuel(hostcall_fuel(output_cap));
+        let tick_nanos = self.engine.tick.as_nanos().max(1);
+        let ticks = remaining.as_nanos().div_ceil(tick_nanos) + 1;
+        store.set_epoch_deadline(u64::try_from(ticks).unwrap_or(u64::MAX));
+        store.epoch_deadline_trap();
+        store
+    }
+}
+
+/// What a guest call ran to: the module's own result, or a wasmtime error and whether it came
+/// while instantiating.
+type Ran<T> =
+    Result<Result<T, bindings::wasmop::reconciler::types::ReconcileError>, (wasmtime::Error, bool)>;
+
+/// A call's result as the host sees it: past the deadline, the module's value or its error
+/// (made inert), or a failure classified ([`classify`]).
+fn settle<T>(
+    ran: Result<Ran<T>, tokio::time::error::Elapsed>,
+    store: &Store<State>,
+    limits: &Limits,
+    output_cap: usize,
+) -> Result<T, CallError> {
+    match ran {
+        Err(_elapsed) => Err(CallError::Deadline {
+            deadline: limits.deadline,
+        }),
+        Ok(Ok(Ok(v))) => Ok(v),
+        Ok(Ok(Err(e))) => Err(CallError::Module {
+            message: text::inert(&e.message).into_owned(),
+        }),
+        Ok(Err((e, instantiating))) => Err(classify(&e, store, limits, output_cap, instantiating)),
     }
 }
 
@@ -1073,13 +1102,13 @@ fn classify(
     // What the module printed ends up in Events, conditions and log lines: inert, so it cannot
     // forge a line or drive a terminal.
     let raw = state.stderr_tail(2048);
-    let stderr = sandbox::inert(&raw).into_owned();
+    let stderr = text::inert(&raw).into_owned();
     match e.downcast_ref::<Trap>() {
         Some(Trap::Interrupt) => CallError::Deadline {
             deadline: limits.deadline,
         },
         Some(Trap::UnreachableCodeReached) if !raw.is_empty() => CallError::Panic {
-            message: sandbox::inert(&panic_message(&raw)).into_owned(),
+            message: text::inert(&panic_message(&raw)).into_owned(),
         },
         Some(trap) => CallError::Trap {
             trap: trap.to_string(),

@@ -150,7 +150,7 @@ pub(crate) fn validate_size(r: &wit::ValidateResponse) -> usize {
 /// A verdict as the host hands it on, its text inert: the API server shows denials and
 /// warnings to whoever made the request, often in a terminal.
 pub(crate) fn validate_out(r: wit::ValidateResponse) -> c::ValidateResponse {
-    let inert = |t: String| super::sandbox::inert(&t).into_owned();
+    let inert = |t: String| super::text::inert(&t).into_owned();
     match r {
         wit::ValidateResponse::Allowed(warnings) => c::ValidateResponse::Allowed {
             warnings: warnings.into_iter().map(inert).collect(),
@@ -164,7 +164,7 @@ pub(crate) fn validate_out(r: wit::ValidateResponse) -> c::ValidateResponse {
 
 fn parse(json: &str, what: impl FnOnce() -> String) -> Result<Value, CallError> {
     serde_json::from_str(json).map_err(|e| CallError::Malformed {
-        detail: super::sandbox::inert(&format!("{} is not JSON: {e}", what())).into_owned(),
+        detail: super::text::inert(&format!("{} is not JSON: {e}", what())).into_owned(),
     })
 }
 

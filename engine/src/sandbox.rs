@@ -11,10 +11,11 @@ use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
 use super::bindings::wasmop::reconciler::host::{Host, LogLevel};
+use super::text::{cut, inert};
 
 /// How much of a module's stderr is kept (for panic messages).
 const STDERR_CAPACITY: usize = 64 * 1024;
-/// The longest log line kept; longer lines are cut.
+/// The longest log line kept (`...` included); longer lines are cut.
 const LOG_LINE_MAX: usize = 4096;
 
 /// The store data of one call.
@@ -74,15 +75,7 @@ impl Host for State {
             return;
         }
         self.log_budget -= 1;
-        let mut message = message;
-        if message.len() > LOG_LINE_MAX {
-            let mut cut = LOG_LINE_MAX;
-            while !message.is_char_boundary(cut) {
-                cut -= 1;
-            }
-            message.truncate(cut);
-            message.push_str("...");
-        }
+        let message = cut(message, LOG_LINE_MAX);
         let message = inert(&message);
         let module = &*self.module;
         match level {
@@ -93,35 +86,6 @@ impl Host for State {
             LogLevel::Error => tracing::error!(target: "wasmop::module", module, "{message}"),
         }
     }
-}
-
-/// `text` with every character that could change how a log line is displayed or split escaped:
-/// control characters, Unicode line and paragraph separators, and bidirectional formatting
-/// characters. Everything else, including other non-ASCII text, is kept.
-pub(crate) fn inert(text: &str) -> std::borrow::Cow<'_, str> {
-    let risky = |c: char| {
-        c.is_control()
-            || matches!(
-                c,
-                '\u{2028}' | '\u{2029}' | '\u{200e}' | '\u{200f}' | '\u{061c}'
-            )
-            || ('\u{202a}'..='\u{202e}').contains(&c)
-            || ('\u{2066}'..='\u{2069}').contains(&c)
-    };
-    if !text.chars().any(risky) {
-        return std::borrow::Cow::Borrowed(text);
-    }
-    let mut out = String::with_capacity(text.len() + 16);
-    for c in text.chars() {
-        match c {
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            c if risky(c) => out.extend(c.escape_unicode()),
-            c => out.push(c),
-        }
-    }
-    std::borrow::Cow::Owned(out)
 }
 
 /// Caps linear memory and records the high-water mark.
