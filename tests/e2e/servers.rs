@@ -6,32 +6,26 @@
 //! connections at once.
 //!
 //! Every client here connects to 127.0.0.1 only, and every flood is bounded in count and time.
-//! The tests of this file take turns ([`SERIAL`]): they measure this process's memory and the
-//! process-wide server metrics.
-
-mod support;
+//! Each test here runs alone in the e2e process ([`Turn::Alone`]): they measure this process's
+//! memory and the process-wide server metrics, which any other test's in-process host moves.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use crate::support::*;
 use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
 use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, ServerName};
 use serde_json::json;
-use support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio::sync::Mutex;
 use tokio_rustls::TlsConnector;
 use wasmop::host::WebhookOptions;
 use wasmop::operations::serving::ServerLimits;
-use wasmop_testenv::{TestEnv, eventually};
-
-/// One test at a time: they share this process's memory and metrics.
-static SERIAL: Mutex<()> = Mutex::const_new(());
+use wasmop_testenv::{Plane, TestEnv, Turn, eventually};
 
 /// How long any flood client waits for the server to close its connection.
 const CLOSE_WAIT: Duration = Duration::from_secs(60);
@@ -225,8 +219,7 @@ async fn flood(tls: TlsConnector, addr: SocketAddr, served: String) -> anyhow::R
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn admission_judges_real_reviews_while_slow_and_large_clients_flood_it() -> anyhow::Result<()>
 {
-    let _turn = SERIAL.lock().await;
-    let env = TestEnv::get("srv-admission").await?;
+    let env = TestEnv::with("srv-admission", Plane::Shared, Turn::Alone).await?;
     let (wr, _) = image_updater(
         &env,
         "image-updater",
@@ -399,7 +392,7 @@ async fn admission_judges_real_reviews_while_slow_and_large_clients_flood_it() -
             .contains("spec.track: spec.track is immutable")
     );
     host.shutdown().await?;
-    Ok(())
+    env.passed()
 }
 
 /// Half-sends `GET /healthz` on `n` new connections to `addr`.
@@ -429,8 +422,7 @@ async fn healthz(addr: SocketAddr, limit: Duration) -> anyhow::Result<Option<u16
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn healthz_answers_under_2000_half_sent_requests_which_are_then_closed() -> anyhow::Result<()>
 {
-    let _turn = SERIAL.lock().await;
-    let env = TestEnv::get("srv-probes").await?;
+    let env = TestEnv::with("srv-probes", Plane::Shared, Turn::Alone).await?;
     let host = start_host_with(&env, |o| {
         o.metrics_addr = Some(SocketAddr::from(([127, 0, 0, 1], 0)));
         o.metrics_limits = ServerLimits {
@@ -466,12 +458,12 @@ async fn healthz_answers_under_2000_half_sent_requests_which_are_then_closed() -
     })
     .await?;
     host.shutdown().await?;
-    Ok(())
+    env.passed()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_connection_cap_closes_new_connections_until_one_is_freed() -> anyhow::Result<()> {
-    let _turn = SERIAL.lock().await;
+    let _alone = wasmop_testenv::alone().await;
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     // A read timeout far beyond the test: only the cap can close a connection here.
     let limits = ServerLimits {

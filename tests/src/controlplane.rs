@@ -578,6 +578,12 @@ impl ControlPlane {
         &self.nodes
     }
 
+    /// The cluster's temporary directory (removed at teardown unless [`ControlPlane::keep`] was
+    /// called): certificates, etcd data, `logs/`, and the tests' own logs under `tests/`.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
     /// The directory with one log file per component.
     pub fn log_dir(&self) -> &Path {
         &self.logs
