@@ -22,6 +22,11 @@ use wasmop::host::{Host, HostOptions, WebhookOptions};
 use wasmop::operations::leader::LeaderConfig;
 use wasmop_testenv::{TestEnv, eventually};
 
+/// How long a deleted App may take to go: once its WasmReconciler is deleted, the host keeps the
+/// controller running for a 20 s grace (so a finalize under way can finish) before it releases
+/// the finalizers anyway, and a loaded machine adds to that. Far above the expected wait.
+const GONE: Duration = Duration::from_secs(120);
+
 fn app(name: &str, finalizers: &[&str]) -> anyhow::Result<DynamicObject> {
     Ok(serde_json::from_value(json!({
         "apiVersion": "example.wasmop.dev/v1", "kind": "App",
@@ -77,7 +82,7 @@ async fn deleting_the_reconciler_releases_its_primaries_and_migrates_the_old_fin
     // Delete the reconciler, then an App: neither stays stuck.
     wrs.delete(&wr, &DeleteParams::default()).await?;
     apps.delete("web", &DeleteParams::default()).await?;
-    eventually("the App gone", Duration::from_secs(30), || async {
+    eventually("the App gone", GONE, || async {
         Ok(apps.get_opt("web").await?.is_none().then_some(()))
     })
     .await?;
@@ -96,7 +101,7 @@ async fn deleting_the_reconciler_releases_its_primaries_and_migrates_the_old_fin
         "{released:?}"
     );
     apps.delete("old", &DeleteParams::default()).await?;
-    eventually("the old App gone", Duration::from_secs(30), || async {
+    eventually("the old App gone", GONE, || async {
         Ok(apps.get_opt("old").await?.is_none().then_some(()))
     })
     .await?;
@@ -141,7 +146,7 @@ async fn narrowing_the_namespaces_releases_the_primaries_left_outside() -> anyho
     })
     .await?;
     apps.delete("web", &DeleteParams::default()).await?;
-    eventually("the App gone", Duration::from_secs(30), || async {
+    eventually("the App gone", GONE, || async {
         Ok(apps.get_opt("web").await?.is_none().then_some(()))
     })
     .await?;

@@ -526,9 +526,12 @@ async fn only_the_leader_reconciles_and_a_follower_takes_over() -> anyhow::Resul
     let takeover =
         Duration::from_micros(u64::try_from(acquired - last_renewal).unwrap_or_default());
     println!("takeover {takeover:?} after the last renewal (lease 15 s, retry 2 s)");
+    // Expected: the lease duration plus up to a retry (~17 s), read from what the Lease records.
+    // The bound, three lease durations, is far above that: it catches a follower that waits
+    // for something other than the expiry, not an API server slowed by a loaded CI.
     assert!(
-        takeover <= Duration::from_secs(15 + 2 + 5),
-        "takeover within the lease duration plus a retry and slack: {takeover:?}"
+        takeover <= Duration::from_secs(3 * 15),
+        "takeover within three lease durations of the last renewal: {takeover:?}"
     );
     create("two").await?;
     eventually("Deployment two, made by the new leader", WAIT, || async {
