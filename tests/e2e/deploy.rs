@@ -239,6 +239,18 @@ async fn deploy_applies_and_its_rbac_is_enough_to_run_an_example() -> anyhow::Re
     env.passed()
 }
 
+/// Where the deploy test's static musl build of the host goes: a target directory of its own
+/// in the cache of the control-plane binaries (`~/.cache/wasmop/image-target`), not the
+/// workspace's. A full musl build of the host (wasmtime, Cranelift, aws-lc for the musl target)
+/// takes many minutes on 2 cores; kept there, it survives `cargo clean` and fresh clones (CI
+/// clones afresh for every run), and cargo's own fingerprints decide what is stale: the
+/// dependencies by their version and features, the workspace's crates by their sources (on a
+/// fresh clone only those rebuild). The test still runs `make image`'s script, which still
+/// builds the binary it pushes.
+fn image_target_dir() -> std::path::PathBuf {
+    wasmop_testenv::assets::cache_dir().join("image-target")
+}
+
 /// `make image`'s script with the image-test profile, pushing to `reference` with crane's
 /// credentials (`docker_config`) and trust (`ca`); returns the reference by digest it printed.
 /// Its progress (the musl build takes minutes the first time) goes to this test's stderr.
@@ -251,6 +263,7 @@ fn make_image(
     let mut cmd = Command::new("bash");
     cmd.arg("scripts/image.sh")
         .current_dir(repo())
+        .env("CARGO_TARGET_DIR", image_target_dir())
         .env("IMAGE_PROFILE", "image-test")
         .env("IMAGE_PUSH", reference)
         .env("CRANE", crane)
