@@ -23,7 +23,7 @@
 //!   starts until it ends; the others share their turns. A test may take several shared turns
 //!   (several [`TestEnv`]s): a waiting lone test never blocks them.
 //! - When a test fails, its [`TestEnv`] keeps the component logs on disk and prints where they
-//!   are, with their last lines (see [`TestEnv::run`]; a panic counts too).
+//!   are, with their last lines: a test that ends without [`TestEnv::passed`] failed.
 //! - The processes are stopped when the test binary exits (see [`crate::process::Reaper`]).
 
 use std::collections::BTreeMap;
