@@ -11,7 +11,7 @@
 //! - `faults` breaks its control plane (the API server down for 20 s, etcd compacted): a plane of
 //!   its own, and each test alone;
 //! - `deploy` installs deploy/ and runs a host serving every WasmReconciler: a plane of its own;
-//! - `scale`'s idle test counts the API server's writes: a plane of its own;
+//! - `scale` counts the API server's writes and open watches: a fresh plane per test;
 //! - `servers` measures this process's memory and process-wide server metrics: alone;
 //! - `sharding` starts a fresh plane per scenario with four host processes: alone.
 

@@ -1,11 +1,12 @@
 //! The host at scale, on the real local control plane: what a converged host writes, counted
 //! by the API server itself.
 //!
-//! The idle test counts on a control plane of its own (`Plane::Own("scale")`, used by no other
-//! test), so the API server's `apiserver_request_total` counters for the kinds the
-//! image-updater writes (Deployments, Services, Apps and Events) move only through this test's
-//! host and the control plane's own controllers, which are idle once every rollout has
-//! finished: no other test of the e2e binary writes there.
+//! Each test counts on a control plane of its own (`Plane::Fresh`, stopped when the test ends),
+//! since the API server counts cluster-wide: in the idle test, its `apiserver_request_total`
+//! counters for the kinds the image-updater writes (Deployments, Services, Apps and Events)
+//! move only through this test's host and the control plane's own controllers, which are idle
+//! once every rollout has finished; in the scope test, the namespaced Widget watches open are
+//! only its host's. No other test of the e2e binary writes or watches there.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -98,7 +99,7 @@ fn moved(before: &BTreeMap<String, f64>, after: &BTreeMap<String, f64>) -> Vec<S
 
 #[tokio::test]
 async fn a_converged_host_writes_nothing_over_two_resync_periods() -> anyhow::Result<()> {
-    let env = TestEnv::with("scale-idle", Plane::Own("scale"), Turn::Shared).await?;
+    let env = TestEnv::with("scale-idle", Plane::Fresh, Turn::Shared).await?;
     let (wr, _) = image_updater(
         &env,
         "image-updater",
@@ -212,7 +213,7 @@ fn widget(name: &str) -> anyhow::Result<DynamicObject> {
 /// namespaces are reconciled (which happens only after every cache finished its first list).
 #[tokio::test]
 async fn a_reconciler_with_two_namespaces_watches_exactly_those() -> anyhow::Result<()> {
-    let env = TestEnv::get("scale-scope").await?;
+    let env = TestEnv::with("scale-scope", Plane::Fresh, Turn::Shared).await?;
     let second = env.another("scale-scope-second").await?;
     let third = env.another("scale-scope-third").await?;
     let namespaces = [env.namespace.clone(), second.namespace.clone()];

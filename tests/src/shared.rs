@@ -45,8 +45,11 @@ pub enum Plane {
     /// The one most tests of the process share.
     Shared,
     /// One of its own, shared only with the tests naming the same plane: for tests that break
-    /// their control plane or count what happens cluster-wide.
+    /// their control plane. It stays up until the process exits.
     Own(&'static str),
+    /// A new one for this test alone, stopped when the test ends (its logs kept if it failed):
+    /// for a test that counts what happens cluster-wide.
+    Fresh,
 }
 
 /// The shared control plane, or the message of why it could not start.
@@ -110,6 +113,12 @@ pub async fn plane(plane: Plane) -> std::result::Result<&'static ControlPlane, S
     let name = match plane {
         Plane::Shared => return shared().await,
         Plane::Own(name) => name,
+        Plane::Fresh => {
+            let cp = start_plane("fresh")?;
+            // Leaked, not dropped: a test may hold `&'static` references to it after its
+            // `TestEnv`s are gone; its processes are stopped when the test ends.
+            return Ok(Box::leak(Box::new(cp)));
+        }
     };
     let _guard = STARTING.lock().await;
     let known = lock(&OWN).get(name).copied();
@@ -146,6 +155,8 @@ pub struct TestEnv {
 /// What a test's [`TestEnv`]s share: its turn, and whether it passed.
 struct Verdict {
     cp: &'static ControlPlane,
+    /// Stop the plane at the end ([`Plane::Fresh`]).
+    fresh: bool,
     namespace: String,
     passed: AtomicBool,
     _turn: TurnGuard,
@@ -174,6 +185,7 @@ impl TestEnv {
         let namespace = create_namespace(cp, &client, prefix).await?;
         let verdict = Arc::new(Verdict {
             cp,
+            fresh: plane == Plane::Fresh,
             namespace: namespace.clone(),
             passed: AtomicBool::new(false),
             _turn: turn,
@@ -278,9 +290,18 @@ impl std::fmt::Debug for TestEnv {
 
 impl Drop for Verdict {
     fn drop(&mut self) {
-        if self.passed.load(Ordering::Relaxed) && !std::thread::panicking() {
-            return;
+        if !self.passed.load(Ordering::Relaxed) || std::thread::panicking() {
+            self.report_failure();
         }
+        if self.fresh {
+            self.cp.stop();
+        }
+    }
+}
+
+impl Verdict {
+    /// Keeps the plane's directory and says where the evidence is.
+    fn report_failure(&self) {
         self.cp.keep();
         let own = test_dir(self.cp, &self.namespace);
         let own = if own.exists() {
