@@ -99,3 +99,38 @@ impl Drop for TurnGuard {
         CHANGED.notify_waiters();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    /// Long enough for a spawned task to have taken a free turn on this runtime.
+    const SETTLE: Duration = Duration::from_millis(100);
+    /// Far above the time a free turn takes.
+    const SOON: Duration = Duration::from_secs(10);
+
+    #[tokio::test]
+    async fn a_lone_turn_waits_for_the_shared_ones_and_keeps_them_out() -> anyhow::Result<()> {
+        let first = take(Turn::Shared).await;
+        let lone = tokio::spawn(alone());
+        tokio::time::sleep(SETTLE).await;
+        anyhow::ensure!(!lone.is_finished(), "a lone turn beside a shared one");
+        // A waiting lone turn does not hold up a second shared turn of a running test.
+        let second = tokio::time::timeout(SOON, take(Turn::Shared)).await?;
+        drop(first);
+        tokio::time::sleep(SETTLE).await;
+        anyhow::ensure!(!lone.is_finished(), "a lone turn beside a shared one");
+        drop(second);
+        let lone = tokio::time::timeout(SOON, lone).await??;
+        anyhow::ensure!(lone.turn() == Turn::Alone);
+        let shared = tokio::spawn(take(Turn::Shared));
+        tokio::time::sleep(SETTLE).await;
+        anyhow::ensure!(!shared.is_finished(), "a shared turn beside a lone one");
+        drop(lone);
+        let shared = tokio::time::timeout(SOON, shared).await??;
+        anyhow::ensure!(shared.turn() == Turn::Shared);
+        Ok(())
+    }
+}
