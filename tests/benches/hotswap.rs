@@ -28,7 +28,8 @@
 //! (default 10). The last two lines are `hotswap new-build rust p50 ms: N` and
 //! `hotswap new-build python p50 ms: N`.
 
-#[path = "../e2e/support/mod.rs"]
+#[path = "../e2e/support.rs"]
+#[allow(dead_code)] // the bench uses a part of what the e2e tests share
 mod support;
 
 use std::time::{Duration, Instant};

@@ -11,17 +11,15 @@
 //!   sets) writes the request of every failed reconcile, names the file in the Warning Event,
 //!   keeps at most the bounded count, and `wasmop test --request` replays the failure offline.
 
-mod support;
-
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use crate::support::*;
 use clap::Parser;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams};
 use kube::discovery::{Discovery, Scope};
 use serde_json::{Value, json};
-use support::*;
 use wasmop::cli::Cli;
 use wasmop_testenv::{TestEnv, eventually};
 
@@ -237,7 +235,7 @@ async fn new_project_builds_passes_its_golden_test_and_reconciles_on_the_cluster
         }
     })
     .await?;
-    Ok(())
+    env.passed()
 }
 
 /// The Warning Events of object `name` in `ns` whose note names a recording.
@@ -345,7 +343,7 @@ async fn a_failed_reconcile_is_recorded_bounded_and_replays_offline() -> anyhow:
         &edited.display().to_string(),
     ])
     .await?;
-    Ok(())
+    env.passed()
 }
 
 #[tokio::test]
@@ -439,7 +437,7 @@ async fn capture_from_the_cluster_writes_what_the_host_hands_over_and_tests_it()
         intents.contains("cap-out"),
         "the intents do not keep the child: {intents}"
     );
-    Ok(())
+    env.passed()
 }
 
 #[tokio::test]
@@ -527,7 +525,7 @@ async fn diff_previews_a_candidate_against_every_primary_without_writing() -> an
         "wasmop diff wrote {}",
         "drifted-out"
     );
-    Ok(())
+    env.passed()
 }
 
 /// Runs the generated Python project's `build.sh` with `args`, returning its output.

@@ -11,11 +11,10 @@
 //! WasmReconciler and an App converge through that process; kustomize's `images:` retargets
 //! deploy/'s Deployment to the image.
 
-mod support;
-
 use std::path::Path;
 use std::process::{Command, Stdio};
 
+use crate::support::*;
 use anyhow::Context;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::authentication::v1::TokenRequest;
@@ -26,10 +25,9 @@ use kube::api::{
     Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams, PostParams,
 };
 use serde_json::json;
-use support::*;
 use wasmop::crd::WasmReconciler;
 use wasmop::host::{Host, HostOptions};
-use wasmop_testenv::{TestEnv, eventually};
+use wasmop_testenv::{Plane, TestEnv, Turn, eventually};
 
 fn kubectl(env: &TestEnv, args: &[&str]) -> anyhow::Result<String> {
     let out = Command::new(&env.cp.assets().kubectl)
@@ -80,8 +78,9 @@ async fn service_account_kubeconfig(
     Ok(())
 }
 
-/// Runs the tests of this binary one at a time: each runs a host serving every WasmReconciler
-/// and installs the same example.
+/// Runs the tests of this suite one at a time: each runs a host serving every WasmReconciler
+/// and installs the same example (on the suite's own control plane, `Plane::Own("deploy")`:
+/// a host serving every WasmReconciler would serve the other suites' ones too).
 async fn serial() -> tokio::sync::MutexGuard<'static, ()> {
     static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
     SERIAL.lock().await
@@ -90,7 +89,7 @@ async fn serial() -> tokio::sync::MutexGuard<'static, ()> {
 #[tokio::test]
 async fn deploy_applies_and_its_rbac_is_enough_to_run_an_example() -> anyhow::Result<()> {
     let _serial = serial().await;
-    let env = TestEnv::get("deploy").await?;
+    let env = TestEnv::with("deploy", Plane::Own("deploy"), Turn::Shared).await?;
     // Twice: applying the install again must be a no-op, not an error.
     kubectl(&env, &["apply", "-k", "deploy/"])?;
     let again = kubectl(&env, &["apply", "-k", "deploy/"])?;
@@ -237,7 +236,19 @@ async fn deploy_applies_and_its_rbac_is_enough_to_run_an_example() -> anyhow::Re
     assert_eq!(String::from_utf8_lossy(&can_i.stdout).trim(), "no");
     host.shutdown().await?;
     let _ = std::fs::remove_file(&kubeconfig);
-    Ok(())
+    env.passed()
+}
+
+/// Where the deploy test's static musl build of the host goes: a target directory of its own
+/// in the cache of the control-plane binaries (`~/.cache/wasmop/image-target`), not the
+/// workspace's. A full musl build of the host (wasmtime, Cranelift, aws-lc for the musl target)
+/// takes many minutes on 2 cores; kept there, it survives `cargo clean` and fresh clones (CI
+/// clones afresh for every run), and cargo's own fingerprints decide what is stale: the
+/// dependencies by their version and features, the workspace's crates by their sources (on a
+/// fresh clone only those rebuild). The test still runs `make image`'s script, which still
+/// builds the binary it pushes.
+fn image_target_dir() -> std::path::PathBuf {
+    wasmop_testenv::assets::cache_dir().join("image-target")
 }
 
 /// `make image`'s script with the image-test profile, pushing to `reference` with crane's
@@ -252,6 +263,7 @@ fn make_image(
     let mut cmd = Command::new("bash");
     cmd.arg("scripts/image.sh")
         .current_dir(repo())
+        .env("CARGO_TARGET_DIR", image_target_dir())
         .env("IMAGE_PROFILE", "image-test")
         .env("IMAGE_PUSH", reference)
         .env("CRANE", crane)
@@ -491,7 +503,7 @@ async fn the_image_from_the_registry_runs_with_the_deploy_service_account() -> a
             relative_to(&overlay, &repo().join("deploy"))?
         ),
     )?;
-    let env = TestEnv::get("deploy-image").await?;
+    let env = TestEnv::with("deploy-image", Plane::Own("deploy"), Turn::Shared).await?;
     let rendered = kubectl(&env, &["kustomize", &overlay.display().to_string()])?;
     assert!(
         rendered.contains(&format!("image: {pinned}\n")),
@@ -563,8 +575,7 @@ async fn the_image_from_the_registry_runs_with_the_deploy_service_account() -> a
     ])
     .collect();
     let mut host =
-        wasmop_testenv::HostProcess::start(&wasmop, args, "info", &work.path().join("logs"))
-            .await?;
+        wasmop_testenv::HostProcess::start(&wasmop, args, "info", &env.log_dir("host")?).await?;
     let app: DynamicObject = serde_json::from_value(json!({
         "apiVersion": "example.wasmop.dev/v1", "kind": "App",
         "metadata": {"name": "from-image", "namespace": "demo"},
@@ -586,7 +597,7 @@ async fn the_image_from_the_registry_runs_with_the_deploy_service_account() -> a
     );
     let status = host.terminate(std::time::Duration::from_secs(40)).await?;
     assert!(status.success(), "the image's host exited with {status}");
-    Ok(())
+    env.passed()
 }
 
 /// Waits until WasmReconciler image-updater is Ready with the OCI module `module` active

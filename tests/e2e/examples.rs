@@ -10,14 +10,13 @@
 //! - configmap-propagator: a cluster-scoped propagation copying a ConfigMap into labelled
 //!   namespaces; relabelling prunes a copy, a source change reaches every copy.
 
-mod support;
-
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::StreamExt;
 
+use crate::support::*;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{
     ConfigMap, Namespace, PersistentVolume, PersistentVolumeClaim, Pod, Service,
@@ -28,7 +27,6 @@ use kube::api::{
 };
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
-use support::*;
 use wasmop_testenv::{TestEnv, eventually};
 
 /// Rollouts replace pods one at a time; give them longer than a single object.
@@ -423,7 +421,7 @@ async fn primary_replica_creates_upgrades_replicas_first_refuses_a_downgrade_and
             .await?;
     }
     host.shutdown().await?;
-    Ok(())
+    env.passed()
 }
 
 fn namespace(name: &str, labels: Value) -> anyhow::Result<Namespace> {
@@ -451,6 +449,7 @@ async fn copies(client: &Client, name: &str, label: &str) -> anyhow::Result<Vec<
 #[tokio::test]
 async fn configmap_propagator_copies_into_matching_namespaces_prunes_and_follows_the_source()
 -> anyhow::Result<()> {
+    let _propagator = propagator_turn().await;
     let env = TestEnv::get("ex-cmp").await?;
     let ns = env.namespace.clone();
     let wr = register(
@@ -620,5 +619,6 @@ async fn configmap_propagator_copies_into_matching_namespaces_prunes_and_follows
         namespaces.delete(name, &DeleteParams::default()).await?;
     }
     host.shutdown().await?;
-    Ok(())
+    retire(&env, &wr).await?;
+    env.passed()
 }

@@ -5,17 +5,17 @@
 //! deleted nor duplicated: same uids, watch histories without DELETED), no finalizer is stuck,
 //! the final status matches the last spec, and `/readyz` tells the truth meanwhile.
 //!
-//! This is a test binary of its own: its faults (the API server down for 20 s) would break the
-//! tests of any binary sharing its control plane. Its tests share one control plane and run one
-//! at a time ([`serial`]), since two of them take the API server down.
-
-mod support;
+//! Its faults (the API server down for 20 s) would break any test sharing its control plane:
+//! these tests share a control plane of their own (`Plane::Own("faults")`), and each runs alone
+//! in the e2e process (`Turn::Alone`): two of them take the API server down, and none competes
+//! with other tests for the 2 cores while its timings run.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::support::*;
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Service, ServiceAccount};
@@ -26,16 +26,14 @@ use kube::api::{
 };
 use kube::{Client, ResourceExt};
 use serde_json::json;
-use support::*;
-use wasmop_testenv::{HostProcess, TestEnv, eventually};
+use wasmop_testenv::{HostProcess, Plane, TestEnv, Turn, eventually};
 
 /// How long kube-apiserver stays down in the restart test.
 const DOWN: Duration = Duration::from_secs(20);
 
-/// Runs the tests of this binary one at a time (they fault the shared control plane).
-async fn serial() -> tokio::sync::MutexGuard<'static, ()> {
-    static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-    SERIAL.lock().await
+/// A test's namespace on the faults' own control plane, alone in the process.
+async fn faults_env(prefix: &str) -> anyhow::Result<TestEnv> {
+    TestEnv::with(prefix, Plane::Own("faults"), Turn::Alone).await
 }
 
 /// A host process serving `env`'s WasmReconcilers (with debug logs of the controller and of
@@ -194,8 +192,7 @@ fn same_uids(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn apiserver_down_for_20s_mid_run_every_primary_converges_to_its_last_spec()
 -> anyhow::Result<()> {
-    let _serial = serial().await;
-    let env = TestEnv::get("flt-api").await?;
+    let env = faults_env("flt-api").await?;
     let ns = env.namespace.clone();
     image_updater(
         &env,
@@ -205,8 +202,8 @@ async fn apiserver_down_for_20s_mid_run_every_primary_converges_to_its_last_spec
         json!({}),
     )
     .await?;
-    let dir = tempfile::tempdir()?;
-    let host = host(&env, dir.path()).await?;
+    let dir = env.log_dir("host")?;
+    let host = host(&env, &dir).await?;
     readyz_becomes(&host, 200, WAIT).await?;
     let apps = apps(&env.client, &ns);
     let mut want = BTreeMap::new();
@@ -269,7 +266,7 @@ async fn apiserver_down_for_20s_mid_run_every_primary_converges_to_its_last_spec
         .map_err(|e| e.context(format!("host log:\n{}", host.log_text())))?;
     same_uids(&before, &after)?;
     delete_apps(&env.client, &ns).await?;
-    Ok(())
+    env.passed()
 }
 
 /// The code of the first answer of a watch resuming from `rv` (an API server still
@@ -303,8 +300,7 @@ async fn watch_once(api: &Api<DynamicObject>, rv: &str) -> anyhow::Result<u16> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn etcd_compaction_forces_watches_to_relist_and_the_host_keeps_converging()
 -> anyhow::Result<()> {
-    let _serial = serial().await;
-    let env = TestEnv::get("flt-compact").await?;
+    let env = faults_env("flt-compact").await?;
     let ns = env.namespace.clone();
     image_updater(
         &env,
@@ -314,8 +310,8 @@ async fn etcd_compaction_forces_watches_to_relist_and_the_host_keeps_converging(
         json!({}),
     )
     .await?;
-    let dir = tempfile::tempdir()?;
-    let host = host(&env, dir.path()).await?;
+    let dir = env.log_dir("host")?;
+    let host = host(&env, &dir).await?;
     let apps = apps(&env.client, &ns);
     let mut want = BTreeMap::new();
     for i in 0..3 {
@@ -373,7 +369,7 @@ async fn etcd_compaction_forces_watches_to_relist_and_the_host_keeps_converging(
         .map_err(|e| e.context(format!("host log:\n{}", host.log_text())))?;
     same_uids(&before, &after)?;
     delete_apps(&env.client, &ns).await?;
-    Ok(())
+    env.passed()
 }
 
 /// What a watch saw happen to some objects: (event type, namespace/name, uid), in order.
@@ -543,8 +539,7 @@ async fn configmap_propagator(env: &TestEnv) -> anyhow::Result<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn host_sigkilled_mid_apply_of_60_children_leaves_each_exactly_once_none_deleted()
 -> anyhow::Result<()> {
-    let _serial = serial().await;
-    let env = TestEnv::get("flt-kill").await?;
+    let env = faults_env("flt-kill").await?;
     let ns = env.namespace.clone();
     configmap_propagator(&env).await?;
     let key = "e2e.wasmop.dev/config";
@@ -569,8 +564,8 @@ async fn host_sigkilled_mid_apply_of_60_children_leaves_each_exactly_once_none_d
     let selector = format!("example.wasmop.dev/propagation={prop_name}");
     let (history, mut added) = record(&env.client, &selector).await?;
 
-    let dir = tempfile::tempdir()?;
-    let mut host = host(&env, dir.path()).await?;
+    let dir = env.log_dir("host")?;
+    let mut host = host(&env, &dir).await?;
     readyz_becomes(&host, 200, WAIT).await?;
     let props: Api<DynamicObject> = Api::all_with(
         env.client.clone(),
@@ -659,14 +654,13 @@ async fn host_sigkilled_mid_apply_of_60_children_leaves_each_exactly_once_none_d
     for t in &targets {
         namespaces.delete(t, &DeleteParams::default()).await?;
     }
-    Ok(())
+    env.passed()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn competing_writer_every_50ms_during_a_reconcile_storm_final_status_matches_last_spec()
 -> anyhow::Result<()> {
-    let _serial = serial().await;
-    let env = TestEnv::get("flt-race").await?;
+    let env = faults_env("flt-race").await?;
     let ns = env.namespace.clone();
     image_updater(
         &env,
@@ -676,8 +670,8 @@ async fn competing_writer_every_50ms_during_a_reconcile_storm_final_status_match
         json!({}),
     )
     .await?;
-    let dir = tempfile::tempdir()?;
-    let host = host(&env, dir.path()).await?;
+    let dir = env.log_dir("host")?;
+    let host = host(&env, &dir).await?;
     let apps = apps(&env.client, &ns);
     let mut want = BTreeMap::new();
     for i in 0..4 {
@@ -735,5 +729,5 @@ async fn competing_writer_every_50ms_during_a_reconcile_storm_final_status_match
     );
     readyz_becomes(&host, 200, WAIT).await?;
     delete_apps(&env.client, &ns).await?;
-    Ok(())
+    env.passed()
 }

@@ -2,17 +2,16 @@
 //! image-updater module (loaded from a ConfigMap) for Apps; the host reconciles them under the
 //! module's own ServiceAccount.
 
-mod support;
-
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use crate::support::*;
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Service};
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
-use support::*;
+use wasmop::host::Host;
 use wasmop_testenv::{TestEnv, eventually};
 
 fn app(name: &str, image: &str, replicas: i64) -> DynamicObject {
@@ -33,6 +32,36 @@ fn container_image(d: &Deployment) -> Option<String> {
         .first()?
         .image
         .clone()
+}
+
+/// image-updater registered as `name` (allowed to write Services when `services`), a host,
+/// and App `app` (nginx:1.27, one replica), once its Deployment exists (`what`). Returns the
+/// host and the Apps and Deployments of the test's namespace.
+async fn first_app(
+    env: &TestEnv,
+    name: &str,
+    services: bool,
+    app_name: &str,
+    what: &str,
+) -> anyhow::Result<(Host, Api<DynamicObject>, Api<Deployment>)> {
+    image_updater(
+        env,
+        name,
+        wasmop_test_modules::IMAGE_UPDATER,
+        services,
+        json!({}),
+    )
+    .await?;
+    let host = start_host(env, None).await?;
+    let apps = apps(&env.client, &env.namespace);
+    apps.create(&PostParams::default(), &app(app_name, "nginx:1.27", 1))
+        .await?;
+    let deployments: Api<Deployment> = env.api();
+    eventually(what, WAIT, || async {
+        Ok(deployments.get_opt(app_name).await?)
+    })
+    .await?;
+    Ok((host, apps, deployments))
 }
 
 #[tokio::test]
@@ -212,30 +241,19 @@ async fn an_app_becomes_a_deployment_and_a_service_rolls_out_and_is_finalized() 
         "finalize said done"
     );
     host.shutdown().await?;
-    Ok(())
+    env.passed()
 }
 
 #[tokio::test]
 async fn a_forbidden_write_is_a_warning_and_degrades_the_reconciler_while_the_rest_applies()
 -> anyhow::Result<()> {
     let env = TestEnv::get("host-rbac").await?;
-    image_updater(
+    let (host, _, _) = first_app(
         &env,
         "no-services",
-        wasmop_test_modules::IMAGE_UPDATER,
         false,
-        json!({}),
-    )
-    .await?;
-    let host = start_host(&env, None).await?;
-    let apps = apps(&env.client, &env.namespace);
-    apps.create(&PostParams::default(), &app("web", "nginx:1.27", 1))
-        .await?;
-    let deployments: Api<Deployment> = env.api();
-    eventually(
+        "web",
         "the Deployment applied despite the Service being forbidden",
-        WAIT,
-        || async { Ok(deployments.get_opt("web").await?) },
     )
     .await?;
     let warning = eventually("a Forbidden Warning Event on the App", WAIT, || async {
@@ -271,7 +289,7 @@ async fn a_forbidden_write_is_a_warning_and_degrades_the_reconciler_while_the_re
     })
     .await?;
     host.shutdown().await?;
-    Ok(())
+    env.passed()
 }
 
 #[tokio::test]
@@ -388,7 +406,7 @@ async fn a_trapping_module_backs_off_while_other_objects_and_reconcilers_work() 
     let good = widgets.get("good").await?;
     assert_eq!(good.data["status"]["conditions"][0]["status"], "True");
     host.shutdown().await?;
-    Ok(())
+    env.passed()
 }
 
 #[tokio::test]
@@ -468,30 +486,15 @@ async fn concurrent_edits_by_another_client_converge_without_lost_updates() -> a
         "the other client's field survives server-side apply"
     );
     host.shutdown().await?;
-    Ok(())
+    env.passed()
 }
 
 #[tokio::test]
 async fn changing_and_deleting_a_wasmreconciler_reconfigures_and_stops_its_controller()
 -> anyhow::Result<()> {
     let env = TestEnv::get("host-live").await?;
-    image_updater(
-        &env,
-        "image-updater",
-        wasmop_test_modules::IMAGE_UPDATER,
-        true,
-        json!({}),
-    )
-    .await?;
-    let host = start_host(&env, None).await?;
-    let apps = apps(&env.client, &env.namespace);
-    apps.create(&PostParams::default(), &app("one", "nginx:1.27", 1))
-        .await?;
-    let deployments: Api<Deployment> = env.api();
-    eventually("the first Deployment", WAIT, || async {
-        Ok(deployments.get_opt("one").await?)
-    })
-    .await?;
+    let (host, apps, deployments) =
+        first_app(&env, "image-updater", true, "one", "the first Deployment").await?;
 
     // Change the registration: a reconciler for another namespace only. Apps here stop being served.
     let wr_name = format!("{}-image-updater", env.namespace);
@@ -553,7 +556,7 @@ async fn changing_and_deleting_a_wasmreconciler_reconfigures_and_stops_its_contr
         "a deleted WasmReconciler's controller must stop"
     );
     host.shutdown().await?;
-    Ok(())
+    env.passed()
 }
 
 #[tokio::test]
@@ -616,7 +619,7 @@ async fn a_child_name_taken_by_someone_else_is_not_taken_over() -> anyhow::Resul
     })
     .await?;
     host.shutdown().await?;
-    Ok(())
+    env.passed()
 }
 
 /// Durations a hostile or careless author may write: each reconciler is refused with a
@@ -675,5 +678,5 @@ async fn hostile_durations_refuse_their_reconciler_and_the_host_goes_on() -> any
     })
     .await?;
     host.shutdown().await?;
-    Ok(())
+    env.passed()
 }

@@ -2,16 +2,14 @@
 //! reconcile, a bad one is refused while the old one keeps serving, a failing one is rolled
 //! back, and a restarted host loads compiled modules from its cache.
 
-mod support;
-
 use std::time::Duration;
 
+use crate::support::*;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
-use support::*;
 use wasmop::crd::WasmReconciler;
 use wasmop_testenv::{TestEnv, eventually};
 
@@ -203,44 +201,14 @@ async fn v1_to_v2_swaps_without_failures_garbage_is_refused_and_v2_keeps_serving
     })
     .await?;
     host.shutdown().await?;
-    Ok(())
+    env.passed()
 }
 
 #[tokio::test]
 async fn a_failing_new_module_is_rolled_back_and_not_retried() -> anyhow::Result<()> {
     let env = TestEnv::get("rollback").await?;
-    let (wr, good) = widget_reconciler(
-        &env,
-        "widgets",
-        wasmop_test_modules::MISBEHAVE,
-        json!({"rollout": {"watchReconciles": 6, "failureThresholdPercent": 50}}),
-    )
-    .await?;
-    let host = start_host(&env, None).await?;
+    let (wr, good, host) = rollback_setup(&env).await?;
     let widgets = widgets(&env.client, &env.namespace);
-    // The self-check samples the first primaries by name ("a-..."), which the fragile build
-    // handles; the "z-..." ones make it panic.
-    for name in ["a-1", "a-2", "a-3", "z-1", "z-2", "z-3"] {
-        let mut labels = json!({});
-        if name.starts_with('z') {
-            labels["test.wasmop.dev/fragile"] = json!("true");
-        }
-        let w: DynamicObject = serde_json::from_value(json!({
-            "apiVersion": "test.wasmop.dev/v1", "kind": "Widget", "metadata": {"name": name, "labels": labels}, "spec": {"mode": "good"}
-        }))?;
-        widgets.create(&PostParams::default(), &w).await?;
-    }
-    let cms: Api<ConfigMap> = env.api();
-    eventually("all six widgets reconciled", WAIT, || async {
-        let mut n = 0;
-        for w in ["a-1", "a-2", "a-3", "z-1", "z-2", "z-3"] {
-            if cms.get_opt(&format!("{w}-out")).await?.is_some() {
-                n += 1;
-            }
-        }
-        Ok((n == 6).then_some(()))
-    })
-    .await?;
 
     let bad = push_module(
         &env.client,
@@ -304,7 +272,7 @@ async fn a_failing_new_module_is_rolled_back_and_not_retried() -> anyhow::Result
     })
     .await?;
     host.shutdown().await?;
-    Ok(())
+    env.passed()
 }
 
 #[tokio::test]
@@ -353,7 +321,7 @@ async fn a_restarted_host_loads_the_module_from_its_compiled_cache() -> anyhow::
     .await?;
     second.shutdown().await?;
     let _ = std::fs::remove_dir_all(&cache);
-    Ok(())
+    env.passed()
 }
 
 fn tempfile_dir(name: &str) -> anyhow::Result<std::path::PathBuf> {

@@ -3,14 +3,12 @@
 //! failed keeps the finalizer, and a hostile module's patches and deletes of what it does not
 //! own are refused whole with an `InvalidIntents` Warning, nothing touched.
 
-mod support;
-
+use crate::support::*;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, DynamicObject, PostParams};
 use kube::runtime::events::{Recorder, Reporter};
 use serde_json::{Value, json};
-use support::*;
 use wasmop::contract::{Action, Gvk, ObjectRef, Propagation};
 use wasmop::controller::apply::{Applier, Observed};
 use wasmop::controller::intents::{PreparedSet, Validated};
@@ -161,7 +159,7 @@ async fn prunes_and_deletes_on_a_stale_observation_spare_an_object_recreated_und
         recreated.uid(),
         "the delete action removed the object someone recreated under the child's name"
     );
-    Ok(())
+    env.passed()
 }
 
 /// Rules of the hostile guest's ServiceAccount: Widgets and their finalizers, Events, and on
@@ -244,7 +242,7 @@ async fn a_finalize_whose_cleanup_is_forbidden_keeps_the_finalizer_until_it_succ
     .await?;
     assert!(cms.get_opt("w-child").await?.is_none());
     host.shutdown().await?;
-    Ok(())
+    env.passed()
 }
 
 /// Each attack of the hostile guest, and what its refusal says.
@@ -375,5 +373,5 @@ async fn a_hostile_module_touches_nothing_it_does_not_own() -> anyhow::Result<()
     })
     .await?;
     host.shutdown().await?;
-    Ok(())
+    env.passed()
 }

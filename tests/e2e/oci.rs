@@ -3,17 +3,15 @@
 //! a registry outage each give their condition while the old module keeps serving; a module
 //! over the 1 MiB a ConfigMap holds loads from the registry.
 
-mod support;
-
 use std::collections::BTreeMap;
 
+use crate::support::*;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
-use support::*;
 use wasm_encoder::ComponentSection;
 use wasmop::crd::{ActiveModule, WasmReconciler};
 use wasmop::modules::oci;
@@ -203,7 +201,7 @@ async fn a_module_from_the_registry_reconciles_and_a_repinned_digest_hot_swaps()
         "a hot swap, not a restart: {swapped:?}"
     );
     assert!(app_served(&env, "second").await?, "v2 serves the next App");
-    Ok(())
+    env.passed()
 }
 
 #[tokio::test]
@@ -279,7 +277,7 @@ async fn wrong_digest_wrong_credentials_and_an_outage_keep_the_old_module_servin
     })
     .await?;
     assert!(app_served(&env, "after-outage").await?, "v2 serves");
-    Ok(())
+    env.passed()
 }
 
 #[tokio::test]
@@ -316,7 +314,7 @@ async fn a_module_over_one_mib_loads_from_the_registry() -> anyhow::Result<()> {
         Ok(active(&env.client, &wr).await?.filter(|a| a.sha256 == sha))
     })
     .await?;
-    Ok(())
+    env.passed()
 }
 
 // Signatures: cosign's key-based format, with the real cosign (v2.6.5, built from Go modules
@@ -533,16 +531,56 @@ async fn a_module_signed_by_cosign_loads_and_cosign_verifies_what_wasmop_push_si
     })
     .await?;
     assert!(app_served(&env, "second").await?, "v2 serves the next App");
-    Ok(())
+    env.passed()
+}
+
+/// What [`signed_v1`] sets up.
+struct SignedV1 {
+    registry: Registry,
+    cosign: Cosign,
+    /// The cosign key pair that signed v1: private and public key files.
+    key: std::path::PathBuf,
+    public: std::path::PathBuf,
+    /// v1's sha256 and manifest digest.
+    sha: String,
+    digest: String,
+}
+
+/// A registry holding image-updater as `<repository>:v1`, signed by a new cosign key pair
+/// `key_name`, and the test's pull Secret `registry` for it.
+async fn signed_v1(env: &TestEnv, repository: &str, key_name: &str) -> anyhow::Result<SignedV1> {
+    let registry = Registry::start().await?;
+    let cosign = Cosign::new(&registry).await?;
+    let (key, public) = cosign.key_pair(key_name).await?;
+    let v1 = wasmop_test_modules::bytes(wasmop_test_modules::IMAGE_UPDATER);
+    let sha = wasmop::engine::sha256_hex(&v1);
+    let digest = push(&registry, &format!("{repository}:v1"), v1).await?;
+    cosign
+        .sign(&key, &format!("{}/{repository}@{digest}", registry.host))
+        .await?;
+    pull_secret(env, &registry, "registry", &registry.password).await?;
+    Ok(SignedV1 {
+        registry,
+        cosign,
+        key,
+        public,
+        sha,
+        digest,
+    })
 }
 
 #[tokio::test]
 async fn unsigned_and_wrongly_signed_modules_are_refused_and_the_old_keeps_serving()
 -> anyhow::Result<()> {
     let env = TestEnv::get("oci-unsigned").await?;
-    let registry = Registry::start().await?;
-    let cosign = Cosign::new(&registry).await?;
-    let (key, public) = cosign.key_pair("trusted").await?;
+    let SignedV1 {
+        registry,
+        cosign,
+        key,
+        public,
+        sha: v1_sha,
+        digest: d1,
+    } = signed_v1(&env, "mods/policy", "trusted").await?;
     let (other_key, _) = cosign.key_pair("other").await?;
     let trusted = fingerprint(&public)?;
     // The key lives in a ConfigMap of the host's namespace.
@@ -554,12 +592,6 @@ async fn unsigned_and_wrongly_signed_modules_are_refused_and_the_old_keeps_servi
     cms.create(&PostParams::default(), &cm).await?;
     let verify = json!({"keyConfigMap": {"name": "module-keys", "key": "cosign.pub"}});
     let repo = format!("{}/mods/policy", registry.host);
-
-    let v1 = wasmop_test_modules::bytes(wasmop_test_modules::IMAGE_UPDATER);
-    let v1_sha = wasmop::engine::sha256_hex(&v1);
-    let d1 = push(&registry, "mods/policy:v1", v1).await?;
-    cosign.sign(&key, &format!("{repo}@{d1}")).await?;
-    pull_secret(&env, &registry, "registry", &registry.password).await?;
     let (wr, _host) = register(
         &env,
         "iu",
@@ -629,27 +661,25 @@ async fn unsigned_and_wrongly_signed_modules_are_refused_and_the_old_keeps_servi
     })
     .await?;
     assert!(app_served(&env, "signed").await?, "v3 serves");
-    Ok(())
+    env.passed()
 }
 
 #[tokio::test]
 async fn a_host_requiring_signatures_refuses_configmap_modules_and_loads_signed_ones()
 -> anyhow::Result<()> {
     let env = TestEnv::get("oci-required").await?;
-    let registry = Registry::start().await?;
-    let cosign = Cosign::new(&registry).await?;
-    let (key, public) = cosign.key_pair("host").await?;
+    let SignedV1 {
+        registry,
+        cosign: _cosign,
+        key: _,
+        public,
+        sha: v1_sha,
+        digest: d1,
+    } = signed_v1(&env, "mods/required", "host").await?;
     let host_key = wasmop::modules::signature::TrustedKey::from_pem(
         &std::fs::read_to_string(&public)?,
         "--require-signed-modules",
     )?;
-    let v1 = wasmop_test_modules::bytes(wasmop_test_modules::IMAGE_UPDATER);
-    let v1_sha = wasmop::engine::sha256_hex(&v1);
-    let d1 = push(&registry, "mods/required:v1", v1).await?;
-    cosign
-        .sign(&key, &format!("{}/mods/required@{d1}", registry.host))
-        .await?;
-    pull_secret(&env, &registry, "registry", &registry.password).await?;
 
     // A ConfigMap module cannot carry a signature: refused.
     install_crds(&env.client).await?;
@@ -702,5 +732,5 @@ async fn a_host_requiring_signatures_refuses_configmap_modules_and_loads_signed_
         !app_served(&env, "signed").await?,
         "the signed module serves"
     );
-    Ok(())
+    env.passed()
 }

@@ -4,20 +4,18 @@
 //! the leader reconciles, a follower takes over after the leader is killed, and a graceful stop
 //! releases the Lease.
 
-mod support;
-
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
+use crate::support::*;
 use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
-use support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use wasmop_testenv::{TestEnv, eventually};
 
@@ -48,7 +46,6 @@ struct HostProcess {
     log: PathBuf,
     metrics: SocketAddr,
     identity: Option<String>,
-    _dir: tempfile::TempDir,
 }
 
 /// The JSON log lines of a host so far.
@@ -68,8 +65,10 @@ impl HostProcess {
     /// Starts a host serving `env`'s WasmReconcilers, with metrics and the webhook on loopback.
     async fn start(env: &TestEnv, cache: &Path, extra: &[&str]) -> anyhow::Result<Self> {
         let bin = wasmop_binary().await?;
-        let dir = tempfile::tempdir()?;
-        let log = dir.path().join("host.log");
+        // Kept with the control plane's logs if the test fails.
+        static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let log = env.log_dir("hosts")?.join(format!("host-{n}.log"));
         let mut cmd = tokio::process::Command::new(bin);
         cmd.arg("--log-format")
             .arg("json")
@@ -99,7 +98,6 @@ impl HostProcess {
             log,
             metrics: SocketAddr::from(([127, 0, 0, 1], 0)),
             identity: None,
-            _dir: dir,
         };
         let started = Instant::now();
         loop {
@@ -362,7 +360,7 @@ async fn admission_refuses_an_illegal_transition_and_metrics_count_the_scenario(
             .then_some(()))
     })
     .await?;
-    Ok(())
+    env.passed()
 }
 
 #[tokio::test]
@@ -394,7 +392,7 @@ async fn readyz_is_unavailable_until_the_caches_sync() -> anyhow::Result<()> {
         "the module serving when ready is reported:\n{}",
         family(&body, "wasmop_module_info")
     );
-    Ok(())
+    env.passed()
 }
 
 async fn lease_holder(client: &Client, ns: &str) -> anyhow::Result<Option<String>> {
@@ -505,12 +503,16 @@ async fn only_the_leader_reconciles_and_a_follower_takes_over() -> anyhow::Resul
             .and_then(|s| s.renew_time),
     )
     .ok_or_else(|| anyhow::anyhow!("the Lease records no renewal"))?;
-    eventually("the second host leads", Duration::from_secs(60), || async {
-        Ok(
-            (lease_holder(&env.client, &env.namespace).await? == Some(second_id.clone()))
-                .then_some(()),
-        )
-    })
+    eventually(
+        "the second host leads",
+        Duration::from_secs(120),
+        || async {
+            Ok(
+                (lease_holder(&env.client, &env.namespace).await? == Some(second_id.clone()))
+                    .then_some(()),
+            )
+        },
+    )
     .await
     .map_err(|e| anyhow::anyhow!("{e}\nsecond host log:\n{}", second.log_text()))?;
     let acquired = micros(
@@ -524,9 +526,12 @@ async fn only_the_leader_reconciles_and_a_follower_takes_over() -> anyhow::Resul
     let takeover =
         Duration::from_micros(u64::try_from(acquired - last_renewal).unwrap_or_default());
     println!("takeover {takeover:?} after the last renewal (lease 15 s, retry 2 s)");
+    // Expected: the lease duration plus up to a retry (~17 s), read from what the Lease records.
+    // The bound, three lease durations, is far above that: it catches a follower that waits
+    // for something other than the expiry, not an API server slowed by a loaded CI.
     assert!(
-        takeover <= Duration::from_secs(15 + 2 + 5),
-        "takeover within the lease duration plus a retry and slack: {takeover:?}"
+        takeover <= Duration::from_secs(3 * 15),
+        "takeover within three lease durations of the last renewal: {takeover:?}"
     );
     create("two").await?;
     eventually("Deployment two, made by the new leader", WAIT, || async {
@@ -558,5 +563,5 @@ async fn only_the_leader_reconciles_and_a_follower_takes_over() -> anyhow::Resul
         d.labels().get("wasmop.dev/reconciler").map(String::as_str),
         Some(wr.as_str())
     );
-    Ok(())
+    env.passed()
 }

@@ -12,10 +12,9 @@
 //! One test because Tenants are cluster-scoped: a second tenant reconciler would serve the first
 //! one's Tenants too.
 
-mod support;
-
 use std::time::Duration;
 
+use crate::support::*;
 use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
 use k8s_openapi::api::core::v1::{LimitRange, Namespace, Pod, ResourceQuota};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
@@ -23,7 +22,6 @@ use k8s_openapi::api::rbac::v1::RoleBinding;
 use kube::Client;
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
-use support::*;
 use wasmop::crd::{ActiveModule, WasmReconciler};
 use wasmop::host::WebhookOptions;
 use wasmop_testenv::{Registry, TestEnv, eventually};
@@ -314,5 +312,5 @@ async fn the_python_tenant_from_the_registry_converges_refuses_a_shrink_below_us
 
     tenants.delete(&name, &DeleteParams::default()).await?;
     host.shutdown().await?;
-    Ok(())
+    env.passed()
 }

@@ -1,21 +1,21 @@
 //! The host at scale, on the real local control plane: what a converged host writes, counted
 //! by the API server itself.
 //!
-//! The control plane belongs to this test binary (one per process), so the API server's
-//! `apiserver_request_total` counters for the kinds the image-updater writes (Deployments,
-//! Services, Apps and Events) move only through this test's host and the control plane's own
-//! controllers, which are idle once every rollout has finished.
-
-mod support;
+//! Each test counts on a control plane of its own (`Plane::Fresh`, stopped when the test ends),
+//! since the API server counts cluster-wide: in the idle test, its `apiserver_request_total`
+//! counters for the kinds the image-updater writes (Deployments, Services, Apps and Events)
+//! move only through this test's host and the control plane's own controllers, which are idle
+//! once every rollout has finished; in the scope test, the namespaced Widget watches open are
+//! only its host's. No other test of the e2e binary writes or watches there.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use crate::support::*;
 use kube::Client;
 use kube::api::{DynamicObject, ListParams, PostParams};
 use serde_json::json;
-use support::*;
-use wasmop_testenv::{TestEnv, eventually};
+use wasmop_testenv::{Plane, TestEnv, Turn, eventually};
 
 /// How many Apps the test converges.
 const APPS: usize = 50;
@@ -99,7 +99,7 @@ fn moved(before: &BTreeMap<String, f64>, after: &BTreeMap<String, f64>) -> Vec<S
 
 #[tokio::test]
 async fn a_converged_host_writes_nothing_over_two_resync_periods() -> anyhow::Result<()> {
-    let env = TestEnv::get("scale-idle").await?;
+    let env = TestEnv::with("scale-idle", Plane::Fresh, Turn::Shared).await?;
     let (wr, _) = image_updater(
         &env,
         "image-updater",
@@ -163,7 +163,7 @@ async fn a_converged_host_writes_nothing_over_two_resync_periods() -> anyhow::Re
         "a converged host wrote while {ran} reconciles of {APPS} unchanged Apps ran: {writes:?}"
     );
     host.shutdown().await?;
-    Ok(())
+    env.passed()
 }
 
 /// The value of `wasmop_cache_objects` for `reconciler`'s `kind` (`apiVersion/kind`), if set.
@@ -213,9 +213,9 @@ fn widget(name: &str) -> anyhow::Result<DynamicObject> {
 /// namespaces are reconciled (which happens only after every cache finished its first list).
 #[tokio::test]
 async fn a_reconciler_with_two_namespaces_watches_exactly_those() -> anyhow::Result<()> {
-    let env = TestEnv::get("scale-scope").await?;
-    let second = TestEnv::get("scale-scope-second").await?;
-    let third = TestEnv::get("scale-scope-third").await?;
+    let env = TestEnv::with("scale-scope", Plane::Fresh, Turn::Shared).await?;
+    let second = env.another("scale-scope-second").await?;
+    let third = env.another("scale-scope-third").await?;
     let namespaces = [env.namespace.clone(), second.namespace.clone()];
     // The module's ServiceAccount may read and write Widgets and ConfigMaps in the second
     // namespace too (the host checks its reads in every namespace of the scope).
@@ -292,5 +292,5 @@ async fn a_reconciler_with_two_namespaces_watches_exactly_those() -> anyhow::Res
         outside.data["status"]
     );
     host.shutdown().await?;
-    Ok(())
+    env.passed()
 }

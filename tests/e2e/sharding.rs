@@ -4,8 +4,8 @@
 //!
 //! Each scenario runs on a control plane of its own: one with the `ShardedListAndWatch` feature
 //! gate (the hosts detect it and let the API server filter their watches), one without (the
-//! hosts filter on their side). They run one at a time ([`serial`]): four hosts and a control
-//! plane each are enough for a 2-core machine.
+//! hosts filter on their side). Each runs alone in the e2e process
+//! ([`wasmop_testenv::alone`]): four hosts and a control plane are enough for a 2-core machine.
 //!
 //! The proof, from records rather than timing:
 //! - the objects: every Widget's `status.observedGeneration` catches up with each spec change
@@ -17,19 +17,17 @@
 //!   each replica's form one block (no replica reconciles a primary again after another took it
 //!   over), and before the kill each primary was reconciled by exactly one replica.
 
-mod support;
-
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use crate::support::*;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use kube::Client;
 use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
-use support::*;
 use wasmop_testenv::{ControlPlane, HostProcess, Options, eventually};
 
 /// Namespaces of Widgets, and Widgets per namespace (namespaced primaries shard by namespace).
@@ -53,12 +51,6 @@ const RETRY: Duration = Duration::from_secs(1);
 const RESYNC: Duration = Duration::from_secs(20);
 /// Generous: 300 Widgets on a loaded 2-core machine.
 const CONVERGE: Duration = Duration::from_secs(240);
-
-/// Runs the scenarios one at a time.
-async fn serial() -> tokio::sync::MutexGuard<'static, ()> {
-    static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-    SERIAL.lock().await
-}
 
 fn now_ms() -> u64 {
     SystemTime::now()
@@ -374,7 +366,7 @@ async fn partitioned(hosts: &[&HostProcess]) -> anyhow::Result<Vec<f64>> {
 }
 
 async fn scenario(gate: bool) -> anyhow::Result<()> {
-    let _serial = serial().await;
+    let _alone = wasmop_testenv::alone().await;
     let cp = ControlPlane::start(Options {
         feature_gates: if gate {
             vec!["ShardedListAndWatch".to_string()]
@@ -388,19 +380,25 @@ async fn scenario(gate: bool) -> anyhow::Result<()> {
     if result.is_err() {
         cp.keep();
         eprintln!(
-            "control-plane logs: {}\n{}",
+            "[sharding] failed; control-plane logs are kept in {}, the replicas' logs in {}\n{}",
             cp.log_dir().display(),
+            replica_logs(&cp).display(),
             cp.log_tails(20)
         );
     }
     result
 }
 
+/// Where the replicas log: in the cluster's directory, kept with its logs when the scenario
+/// fails.
+fn replica_logs(cp: &ControlPlane) -> PathBuf {
+    cp.dir().join("replicas")
+}
+
 async fn run(cp: &ControlPlane, gate: bool) -> anyhow::Result<()> {
     let client = cp.client().await?;
-    let logs = tempfile::tempdir()?;
     let dirs: Vec<PathBuf> = (0..4)
-        .map(|i| logs.path().join(format!("replica-{i}")))
+        .map(|i| replica_logs(cp).join(format!("replica-{i}")))
         .collect();
     register(&client).await?;
 
@@ -420,7 +418,7 @@ async fn run(cp: &ControlPlane, gate: bool) -> anyhow::Result<()> {
         }
     }
     let started = now_ms();
-    let outcome = async {
+    async {
         converged(&client, "300 Widgets reconciled by 3 replicas").await?;
         eprintln!("[sharding] 3 replicas converged {TOTAL} Widgets in {} ms", now_ms() - started);
         let counts = partitioned(&hosts.iter().collect::<Vec<_>>()).await?;
@@ -498,22 +496,7 @@ async fn run(cp: &ControlPlane, gate: bool) -> anyhow::Result<()> {
         anyhow::ensure!(fourth_reconciles > 0, "the fourth replica reconciles its share");
         Ok::<_, anyhow::Error>(())
     }
-    .await;
-    if outcome.is_err() {
-        for (i, dir) in dirs.iter().enumerate() {
-            let _ = std::fs::create_dir_all(std::env::temp_dir().join("wasmop-sharding-logs"));
-            let keep = std::env::temp_dir()
-                .join("wasmop-sharding-logs")
-                .join(format!("replica-{i}"));
-            let _ = std::fs::remove_dir_all(&keep);
-            let _ = std::fs::rename(dir, &keep);
-        }
-        eprintln!(
-            "[sharding] replica logs kept in {}",
-            std::env::temp_dir().join("wasmop-sharding-logs").display()
-        );
-    }
-    outcome
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -126,7 +126,7 @@ async fn crd_and_custom_resource_round_trip_with_status_subresource() -> anyhow:
     assert_eq!(read.data["status"]["observedSize"], 3);
     crds.delete("widgets.smoke.wasmop.dev", &DeleteParams::default())
         .await?;
-    Ok(())
+    env.passed()
 }
 
 #[tokio::test]
@@ -201,7 +201,7 @@ async fn deployment_pods_become_ready_on_kwok_nodes() -> anyhow::Result<()> {
         }
     })
     .await?;
-    Ok(())
+    env.passed()
 }
 
 #[tokio::test]
@@ -277,7 +277,7 @@ async fn owner_reference_garbage_collection() -> anyhow::Result<()> {
         }
     })
     .await?;
-    Ok(())
+    env.passed()
 }
 
 #[tokio::test]
@@ -323,5 +323,5 @@ async fn stale_resource_version_is_a_409_conflict() -> anyhow::Result<()> {
             .map(String::as_str),
         Some("1")
     );
-    Ok(())
+    env.passed()
 }

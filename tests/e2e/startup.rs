@@ -6,11 +6,10 @@
 //! - Requests for primaries that no longer exist finish: after 50 Apps come and go, the work
 //!   queue is empty and no per-object state is left.
 
-mod support;
-
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
+use crate::support::*;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
@@ -21,7 +20,6 @@ use kube::api::{
 use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
-use support::*;
 use wasmop::host::{Host, HostOptions};
 use wasmop_testenv::{TestEnv, eventually};
 
@@ -165,36 +163,9 @@ async fn wait_for_copies(env: &TestEnv, prop: &str) -> anyhow::Result<BTreeMap<S
     .await
 }
 
-/// Serialises the tests that register a configmap-propagator: its primary kind is
-/// cluster-scoped, so two such WasmReconcilers at once conflict (the later is refused,
-/// `Ready=False` reason `Conflict`), as they would in a real cluster.
-static PROPAGATOR: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
-/// Removes a test's WasmReconciler for good once its host has stopped: deleted, its finalizers
-/// cleared by the admin (no host runs to release them), and gone, so the next test's
-/// propagator does not conflict with it.
-async fn retire(env: &TestEnv, wr: &str) -> anyhow::Result<()> {
-    let api: Api<wasmop::crd::WasmReconciler> = Api::all(env.client.clone());
-    api.delete(wr, &DeleteParams::default()).await?;
-    let clear = json!({"metadata": {"finalizers": null}});
-    if let Err(e) = api
-        .patch(wr, &PatchParams::default(), &Patch::Merge(&clear))
-        .await
-    {
-        anyhow::ensure!(
-            matches!(&e, kube::Error::Api(s) if s.code == 404),
-            "clearing the finalizers of WasmReconciler {wr}: {e}"
-        );
-    }
-    eventually(&format!("WasmReconciler {wr} gone"), WAIT, || async {
-        Ok(api.get_opt(wr).await?.is_none().then_some(()))
-    })
-    .await
-}
-
 #[tokio::test]
 async fn copies_survive_abrupt_host_restarts() -> anyhow::Result<()> {
-    let _serial = PROPAGATOR.lock().await;
+    let _serial = propagator_turn().await;
     let env = TestEnv::get("startup-restart").await?;
     let wr = register_propagator(&env).await?;
     let prop = format!("{}-settings", env.namespace);
@@ -234,7 +205,7 @@ async fn copies_survive_abrupt_host_restarts() -> anyhow::Result<()> {
     }
     cleanup(&env, &prop).await?;
     retire(&env, &wr).await?;
-    Ok(())
+    env.passed()
 }
 
 /// A kubeconfig for the admin impersonating `user` (only `user`'s RBAC applies).
@@ -292,7 +263,7 @@ async fn grant_host(env: &TestEnv, user: &str, namespaces: bool) -> anyhow::Resu
 
 #[tokio::test]
 async fn a_host_that_may_not_list_namespaces_says_so_and_prunes_nothing() -> anyhow::Result<()> {
-    let _serial = PROPAGATOR.lock().await;
+    let _serial = propagator_turn().await;
     let env = TestEnv::get("startup-denied").await?;
     let wr = register_propagator(&env).await?;
     let prop = format!("{}-settings", env.namespace);
@@ -362,7 +333,7 @@ async fn a_host_that_may_not_list_namespaces_says_so_and_prunes_nothing() -> any
     let _ = std::fs::remove_file(&kubeconfig);
     cleanup(&env, &prop).await?;
     retire(&env, &wr).await?;
-    Ok(())
+    env.passed()
 }
 
 fn app(name: &str) -> anyhow::Result<DynamicObject> {
@@ -419,7 +390,7 @@ async fn requests_for_deleted_primaries_finish_and_free_their_state() -> anyhow:
     })
     .await?;
     host.shutdown().await?;
-    Ok(())
+    env.passed()
 }
 
 #[tokio::test]
@@ -468,7 +439,7 @@ async fn a_reconciler_whose_service_account_may_not_read_a_related_kind_is_refus
     service_account(&env.client, &env.namespace, "secrets", rules).await?;
     wait_wr_ready(&env.client, &wr).await?;
     host.shutdown().await?;
-    Ok(())
+    env.passed()
 }
 
 /// A client of the admin impersonating `user`.
@@ -628,5 +599,5 @@ async fn only_users_who_may_impersonate_the_service_account_create_reconcilers()
     policies
         .delete(&policy_name, &DeleteParams::default())
         .await?;
-    Ok(())
+    env.passed()
 }

@@ -7,15 +7,13 @@
 //! The hosts batch spans for ten minutes (`OTEL_BSP_SCHEDULE_DELAY`): what the collector
 //! receives was sent by the flush on SIGTERM.
 
-mod support;
-
 use std::path::Path;
 use std::time::Duration;
 
+use crate::support::*;
 use k8s_openapi::api::apps::v1::Deployment;
 use kube::api::{Api, DynamicObject, PostParams};
 use serde_json::json;
-use support::*;
 use wasmop_testenv::collector::Span;
 use wasmop_testenv::{Collector, HostProcess, TestEnv, eventually};
 
@@ -164,11 +162,11 @@ async fn a_reconcile_is_one_span_with_its_module_call_and_apply_phases_over_otlp
 -> anyhow::Result<()> {
     let env = TestEnv::get("trace-http").await?;
     let collector = Collector::start().await?;
-    let dir = tempfile::tempdir()?;
+    let dir = env.log_dir("host")?;
     let service = format!("wasmop-{}", env.namespace);
     let mut host = host(
         &env,
-        dir.path(),
+        &dir,
         &[
             (
                 "OTEL_EXPORTER_OTLP_ENDPOINT",
@@ -248,18 +246,18 @@ async fn a_reconcile_is_one_span_with_its_module_call_and_apply_phases_over_otlp
     for phase in applied.iter().chain(&status) {
         assert!(phase.start_ns >= call[0].end_ns && phase.end_ns <= root.end_ns);
     }
-    Ok(())
+    env.passed()
 }
 
 #[tokio::test]
 async fn reconcile_spans_go_over_otlp_grpc_too() -> anyhow::Result<()> {
     let env = TestEnv::get("trace-grpc").await?;
     let collector = Collector::start().await?;
-    let dir = tempfile::tempdir()?;
+    let dir = env.log_dir("host")?;
     let service = format!("wasmop-{}", env.namespace);
     let mut host = host(
         &env,
-        dir.path(),
+        &dir,
         &[
             (
                 "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
@@ -287,17 +285,17 @@ async fn reconcile_spans_go_over_otlp_grpc_too() -> anyhow::Result<()> {
         2,
         "{trace:#?}"
     );
-    Ok(())
+    env.passed()
 }
 
 #[tokio::test]
 async fn without_the_otlp_settings_a_host_reconciles_and_exports_nothing() -> anyhow::Result<()> {
     let env = TestEnv::get("trace-off").await?;
     let collector = Collector::start().await?;
-    let dir = tempfile::tempdir()?;
+    let dir = env.log_dir("host")?;
     // A service name of its own, but no endpoint.
     let service = format!("wasmop-{}", env.namespace);
-    let mut host = host(&env, dir.path(), &[("OTEL_SERVICE_NAME", service.clone())]).await?;
+    let mut host = host(&env, &dir, &[("OTEL_SERVICE_NAME", service.clone())]).await?;
     let threads = host.thread_names();
     assert!(
         !threads.is_empty() && !threads.iter().any(|n| n == EXPORTER_THREAD),
@@ -324,5 +322,5 @@ async fn without_the_otlp_settings_a_host_reconciles_and_exports_nothing() -> an
         spans.iter().all(|s| s.service != service),
         "the collector received spans from a host without OTLP settings: {spans:#?}"
     );
-    Ok(())
+    env.passed()
 }

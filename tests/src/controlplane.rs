@@ -578,6 +578,12 @@ impl ControlPlane {
         &self.nodes
     }
 
+    /// The cluster's temporary directory (removed at teardown unless [`ControlPlane::keep`] was
+    /// called): certificates, etcd data, `logs/`, and the tests' own logs under `tests/`.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
     /// The directory with one log file per component.
     pub fn log_dir(&self) -> &Path {
         &self.logs
@@ -632,22 +638,25 @@ fn node_ready(node: &Node) -> bool {
         .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
-impl Drop for ControlPlane {
-    fn drop(&mut self) {
-        // Reverse start order: kwok, scheduler, controller-manager, apiserver, etcd.
-        let processes = self
-            .processes
-            .get_mut()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+impl ControlPlane {
+    /// Stops every process (reverse start order: kwok, scheduler, controller-manager,
+    /// apiserver, etcd) and removes the cluster directory unless [`ControlPlane::keep`] was
+    /// called. What dropping it does, for a plane others may still hold a reference to: it
+    /// answers nothing afterwards, and a fault on it fails.
+    pub fn stop(&self) {
+        let mut processes = lock(&self.processes);
         while let Some(mut p) = processes.pop() {
             p.stop(Duration::from_secs(10));
         }
-        let reaper = self
-            .reaper
-            .get_mut()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some(reaper) = reaper.take() {
+        drop(processes);
+        if let Some(reaper) = lock(&self.reaper).take() {
             reaper.finish();
         }
+    }
+}
+
+impl Drop for ControlPlane {
+    fn drop(&mut self) {
+        self.stop();
     }
 }

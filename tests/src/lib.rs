@@ -6,7 +6,9 @@
 //!
 //! - [`Assets`] finds or builds the binaries.
 //! - [`ControlPlane`] starts and stops one cluster.
-//! - [`TestEnv`] shares one cluster between the tests of a test binary, a namespace per test.
+//! - [`TestEnv`] shares one cluster between the tests of a test binary, a namespace per test;
+//!   [`Plane::Own`] gives a group of tests a cluster of their own, [`Turn::Alone`] runs a test
+//!   with no other beside it.
 //! - [`faults`] kills and restarts components and compacts etcd; [`HostProcess`] runs `wasmop
 //!   run` as a child process that a test can SIGKILL and restart.
 //! - [`Registry`] runs a real OCI registry (TLS, basic auth) that a test can stop and restart.
@@ -27,6 +29,7 @@ pub mod pki;
 pub mod process;
 pub mod registry;
 pub mod shared;
+pub mod turns;
 pub mod wait;
 
 pub use assets::Assets;
@@ -35,5 +38,6 @@ pub use controlplane::{ControlPlane, Options};
 pub use error::{Error, Result};
 pub use host_process::HostProcess;
 pub use registry::Registry;
-pub use shared::{TestEnv, shared};
+pub use shared::{Plane, TestEnv, shared};
+pub use turns::{Turn, alone};
 pub use wait::eventually;

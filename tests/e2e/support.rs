@@ -1,8 +1,6 @@
 //! What the host's end-to-end tests share: CRDs, module ConfigMaps, ServiceAccounts with
 //! exactly the rights a test grants, WasmReconcilers, and an in-process host per test.
 
-#![allow(dead_code)]
-
 use std::path::Path;
 use std::time::Duration;
 
@@ -11,7 +9,8 @@ use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{
-    Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams,
+    Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch,
+    PatchParams, PostParams,
 };
 use kube::{Client, CustomResourceExt};
 use serde_json::{Value, json};
@@ -607,4 +606,78 @@ pub async fn wasmop_binary() -> anyhow::Result<&'static Path> {
         })
         .await?;
     Ok(path.as_path())
+}
+
+/// Serialises the tests that register a configmap-propagator on the shared control plane
+/// (examples, startup): its primary kind is cluster-scoped, so two such WasmReconcilers at once
+/// conflict (the later is refused, `Ready=False` reason `Conflict`), as they would in a real
+/// cluster. Each such test [`retire`]s its WasmReconciler before it ends.
+pub async fn propagator_turn() -> tokio::sync::MutexGuard<'static, ()> {
+    static PROPAGATOR: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    PROPAGATOR.lock().await
+}
+
+/// Removes a test's WasmReconciler for good once its host has stopped: deleted, its finalizers
+/// cleared by the admin (no host runs to release them), and gone, so the next test's
+/// propagator does not conflict with it.
+pub async fn retire(env: &TestEnv, wr: &str) -> anyhow::Result<()> {
+    let api: Api<WasmReconciler> = Api::all(env.client.clone());
+    api.delete(wr, &DeleteParams::default()).await?;
+    let clear = json!({"metadata": {"finalizers": null}});
+    if let Err(e) = api
+        .patch(wr, &PatchParams::default(), &Patch::Merge(&clear))
+        .await
+    {
+        anyhow::ensure!(
+            matches!(&e, kube::Error::Api(s) if s.code == 404),
+            "clearing the finalizers of WasmReconciler {wr}: {e}"
+        );
+    }
+    eventually(&format!("WasmReconciler {wr} gone"), WAIT, || async {
+        Ok(api.get_opt(wr).await?.is_none().then_some(()))
+    })
+    .await
+}
+
+/// The Widgets of the rollback scenarios: the self-check samples the first primaries by name
+/// ("a-..."), which the misbehave guest's fragile build handles; the "z-..." ones (labelled
+/// `test.wasmop.dev/fragile`) make it panic.
+pub const FRAGILE_SET: [&str; 6] = ["a-1", "a-2", "a-3", "z-1", "z-2", "z-3"];
+
+/// A rollback scenario's start: the misbehave guest registered as `<namespace>-widgets` with a
+/// rollout watching 6 reconciles at a 50 % failure threshold, a host, and the Widgets of
+/// [`FRAGILE_SET`] each reconciled (its ConfigMap `<name>-out` written). Returns the
+/// reconciler's name, the good module's sha256 and the host.
+pub async fn rollback_setup(env: &TestEnv) -> anyhow::Result<(String, String, Host)> {
+    let (wr, good) = widget_reconciler(
+        env,
+        "widgets",
+        wasmop_test_modules::MISBEHAVE,
+        json!({"rollout": {"watchReconciles": 6, "failureThresholdPercent": 50}}),
+    )
+    .await?;
+    let host = start_host(env, None).await?;
+    let widgets = widgets(&env.client, &env.namespace);
+    for name in FRAGILE_SET {
+        let mut labels = json!({});
+        if name.starts_with('z') {
+            labels["test.wasmop.dev/fragile"] = json!("true");
+        }
+        let w: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "test.wasmop.dev/v1", "kind": "Widget", "metadata": {"name": name, "labels": labels}, "spec": {"mode": "good"}
+        }))?;
+        widgets.create(&PostParams::default(), &w).await?;
+    }
+    let cms: Api<ConfigMap> = env.api();
+    eventually("all six widgets reconciled", WAIT, || async {
+        let mut n = 0;
+        for w in FRAGILE_SET {
+            if cms.get_opt(&format!("{w}-out")).await?.is_some() {
+                n += 1;
+            }
+        }
+        Ok((n == FRAGILE_SET.len()).then_some(()))
+    })
+    .await?;
+    Ok((wr, good, host))
 }
