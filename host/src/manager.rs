@@ -73,9 +73,6 @@ use crate::{operations::metrics, operations::readiness};
 /// can finish primaries already being deleted, before their finalizers are released anyway.
 pub const RELEASE_GRACE: Duration = Duration::from_secs(20);
 
-/// The field manager of the host's own writes (WasmReconciler status).
-pub const HOST_MANAGER: &str = "wasmop";
-
 /// What the manager needs.
 #[derive(Clone)]
 pub struct HostContext {
