@@ -9,10 +9,11 @@
 //! - [`crd`]: the WasmReconciler custom resource.
 //! - [`modules`]: where a module comes from ([`modules::source`]), the swappable active module
 //!   ([`modules::slot`]) and the host's copy of it ([`modules::copy`]).
-//! - [`manager`]: one supervised controller per WasmReconciler, module loading and hot swap.
+//! - [`manager`]: one supervised controller per WasmReconciler, module loading and hot swap,
+//!   its status and conditions, the release of its finalizers, and the rules that keep one
+//!   reconciler per primary.
 //! - [`controller`]: the reconcile loop of one WasmReconciler: its watches, the checks of a
-//!   module's intents, the writes under the module's identity, conditions, and the rules that keep
-//!   one reconciler per primary.
+//!   module's intents, the writes under the module's identity.
 //! - [`admission`]: the validating admission webhook, its configuration and TLS.
 //! - [`operations`]: leader election, metrics, probes and readiness, and the servers' limits.
 //! - [`sharding`]: replicas sharing every WasmReconciler's primaries (membership Leases, the

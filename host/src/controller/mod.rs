@@ -66,19 +66,15 @@
 //! costs its future (its size is logged once at debug, "the future of a reconcile") plus
 //! kube-runtime's request and span.
 
-pub mod access;
 pub mod apply;
 pub mod cache;
 pub mod compact;
-pub mod conditions;
-pub mod conflict;
 pub mod intents;
 pub mod limit;
 pub mod noop;
 pub mod predicate;
 pub mod priority;
 pub mod record;
-pub mod release;
 pub mod resync;
 pub mod scope;
 pub mod watches;
