@@ -21,6 +21,7 @@
 //! - [`host`]: the running host (used by `wasmop run` and the end-to-end tests).
 //! - [`discovery`]: resolving kinds to API resources.
 //! - [`cli`]: the `wasmop` command.
+//! - [`reasons`]: every condition type and reason the host writes.
 
 pub mod admission;
 pub mod cli;
@@ -33,6 +34,7 @@ pub mod host;
 pub mod manager;
 pub mod modules;
 pub mod operations;
+pub mod reasons;
 pub mod sharding;
 
 /// The version of this host, as built.

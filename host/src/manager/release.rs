@@ -39,6 +39,7 @@ use crate::controller::apply::object_reference;
 use crate::crd::{FINALIZER, RECONCILER_FINALIZER, WasmReconciler, finalizer_for};
 use crate::discovery::Resolved;
 use crate::modules::copy;
+use crate::reasons;
 
 /// How often a conflicting finalizer write is retried.
 const ATTEMPTS: usize = 5;
@@ -231,7 +232,7 @@ impl Releaser {
         };
         let event = KubeEvent {
             type_: KubeEventType::Warning,
-            reason: "FinalizerReleased".into(),
+            reason: reasons::FINALIZER_RELEASED.into(),
             note: Some(
                 note.chars()
                     .take(crate::controller::intents::MAX_EVENT_NOTE)
@@ -314,7 +315,7 @@ pub(super) async fn release_deleted(
                 tracing::warn!(reconciler = %wr.name_any(), error = %message, "cannot release the deleted WasmReconciler yet; retrying");
                 let event = KubeEvent {
                     type_: KubeEventType::Warning,
-                    reason: "ReleaseFailed".into(),
+                    reason: reasons::RELEASE_FAILED.into(),
                     note: Some(truncate(&format!(
                         "{message} (retrying; grant the ServiceAccount update on the primaries' finalizers, or remove the finalizers by hand)"
                     ))),
@@ -433,7 +434,7 @@ pub(super) async fn outside_namespaces(s: &Subject) -> bool {
                 "cannot remove the finalizer from primaries outside spec.namespaces: {}",
                 out.failed.join("; ")
             );
-            s.event_on_wr(KubeEventType::Warning, "ReleaseFailed", &message)
+            s.event_on_wr(KubeEventType::Warning, reasons::RELEASE_FAILED, &message)
                 .await;
             false
         }

@@ -18,10 +18,10 @@ use kube::{Resource, ResourceExt};
 use serde_json::json;
 
 use super::HostContext;
-use crate::controller::watches::WATCH_FAILED;
 use crate::controller::{self, Health, intents};
 use crate::crd::{WasmReconciler, WasmReconcilerStatus};
 use crate::operations::readiness;
+use crate::reasons;
 
 /// Sets condition `type_` in `conditions`, keeping its transition time if the status is unchanged.
 pub fn set(
@@ -96,9 +96,9 @@ impl Subject {
             "the host's supervisor of this reconciler panicked: {message} (a wasmop bug: please report it; edit the WasmReconciler or restart the host to retry)"
         );
         tracing::error!(reconciler = %self.name(), "{message}");
-        self.condition("Ready", false, "InternalError", &message);
+        self.condition(reasons::READY, false, reasons::INTERNAL_ERROR, &message);
         self.write_status().await;
-        self.event_on_wr(KubeEventType::Warning, "InternalError", &message)
+        self.event_on_wr(KubeEventType::Warning, reasons::INTERNAL_ERROR, &message)
             .await;
     }
 
@@ -112,13 +112,13 @@ impl Subject {
             .status
             .conditions
             .iter()
-            .find(|c| c.type_ == "Ready")
+            .find(|c| c.type_ == reasons::READY)
             .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()));
         if failing.is_empty() {
-            if ready.is_some_and(|(_, reason, _)| reason == WATCH_FAILED) {
+            if ready.is_some_and(|(_, reason, _)| reason == reasons::WATCH_FAILED) {
                 let watching = format!("watching {}", self.wr.spec.primary.kind);
-                self.condition("Ready", true, "Reconciling", &watching);
-                self.event_on_wr(KubeEventType::Normal, "WatchesSynced", &watching)
+                self.condition(reasons::READY, true, reasons::RECONCILING, &watching);
+                self.event_on_wr(KubeEventType::Normal, reasons::WATCHES_SYNCED, &watching)
                     .await;
             }
             return;
@@ -128,7 +128,7 @@ impl Subject {
             failing.join("; ")
         );
         if ready.is_some_and(|(status, reason, m)| {
-            status == "False" && reason == WATCH_FAILED && m == message
+            status == "False" && reason == reasons::WATCH_FAILED && m == message
         }) {
             return;
         }
@@ -138,8 +138,8 @@ impl Subject {
             // until the watch recovers).
             readiness::global().ready(&controller::readiness_component(&self.name()));
         }
-        self.condition("Ready", false, WATCH_FAILED, &message);
-        self.event_on_wr(KubeEventType::Warning, WATCH_FAILED, &message)
+        self.condition(reasons::READY, false, reasons::WATCH_FAILED, &message);
+        self.event_on_wr(KubeEventType::Warning, reasons::WATCH_FAILED, &message)
             .await;
     }
 
@@ -156,7 +156,7 @@ impl Subject {
             .map(|f| f.clone())
             .unwrap_or_default();
         if forbidden.is_empty() {
-            self.condition("Degraded", false, "AllWritesAllowed", "");
+            self.condition(reasons::DEGRADED, false, reasons::ALL_WRITES_ALLOWED, "");
         } else {
             let first = forbidden
                 .iter()
@@ -167,7 +167,7 @@ impl Subject {
                 "{} object(s) have writes refused by RBAC; first: {first}",
                 forbidden.len()
             );
-            self.condition("Degraded", true, "Forbidden", &message);
+            self.condition(reasons::DEGRADED, true, reasons::FORBIDDEN, &message);
         }
         self.write_status().await;
     }

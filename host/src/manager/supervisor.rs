@@ -20,15 +20,15 @@ use serde_json::json;
 use tokio::sync::oneshot;
 
 use super::status::{SetupError, Subject};
-use super::swap::{self, Candidate, Kept, SIGNATURE_REQUIRED, Serving, SwapState};
+use super::swap::{self, Candidate, Kept, Serving, SwapState};
 use super::{HostContext, UpdatesRx, access, conflict, release};
 use crate::contract::Gvk;
 use crate::controller::{self, Clients, Health, Running, Settings};
 use crate::crd::{MAX_RESYNC, WasmReconciler, parse_bounded_duration};
 use crate::discovery::Resolved;
-use crate::modules::signature;
 use crate::modules::slot::{Active, ModuleSlot};
 use crate::operations::readiness;
+use crate::reasons;
 
 /// Supervises one WasmReconciler.
 pub(super) struct Supervisor {
@@ -108,23 +108,24 @@ impl Supervisor {
         tracing::warn!(reconciler = %self.name(), reason = e.reason, error = %e.message, "cannot start; retrying");
         let loaded = !matches!(
             e.reason,
-            "ModuleUnavailable"
-                | "ModuleInvalid"
-                | "DigestMismatch"
-                | "ModuleMismatch"
-                | "ModuleNotFound"
-                | "RegistryUnreachable"
-                | "RegistryUnauthorized"
-                | "RegistryCredentialsInvalid"
-                | "RegistryError"
-                | signature::SIGNATURE_INVALID
-                | signature::KEY_INVALID
-                | SIGNATURE_REQUIRED
+            reasons::MODULE_UNAVAILABLE
+                | reasons::MODULE_INVALID
+                | reasons::DIGEST_MISMATCH
+                | reasons::MODULE_MISMATCH
+                | reasons::MODULE_NOT_FOUND
+                | reasons::REGISTRY_UNREACHABLE
+                | reasons::REGISTRY_UNAUTHORIZED
+                | reasons::REGISTRY_CREDENTIALS_INVALID
+                | reasons::REGISTRY_ERROR
+                | reasons::SIGNATURE_INVALID
+                | reasons::SIGNATURE_KEY_INVALID
+                | reasons::SIGNATURE_REQUIRED
         );
-        self.s.condition("Ready", false, e.reason, &e.message);
+        self.s
+            .condition(reasons::READY, false, e.reason, &e.message);
         if !loaded {
             self.s
-                .condition("ModuleLoaded", false, e.reason, &e.message);
+                .condition(reasons::MODULE_LOADED, false, e.reason, &e.message);
         }
         self.s.write_status().await;
         self.s
@@ -139,14 +140,14 @@ impl Supervisor {
             .list(&Default::default())
             .await
             .map_err(|e| SetupError {
-                reason: "ConflictCheckFailed",
+                reason: reasons::CONFLICT_CHECK_FAILED,
                 message: format!(
                     "cannot list WasmReconcilers to rule out a conflict: {e} (the host needs list on wasmreconcilers)"
                 ),
             })?;
         match conflict::winner_over(&self.s.wr, &all.items) {
             Some(winner) => Err(SetupError {
-                reason: "Conflict",
+                reason: reasons::CONFLICT,
                 message: conflict::message(&self.s.wr, winner),
             }),
             None => Ok(()),
@@ -161,7 +162,7 @@ impl Supervisor {
         let primary_resolved = discovery.resolve(&primary).await.map_err(not_served)?;
         if !primary_resolved.namespaced && !spec.namespaces.is_empty() {
             return Err(SetupError {
-                reason: "InvalidSpec",
+                reason: reasons::INVALID_SPEC,
                 message: format!(
                     "spec.namespaces limits namespaced primaries, but {} is cluster-scoped: remove spec.namespaces",
                     primary.kind
@@ -211,8 +212,8 @@ impl Supervisor {
             .await
             .map_err(|e| SetupError {
                 reason: match e {
-                    access::AccessError::NotAllowed { .. } => access::READ_NOT_ALLOWED,
-                    access::AccessError::Review { .. } => "AccessCheckFailed",
+                    access::AccessError::NotAllowed { .. } => reasons::READ_NOT_ALLOWED,
+                    access::AccessError::Review { .. } => reasons::ACCESS_CHECK_FAILED,
                 },
                 message: e.to_string(),
             })
@@ -227,7 +228,7 @@ impl Supervisor {
             match &spec.resync_period {
                 Some(p) => parse_bounded_duration("spec.resyncPeriod", p, MAX_RESYNC).map_err(
                     |message| SetupError {
-                        reason: "InvalidSpec",
+                        reason: reasons::INVALID_SPEC,
                         message,
                     },
                 )?,
@@ -256,7 +257,7 @@ impl Supervisor {
         config.auth_info.impersonate = Some(self.s.wr.spec.service_account.username());
         let module = crate::operations::ratelimit::client(config, ctx.rate_limit.as_ref())
             .map_err(|e| SetupError {
-                reason: "ClientError",
+                reason: reasons::CLIENT_ERROR,
                 message: e.to_string(),
             })?;
         Ok(Clients {
@@ -285,7 +286,8 @@ impl Supervisor {
         let clients = match self.clients() {
             Ok(c) => c,
             Err(e) => {
-                self.s.condition("Ready", false, e.reason, &e.message);
+                self.s
+                    .condition(reasons::READY, false, e.reason, &e.message);
                 self.s.write_status().await;
                 return;
             }
@@ -351,7 +353,7 @@ impl Supervisor {
             &mut self.kept,
             slot,
             KubeEventType::Normal,
-            "Started",
+            reasons::STARTED,
             message,
         )
         .await;
@@ -435,7 +437,7 @@ impl Supervisor {
 
 fn not_served(e: crate::discovery::DiscoveryError) -> SetupError {
     SetupError {
-        reason: "KindNotServed",
+        reason: reasons::KIND_NOT_SERVED,
         message: e.to_string(),
     }
 }

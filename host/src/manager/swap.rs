@@ -34,10 +34,11 @@ use crate::crd::{
 };
 use crate::engine::{CallError, Compiled, Limits, Module, sha256_hex};
 use crate::modules::copy;
+use crate::modules::oci;
 use crate::modules::slot::{Active, Fit, ModuleSlot};
 use crate::modules::source::{self, ModuleBytes};
-use crate::modules::{oci, signature};
 use crate::operations::metrics;
+use crate::reasons;
 
 /// A module read and checked, not yet in service.
 pub(super) struct Candidate {
@@ -62,17 +63,9 @@ pub(super) enum SwapError {
     Unavailable(SetupError),
 }
 
-/// The reason of a setup that failed because the host had no sandbox (or cache) to spare:
-/// not the module's fault.
-pub(super) const HOST_BUSY: &str = "HostBusy";
-
-/// The reason a ConfigMap module is refused by a host that requires signed modules
-/// (`--require-signed-modules`): a ConfigMap cannot carry a cosign signature.
-pub(super) const SIGNATURE_REQUIRED: &str = "SignatureRequired";
-
 impl From<SetupError> for SwapError {
     fn from(e: SetupError) -> Self {
-        if e.reason == HOST_BUSY {
+        if e.reason == reasons::HOST_BUSY {
             SwapError::Deferred(e.message)
         } else {
             SwapError::Refused(e)
@@ -132,13 +125,13 @@ impl std::fmt::Display for CheckFailure {
 fn is_transient(reason: &str) -> bool {
     matches!(
         reason,
-        "RegistryUnreachable"
-            | "RegistryUnauthorized"
-            | "RegistryCredentialsInvalid"
-            | "RegistryError"
-            | "ModuleNotFound"
-            | signature::SIGNATURE_INVALID
-            | signature::KEY_INVALID
+        reasons::REGISTRY_UNREACHABLE
+            | reasons::REGISTRY_UNAUTHORIZED
+            | reasons::REGISTRY_CREDENTIALS_INVALID
+            | reasons::REGISTRY_ERROR
+            | reasons::MODULE_NOT_FOUND
+            | reasons::SIGNATURE_INVALID
+            | reasons::SIGNATURE_KEY_INVALID
     )
 }
 
@@ -203,7 +196,7 @@ impl Kept {
 pub(super) fn limits(wr: &WasmReconciler) -> Result<Limits, SetupError> {
     let l = &wr.spec.limits;
     let bad = |message: String| SetupError {
-        reason: "InvalidSpec",
+        reason: reasons::INVALID_SPEC,
         message,
     };
     Ok(Limits {
@@ -232,14 +225,14 @@ pub(super) async fn read_module(
     cm: Option<&ConfigMap>,
 ) -> Result<(ModuleBytes, String), SetupError> {
     let invalid = |message: String| SetupError {
-        reason: "InvalidSpec",
+        reason: reasons::INVALID_SPEC,
         message,
     };
     match s.wr.spec.module.kind().map_err(invalid)? {
         SourceKind::ConfigMap(source) => {
             if let Some(key) = &s.ctx.oci.required_key {
                 return Err(SetupError {
-                    reason: SIGNATURE_REQUIRED,
+                    reason: reasons::SIGNATURE_REQUIRED,
                     message: format!(
                         "the host requires modules signed by key {} ({}), and a module in ConfigMap {}/{} cannot carry a signature: push it to a registry with `wasmop push --oci REF --sign KEY` and name it in spec.module.oci",
                         key.fingerprint, key.source, source.namespace, source.name
@@ -251,7 +244,7 @@ pub(super) async fn read_module(
                 None => source::fetch(&s.ctx.client, source).await,
             }
             .map_err(|e| SetupError {
-                reason: "ModuleUnavailable",
+                reason: reasons::MODULE_UNAVAILABLE,
                 message: e.to_string(),
             })?;
             let origin = format!("configMap {}/{}", source.namespace, source.name);
@@ -279,7 +272,10 @@ pub(super) async fn read_module(
 /// origin), the host's copy of it: an outage does not stop a module across host restarts.
 async fn active_from_copy(s: &Subject, e: &SetupError) -> Option<(ModuleBytes, String)> {
     let spec = s.wr.spec.module.oci.as_ref()?;
-    if !matches!(e.reason, "RegistryUnreachable" | "RegistryError") {
+    if !matches!(
+        e.reason,
+        reasons::REGISTRY_UNREACHABLE | reasons::REGISTRY_ERROR
+    ) {
         return None;
     }
     let origin = oci::pin(spec).ok()?.origin();
@@ -320,7 +316,7 @@ pub(super) async fn candidate(
         && !pin.eq_ignore_ascii_case(&sha)
     {
         return Err(SetupError {
-            reason: "DigestMismatch",
+            reason: reasons::DIGEST_MISMATCH,
             message: format!(
                 "{} holds a module with sha256 {sha}, but spec.module.sha256 pins {pin}",
                 source_label(&s.wr)
@@ -337,15 +333,15 @@ pub(super) async fn candidate(
     })
     .await
     .map_err(|e| SetupError {
-        reason: "ModuleInvalid",
+        reason: reasons::MODULE_INVALID,
         message: format!("loading was interrupted: {e}"),
     })?;
     bytes.bytes = raw;
     let module = loaded.map_err(|e| SetupError {
         reason: if e.is_module_fault() {
-            "ModuleInvalid"
+            reasons::MODULE_INVALID
         } else {
-            HOST_BUSY
+            reasons::HOST_BUSY
         },
         message: format!("{} key {}: {e}", source_label(&s.wr), bytes.key),
     })?;
@@ -353,7 +349,7 @@ pub(super) async fn candidate(
     let related: Vec<Gvk> = spec.related.iter().map(|k| k.gvk()).collect();
     let mut fit = Fit::compute(module.metadata(), &spec.primary.gvk(), &owned, &related).map_err(
         |message| SetupError {
-            reason: "ModuleMismatch",
+            reason: reasons::MODULE_MISMATCH,
             message,
         },
     )?;
@@ -372,7 +368,7 @@ pub(super) async fn candidate(
 /// The module that served before `rejected` was rolled back, from the host's copy.
 async fn last_good(s: &Subject, rejected: &str) -> Result<ModuleBytes, SetupError> {
     let refuse = |why: String| SetupError {
-        reason: "ModuleRejected",
+        reason: reasons::MODULE_REJECTED,
         message: format!(
             "the module ConfigMap holds sha256 {rejected}, which was rolled back (status.rejectedSha256), and {why}: push a fixed module"
         ),
@@ -437,7 +433,12 @@ pub(super) async fn offer(
         Ok(None) if cm.is_none() => {
             // The spec names the module already serving: clear an earlier refusal.
             let message = format!("{} is the module serving", source_label(&s.wr));
-            s.condition("ModuleLoaded", true, "ModuleUnchanged", &message);
+            s.condition(
+                reasons::MODULE_LOADED,
+                true,
+                reasons::MODULE_UNCHANGED,
+                &message,
+            );
         }
         Ok(None) => {}
         Err(SwapError::Refused(e)) => {
@@ -464,8 +465,12 @@ pub(super) async fn offer(
             );
             tracing::warn!(reconciler = %s.name(), "{message}");
             metrics::global().hotswap(&s.name(), "deferred");
-            s.event_on_wr(KubeEventType::Warning, "SelfCheckDeferred", &message)
-                .await;
+            s.event_on_wr(
+                KubeEventType::Warning,
+                reasons::SELF_CHECK_DEFERRED,
+                &message,
+            )
+            .await;
             state.deferred = Some(Deferred {
                 cm,
                 at: tokio::time::Instant::now() + delay,
@@ -546,7 +551,7 @@ async fn swap(
     if let Err(failure) = self_check(s, &candidate, serving).await {
         return Err(if failure.is_module_failure() {
             SwapError::Refused(SetupError {
-                reason: "SelfCheckFailed",
+                reason: reasons::SELF_CHECK_FAILED,
                 message: failure.to_string(),
             })
         } else {
@@ -589,7 +594,7 @@ async fn swap(
         kept,
         slot,
         KubeEventType::Normal,
-        "ModuleSwapped",
+        reasons::MODULE_SWAPPED,
         message,
     )
     .await;
@@ -726,11 +731,16 @@ pub(super) async fn activated(
     });
     s.status.ungranted = active.fit.ungranted.clone();
     let loaded = !matches!(kind, KubeEventType::Warning);
-    s.condition("ModuleLoaded", loaded, reason, &message);
+    s.condition(reasons::MODULE_LOADED, loaded, reason, &message);
     let watching = format!("watching {}", s.wr.spec.primary.kind);
-    s.condition("Ready", true, "Reconciling", &watching);
-    if !s.status.conditions.iter().any(|c| c.type_ == "Degraded") {
-        s.condition("Degraded", false, "AllWritesAllowed", "");
+    s.condition(reasons::READY, true, reasons::RECONCILING, &watching);
+    if !s
+        .status
+        .conditions
+        .iter()
+        .any(|c| c.type_ == reasons::DEGRADED)
+    {
+        s.condition(reasons::DEGRADED, false, reasons::ALL_WRITES_ALLOWED, "");
     }
     s.write_status().await;
     s.event_on_wr(kind, reason, &message).await;
@@ -747,7 +757,7 @@ async fn refused(s: &mut Subject, cm: Option<&ConfigMap>, e: &SetupError) {
     metrics::global().hotswap(&s.name(), "refused");
     let message = format!("{}; the previous module keeps serving", e.message);
     tracing::warn!(reconciler = %s.name(), reason = e.reason, "{message}");
-    s.condition("ModuleLoaded", false, e.reason, &message);
+    s.condition(reasons::MODULE_LOADED, false, e.reason, &message);
     s.write_status().await;
     s.event_on_wr(KubeEventType::Warning, e.reason, &message)
         .await;
@@ -784,7 +794,15 @@ async fn rolled_back(
     tracing::warn!(reconciler = %s.name(), "{message}");
     metrics::global().hotswap(&s.name(), "rolled_back");
     s.status.rejected_sha256 = Some(bad.to_string());
-    activated(s, kept, slot, KubeEventType::Warning, "RolledBack", message).await;
+    activated(
+        s,
+        kept,
+        slot,
+        KubeEventType::Warning,
+        reasons::ROLLED_BACK,
+        message,
+    )
+    .await;
 }
 
 pub(super) fn short(sha: &str) -> String {
@@ -864,7 +882,7 @@ mod tests {
             message: "m".into(),
         };
         assert!(matches!(
-            SwapError::from(setup(HOST_BUSY)),
+            SwapError::from(setup(reasons::HOST_BUSY)),
             SwapError::Deferred(_)
         ));
         for reason in ["ModuleInvalid", "ModuleMismatch", "DigestMismatch"] {
