@@ -40,11 +40,12 @@
 //!
 //! Its parts: [`watches`] (the caches and what they report), [`cache`] (the compact caches of
 //! owned and related kinds, and indexes), [`compact`] (a primary as its store holds it),
-//! [`access`] (what the module's identity may read), [`intents`] (the checks of a
+//! [`crate::manager::access`] (what the module's identity may read), [`intents`] (the checks of a
 //! response), [`apply`] (the writes), [`noop`] (writes that would change nothing),
 //! [`predicate`] (which primary changes call for a reconcile), [`resync`] (jittered resyncs),
 //! [`priority`] (reactive work before timed work), [`limit`] (the host-wide bound),
-//! [`conditions`], [`conflict`] and [`release`] (one reconciler per primary, and letting go).
+//! [`crate::manager::status`], [`crate::manager::conflict`] and [`crate::manager::release`] (one
+//! reconciler per primary, and letting go).
 //!
 //! # Scale
 //! What one reconcile costs depends on its own primary, not on the cluster: children are found

@@ -18,7 +18,7 @@
 //! ([`conflict`]): they are restarted so that the winner is decided again.
 //!
 //! # Lifecycle guarantees
-//! - Every served WasmReconciler carries [`RECONCILER_FINALIZER`]. When it is deleted, its
+//! - Every served WasmReconciler carries [`crate::crd::RECONCILER_FINALIZER`]. When it is deleted, its
 //!   controller keeps running for up to [`RELEASE_GRACE`] while primaries that are being deleted
 //!   still hold its finalizer (so the module's finalize runs while the module is loaded); then
 //!   the controller stops, the finalizer is removed from every remaining primary with a
@@ -37,8 +37,8 @@
 //! [`ManagerError`] only when the WasmReconciler watch itself cannot run; everything about one
 //!
 //! # Layout
-//! - [`supervisor`]: one reconciler's supervisor (set-up, serve loop);
-//! - [`swap`]: reading and checking a module, the hot swap, the self-check and the rollback;
+//! - `supervisor`: one reconciler's supervisor (set-up, serve loop);
+//! - `swap`: reading and checking a module, the hot swap, the self-check and the rollback;
 //! - [`status`]: the WasmReconciler's conditions, status writes and Events;
 //! - [`release`]: the WasmReconciler's finalizer and the release of its primaries;
 //! - [`access`], [`conflict`]: the set-up checks (read access, overlapping reconcilers).

@@ -5,10 +5,10 @@
 //! ever remove it, and the primary (and its namespace) could never be deleted. So the host
 //! removes it, with an Event on the primary saying why, when:
 //! - the WasmReconciler is deleted (every primary; see [`crate::manager`] for how finalize gets
-//!   a chance to run first): [`release_deleted`];
-//! - its `spec.namespaces` no longer includes the primary's namespace: [`outside_namespaces`].
+//!   a chance to run first): `release_deleted`;
+//! - its `spec.namespaces` no longer includes the primary's namespace: `outside_namespaces`.
 //!
-//! The WasmReconciler itself carries [`RECONCILER_FINALIZER`] ([`ensure_finalizer`]) so that
+//! The WasmReconciler itself carries [`RECONCILER_FINALIZER`] (`ensure_finalizer`) so that
 //! its deletion waits for the release; that finalizer goes last.
 //!
 //! # Guarantees
