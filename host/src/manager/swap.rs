@@ -753,6 +753,8 @@ pub(super) async fn activated(
     }
 }
 
+/// Reports module `e` refused (`ModuleLoaded=False`, Warning Events on the WasmReconciler and
+/// on the ConfigMap `cm` it came from); the previous module keeps serving.
 async fn refused(s: &mut Subject, cm: Option<&ConfigMap>, e: &SetupError) {
     metrics::global().hotswap(&s.name(), "refused");
     let message = format!("{}; the previous module keeps serving", e.message);
@@ -777,6 +779,8 @@ async fn refused(s: &mut Subject, cm: Option<&ConfigMap>, e: &SetupError) {
     }
 }
 
+/// Reports the rollback from module `bad` to `back_to` after `failures` of `calls` reconciles
+/// failed, and records `bad` as rejected so that it is not served again.
 async fn rolled_back(
     s: &mut Subject,
     kept: &mut Kept,
