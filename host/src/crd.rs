@@ -23,8 +23,12 @@ use crate::contract::Gvk;
 /// releases the primary. New code names finalizers with [`finalizer_for`].
 pub const FINALIZER: &str = "wasmop.dev/finalizer";
 
+/// The field manager of the host's own writes (WasmReconciler status, webhook configurations,
+/// module copies).
+pub const FIELD_MANAGER: &str = "wasmop";
+
 /// The finalizer the host keeps on every WasmReconciler, so that deleting one first releases
-/// the finalizers it holds on primaries ([`crate::controller::release`]).
+/// the finalizers it holds on primaries ([`crate::manager::release`]).
 pub const RECONCILER_FINALIZER: &str = "host.wasmop.dev/release-primaries";
 
 /// The longest name part of a qualified name (`prefix/name`), which finalizers must be.

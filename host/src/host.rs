@@ -297,6 +297,7 @@ impl Host {
                 .map(|c| crate::sharding::Shards::new(&c.member.identity, c.server_side)),
             reconcile_limit,
             rate_limit,
+            slots: admission::slots().clone(),
         });
         let (stop, stop_rx) = watch::channel(false);
         // `/readyz` is false while the API server does not answer (see `api_health`).
@@ -347,6 +348,7 @@ impl Host {
                 configs,
                 limits: w.limits,
                 max_reviews: w.max_reviews,
+                slots: ctx.slots.clone(),
             };
             let serve = admission::serve(bound, setup, leading_rx, stopped(&stop_rx)).await?;
             tracing::info!(%addr, "serving the admission webhook (HTTPS)");

@@ -11,10 +11,11 @@
 //! - [`grant`]: what a reconciler is allowed (kinds, counts of intents, scopes).
 //! - [`modules`]: where a module comes from ([`modules::source`]), the swappable active module
 //!   ([`modules::slot`]) and the host's copy of it ([`modules::copy`]).
-//! - [`manager`]: one supervised controller per WasmReconciler, module loading and hot swap.
+//! - [`manager`]: one supervised controller per WasmReconciler, module loading and hot swap,
+//!   its status and conditions, the release of its finalizers, and the rules that keep one
+//!   reconciler per primary.
 //! - [`controller`]: the reconcile loop of one WasmReconciler: its watches, the checks of a
-//!   module's intents, the writes under the module's identity, conditions, and the rules that keep
-//!   one reconciler per primary.
+//!   module's intents, the writes under the module's identity.
 //! - [`admission`]: the validating admission webhook, its configuration and TLS.
 //! - [`operations`]: leader election, metrics, probes and readiness, and the servers' limits.
 //! - [`sharding`]: replicas sharing every WasmReconciler's primaries (membership Leases, the
@@ -23,6 +24,7 @@
 //! - [`discovery`]: resolving kinds to API resources.
 //! - [`cli`]: the `wasmop` command.
 //! - [`text`]: the text helpers every layer shares (inert outside text, cut, short digests, YAML).
+//! - [`reasons`]: every condition type and reason the host writes.
 
 pub mod admission;
 pub mod cli;
@@ -34,6 +36,7 @@ pub mod host;
 pub mod manager;
 pub mod modules;
 pub mod operations;
+pub mod reasons;
 pub mod sharding;
 pub mod text;
 

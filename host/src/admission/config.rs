@@ -21,9 +21,8 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 
-use crate::crd::WasmReconciler;
+use crate::crd::{FIELD_MANAGER, WasmReconciler};
 use crate::discovery::{Discovery, Resolved};
-use crate::manager::HOST_MANAGER;
 
 /// Where the API server reaches the webhook.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -206,7 +205,7 @@ impl WebhookConfigs {
         self.api
             .patch(
                 &name,
-                &PatchParams::apply(HOST_MANAGER).force(),
+                &PatchParams::apply(FIELD_MANAGER).force(),
                 &Patch::Apply(&vwc),
             )
             .await

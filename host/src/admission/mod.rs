@@ -4,7 +4,7 @@
 //! ([`crate::admission::config`]).
 //!
 //! Which module answers: the module serving the reconciler in this process (published by the
-//! manager through [`slots`], so a hot swap applies to admission at once); on a replica that does
+//! manager through [`Slots`], so a hot swap applies to admission at once); on a replica that does
 //! not run reconcilers (a follower), the module named by the WasmReconciler's
 //! `status.activeModule.sha256`, read from its ConfigMap, or, when that holds another module (a
 //! refused push, a rolled-back one), from the leader's copy of the active module
@@ -84,13 +84,15 @@ pub const REVIEW_QUEUE_WAIT: Duration = Duration::from_secs(1);
 /// The admission server's defaults: reviews read, parsed and judged at once.
 pub const MAX_REVIEWS: usize = 16;
 
-/// The modules serving reconcilers in this process, by WasmReconciler name.
-#[derive(Debug, Default)]
+/// The modules serving reconcilers in this process, by WasmReconciler name: the manager
+/// publishes, the webhook reads. Clones share one map.
+#[derive(Debug, Default, Clone)]
 pub struct Slots {
-    map: Mutex<HashMap<String, ModuleSlot>>,
+    map: Arc<Mutex<HashMap<String, ModuleSlot>>>,
 }
 
-/// The process's serving modules.
+/// The process's serving modules: the [`Slots`] a [`crate::host::Host`] hands its manager and
+/// webhook (and tests read).
 pub fn slots() -> &'static Slots {
     static SLOTS: OnceLock<Slots> = OnceLock::new();
     SLOTS.get_or_init(Slots::default)
@@ -160,6 +162,8 @@ struct Webhook {
     client: Client,
     engine: Engine,
     reconcilers: Store<WasmReconciler>,
+    /// The modules serving reconcilers in this process.
+    slots: Slots,
     /// Modules loaded from ConfigMaps (followers): name -> (sha, module).
     loaded: Mutex<HashMap<String, (String, Module)>>,
 }
@@ -185,7 +189,7 @@ impl Webhook {
     /// The module judging `wr`'s reviews.
     async fn module(&self, wr: &WasmReconciler) -> Result<Module, ModuleUnavailable> {
         let name = wr.name_any();
-        if let Some(m) = slots().module(&name) {
+        if let Some(m) = self.slots.module(&name) {
             return Ok(m);
         }
         let active = wr
@@ -401,6 +405,8 @@ pub struct Setup {
     pub limits: ServerLimits,
     /// Reviews read, parsed and judged at once (at least 1).
     pub max_reviews: usize,
+    /// The modules serving reconcilers in this process (the manager's).
+    pub slots: Slots,
 }
 
 impl std::fmt::Debug for Setup {
@@ -460,6 +466,7 @@ pub async fn serve(
         configs,
         limits,
         max_reviews,
+        slots,
     } = setup;
     let acceptor = tokio_rustls::TlsAcceptor::from(cert.server_config()?);
     let api: Api<WasmReconciler> = Api::all(client.clone());
@@ -473,6 +480,7 @@ pub async fn serve(
         client,
         engine,
         reconcilers: reader.clone(),
+        slots,
         loaded: Mutex::default(),
     });
     readiness::global().pending("admission");

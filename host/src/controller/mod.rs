@@ -40,11 +40,12 @@
 //!
 //! Its parts: [`watches`] (the caches and what they report), [`cache`] (the compact caches of
 //! owned and related kinds, and indexes), [`compact`] (a primary as its store holds it),
-//! [`access`] (what the module's identity may read), [`intents`] (the checks of a
+//! [`crate::manager::access`] (what the module's identity may read), [`intents`] (the checks of a
 //! response), [`apply`] (the writes), [`noop`] (writes that would change nothing),
 //! [`predicate`] (which primary changes call for a reconcile), [`resync`] (jittered resyncs),
 //! [`priority`] (reactive work before timed work), [`limit`] (the host-wide bound),
-//! [`conditions`], [`conflict`] and [`release`] (one reconciler per primary, and letting go).
+//! [`crate::manager::status`], [`crate::manager::conflict`] and [`crate::manager::release`] (one
+//! reconciler per primary, and letting go).
 //!
 //! # Scale
 //! What one reconcile costs depends on its own primary, not on the cluster: children are found
@@ -66,19 +67,15 @@
 //! costs its future (its size is logged once at debug, "the future of a reconcile") plus
 //! kube-runtime's request and span.
 
-pub mod access;
 pub mod apply;
 pub mod cache;
 pub mod compact;
-pub mod conditions;
-pub mod conflict;
 pub mod intents;
 pub mod limit;
 pub mod noop;
 pub mod predicate;
 pub mod priority;
 pub mod record;
-pub mod release;
 pub mod resync;
 pub mod scope;
 pub mod watches;

@@ -24,12 +24,10 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::{Client, ResourceExt};
 
-use crate::crd::ConfigMapKey;
+use crate::crd::{ConfigMapKey, FIELD_MANAGER};
 use crate::engine::sha256_hex;
 use crate::modules::source::{self, ModuleBytes, SourceError};
 
-/// The field manager of the copies.
-const MANAGER: &str = "wasmop";
 /// The annotation holding the copy's digest.
 const SHA_ANNOTATION: &str = "wasmop.dev/sha256";
 /// The most module bytes a copy stores (what a ConfigMap holds, with room for its metadata).
@@ -159,7 +157,7 @@ pub async fn save(
         .insert("app.kubernetes.io/managed-by".into(), "wasmop".into());
     api.patch(
         &at.name,
-        &PatchParams::apply(MANAGER).force(),
+        &PatchParams::apply(FIELD_MANAGER).force(),
         &Patch::Apply(&cm),
     )
     .await

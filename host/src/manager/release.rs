@@ -5,8 +5,11 @@
 //! ever remove it, and the primary (and its namespace) could never be deleted. So the host
 //! removes it, with an Event on the primary saying why, when:
 //! - the WasmReconciler is deleted (every primary; see [`crate::manager`] for how finalize gets
-//!   a chance to run first);
-//! - its `spec.namespaces` no longer includes the primary's namespace.
+//!   a chance to run first): `release_deleted`;
+//! - its `spec.namespaces` no longer includes the primary's namespace: `outside_namespaces`.
+//!
+//! The WasmReconciler itself carries [`RECONCILER_FINALIZER`] (`ensure_finalizer`) so that
+//! its deletion waits for the release; that finalizer goes last.
 //!
 //! # Guarantees
 //! - Only this reconciler's finalizer is removed, with the primary's resourceVersion as a
@@ -20,15 +23,23 @@
 //! [`ReleaseError`] when the primaries cannot be listed; per-primary failures are counted in
 //! [`Released`].
 
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::future::BoxFuture;
 use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams};
 use kube::runtime::events::{Event as KubeEvent, EventType as KubeEventType, Recorder};
-use kube::{Client, ResourceExt};
+use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
 
+use super::status::{Subject, truncate};
+use super::{HostContext, RELEASE_GRACE, conflict};
 use crate::contract::{Gvk, ObjectRef};
 use crate::controller::apply::object_reference;
-use crate::crd::{FINALIZER, finalizer_for};
+use crate::crd::{FINALIZER, RECONCILER_FINALIZER, WasmReconciler, finalizer_for};
 use crate::discovery::Resolved;
+use crate::modules::copy;
+use crate::reasons;
 
 /// How often a conflicting finalizer write is retried.
 const ATTEMPTS: usize = 5;
@@ -221,7 +232,7 @@ impl Releaser {
         };
         let event = KubeEvent {
             type_: KubeEventType::Warning,
-            reason: "FinalizerReleased".into(),
+            reason: reasons::FINALIZER_RELEASED.into(),
             note: Some(
                 note.chars()
                     .take(crate::controller::intents::MAX_EVENT_NOTE)
@@ -236,6 +247,200 @@ impl Releaser {
             .await
         {
             tracing::warn!(error = %e, "cannot record a FinalizerReleased Event");
+        }
+    }
+}
+
+/// Adds [`RECONCILER_FINALIZER`] to `wr` if it lacks it. A failure is logged; the next event
+/// of the WasmReconciler tries again.
+pub(super) async fn ensure_finalizer(ctx: &HostContext, wr: &WasmReconciler) {
+    if wr.finalizers().iter().any(|f| f == RECONCILER_FINALIZER) {
+        return;
+    }
+    let mut finalizers = wr.finalizers().to_vec();
+    finalizers.push(RECONCILER_FINALIZER.to_string());
+    let patch =
+        json!({"metadata": {"finalizers": finalizers, "resourceVersion": wr.resource_version()}});
+    let api: Api<WasmReconciler> = Api::all(ctx.client.clone());
+    if let Err(e) = api
+        .patch(
+            &wr.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await
+    {
+        tracing::warn!(reconciler = %wr.name_any(), error = %e, "cannot add the WasmReconciler's finalizer (the host needs patch on wasmreconcilers)");
+    }
+}
+
+/// The client impersonating `wr`'s ServiceAccount.
+fn module_client(ctx: &HostContext, wr: &WasmReconciler) -> Result<Client, kube::Error> {
+    let mut config = ctx.config.clone();
+    config.auth_info.impersonate = Some(wr.spec.service_account.username());
+    crate::operations::ratelimit::client(config, ctx.rate_limit.as_ref())
+}
+
+/// The releaser of `wr`'s finalizers, or None when its primary kind is not served (there is
+/// then nothing to release).
+pub(super) async fn releaser(
+    ctx: &HostContext,
+    wr: &WasmReconciler,
+) -> Result<Option<Releaser>, String> {
+    let kind = wr.spec.primary.gvk();
+    let Ok(resolved) = ctx.discovery.resolve(&kind).await else {
+        return Ok(None);
+    };
+    let module = module_client(ctx, wr).map_err(|e| e.to_string())?;
+    Ok(Some(Releaser {
+        reconciler: wr.name_any(),
+        primary: (kind, resolved),
+        host: ctx.client.clone(),
+        module,
+        events: ctx.host_events(),
+    }))
+}
+
+/// Releases everything deleted WasmReconciler `wr` holds, then lets it go; retried until done.
+pub(super) async fn release_deleted(
+    ctx: Arc<HostContext>,
+    wr: WasmReconciler,
+    mut stop: Option<BoxFuture<'static, ()>>,
+) {
+    let mut delay = Duration::from_secs(1);
+    loop {
+        match release_deleted_once(&ctx, &wr, &mut stop).await {
+            Ok(()) => return,
+            Err(message) => {
+                tracing::warn!(reconciler = %wr.name_any(), error = %message, "cannot release the deleted WasmReconciler yet; retrying");
+                let event = KubeEvent {
+                    type_: KubeEventType::Warning,
+                    reason: reasons::RELEASE_FAILED.into(),
+                    note: Some(truncate(&format!(
+                        "{message} (retrying; grant the ServiceAccount update on the primaries' finalizers, or remove the finalizers by hand)"
+                    ))),
+                    action: "Release".into(),
+                    secondary: None,
+                };
+                let _ = ctx.host_events().publish(&event, &wr.object_ref(&())).await;
+            }
+        }
+        tokio::time::sleep(delay).await;
+        delay = (delay * 2).min(Duration::from_secs(60));
+    }
+}
+
+async fn release_deleted_once(
+    ctx: &HostContext,
+    wr: &WasmReconciler,
+    stop: &mut Option<BoxFuture<'static, ()>>,
+) -> Result<(), String> {
+    let api: Api<WasmReconciler> = Api::all(ctx.client.clone());
+    let all = api
+        .list(&Default::default())
+        .await
+        .map_err(|e| format!("cannot list WasmReconcilers: {e}"))?;
+    // The legacy shared finalizer is this reconciler's only if it did not lose a conflict.
+    let legacy = conflict::winner_over(wr, &all.items).is_none();
+    let releaser = releaser(ctx, wr).await?;
+    if let Some(stop) = stop.take() {
+        // Let the running controller finalize primaries already being deleted, bounded.
+        let until = tokio::time::Instant::now() + RELEASE_GRACE;
+        if let Some(r) = &releaser {
+            while tokio::time::Instant::now() < until
+                && r.deletions_pending(legacy).await.unwrap_or(false)
+            {
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+        }
+        stop.await;
+    }
+    if let Some(r) = &releaser {
+        let out = r
+            .release(&Which::All, legacy, "was deleted")
+            .await
+            .map_err(|e| e.to_string())?;
+        if !out.failed.is_empty() {
+            return Err(format!(
+                "cannot remove the finalizer from {} primaries: {}",
+                out.failed.len(),
+                out.failed.join("; ")
+            ));
+        }
+        if out.released > 0 {
+            tracing::info!(reconciler = %wr.name_any(), released = out.released, "released primaries");
+        }
+    }
+    if let Some(copy) = wr.status.as_ref().and_then(|s| s.module_copy.as_ref())
+        && let Err(e) = copy::delete(&ctx.client, copy).await
+    {
+        tracing::warn!(reconciler = %wr.name_any(), error = %e, "cannot delete the module copy");
+    }
+    // Drop our finalizer from the current object (others may have changed it meanwhile).
+    for _ in 0..5 {
+        let Some(current) = api
+            .get_opt(&wr.name_any())
+            .await
+            .map_err(|e| e.to_string())?
+        else {
+            return Ok(());
+        };
+        let keep: Vec<String> = current
+            .finalizers()
+            .iter()
+            .filter(|f| *f != RECONCILER_FINALIZER)
+            .cloned()
+            .collect();
+        let patch = json!({"metadata": {"finalizers": keep, "resourceVersion": current.resource_version()}});
+        match api
+            .patch(
+                &wr.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
+            .await
+        {
+            Ok(_) => return Ok(()),
+            Err(kube::Error::Api(s)) if s.code == 409 || s.code == 404 => continue,
+            Err(e) => return Err(format!("cannot remove the WasmReconciler's finalizer: {e}")),
+        }
+    }
+    Err("the WasmReconciler kept changing while its finalizer was removed".into())
+}
+
+/// Releases the primaries outside `spec.namespaces`; failures are logged and Events record
+/// each release. True once every one is released (the supervisor then does not try again).
+pub(super) async fn outside_namespaces(s: &Subject) -> bool {
+    if s.wr.spec.namespaces.is_empty() {
+        return false;
+    }
+    let releaser = match releaser(&s.ctx, &s.wr).await {
+        Ok(Some(r)) => r,
+        Ok(None) => return false,
+        Err(e) => {
+            tracing::warn!(reconciler = %s.name(), error = %e, "cannot release primaries outside spec.namespaces");
+            return false;
+        }
+    };
+    let which = Which::OutsideOf(s.wr.spec.namespaces.clone());
+    let why = format!(
+        "no longer serves this namespace (spec.namespaces: {})",
+        s.wr.spec.namespaces.join(", ")
+    );
+    match releaser.release(&which, true, &why).await {
+        Ok(out) if out.failed.is_empty() => true,
+        Ok(out) => {
+            let message = format!(
+                "cannot remove the finalizer from primaries outside spec.namespaces: {}",
+                out.failed.join("; ")
+            );
+            s.event_on_wr(KubeEventType::Warning, reasons::RELEASE_FAILED, &message)
+                .await;
+            false
+        }
+        Err(e) => {
+            tracing::warn!(reconciler = %s.name(), error = %e, "cannot release primaries outside spec.namespaces");
+            false
         }
     }
 }

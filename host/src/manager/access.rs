@@ -6,7 +6,7 @@
 //! Secrets. So before a reconciler starts, the host asks the API server (SubjectAccessReviews,
 //! `authorization.k8s.io/v1`) whether the module's ServiceAccount itself may `list` and `watch`
 //! every owned and related kind in the reconciler's scope, and refuses the WasmReconciler
-//! otherwise.
+//! otherwise (reason [`crate::reasons::READ_NOT_ALLOWED`]).
 //!
 //! # Guarantees
 //! - A reconciler only starts when its ServiceAccount may list and watch each owned and related
@@ -30,9 +30,6 @@ use kube::api::{Api, PostParams};
 use crate::contract::Gvk;
 use crate::crd::ServiceAccountRef;
 use crate::discovery::Resolved;
-
-/// The condition reason of a WasmReconciler refused by this check.
-pub const READ_NOT_ALLOWED: &str = "ReadNotAllowed";
 
 /// The verbs a watch needs.
 pub const READ_VERBS: [&str; 2] = ["list", "watch"];

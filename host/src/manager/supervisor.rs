@@ -1,0 +1,443 @@
+//! One reconciler's supervisor: sets the reconciler up (kinds, read access, module, settings),
+//! starts its controller, and serves: swaps modules as their source changes and reports the
+//! controller's health in the WasmReconciler's status.
+//!
+//! # Guarantees
+//! - A set-up that fails is reported (`Ready=False` with the reason, a Warning Event) and
+//!   retried with backoff (1 s doubling to 60 s); a new module reference retries at once.
+//! - A reconciler that loses a conflict ([`super::conflict`]) or whose ServiceAccount may not
+//!   read its kinds ([`super::access`]) never starts its controller.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{Api, DynamicObject};
+use kube::runtime::events::{EventType as KubeEventType, Recorder, Reporter};
+use kube::runtime::{WatchStreamExt, watcher};
+use serde_json::json;
+use tokio::sync::oneshot;
+
+use super::status::{SetupError, Subject};
+use super::swap::{self, Candidate, Kept, Serving, SwapState};
+use super::{HostContext, UpdatesRx, access, conflict, release};
+use crate::contract::Gvk;
+use crate::controller::{self, Clients, Health, Running, Settings};
+use crate::crd::{MAX_RESYNC, WasmReconciler, parse_bounded_duration};
+use crate::discovery::Resolved;
+use crate::modules::slot::{Active, ModuleSlot};
+use crate::operations::readiness;
+use crate::reasons;
+
+/// Supervises one WasmReconciler.
+pub(super) struct Supervisor {
+    s: Subject,
+    /// The modules activated last, for the host's copy.
+    kept: Kept,
+    /// Whether the primaries outside `spec.namespaces` were released.
+    narrowed: bool,
+}
+
+/// The owned and related kinds of a reconciler, resolved.
+struct Kinds {
+    owned: Vec<(Gvk, Resolved)>,
+    related: Vec<(Gvk, Resolved, Option<String>)>,
+}
+
+impl Supervisor {
+    pub fn new(ctx: Arc<HostContext>, wr: WasmReconciler) -> Self {
+        Supervisor {
+            s: Subject::new(ctx, wr),
+            kept: Kept::default(),
+            narrowed: false,
+        }
+    }
+
+    pub fn name(&self) -> String {
+        self.s.name()
+    }
+
+    /// Reports a panic of this supervisor (see [`Subject::panicked`]).
+    pub async fn panicked(&mut self, message: &str) {
+        self.s.panicked(message).await;
+    }
+
+    pub async fn run(&mut self, mut stop: oneshot::Receiver<()>, mut updates: UpdatesRx) {
+        let mut delay = Duration::from_secs(1);
+        loop {
+            // A newer module reference replaces the one that could not be set up.
+            while let Ok(wr) = updates.try_recv() {
+                self.s.wr = wr;
+            }
+            let ready = match self.refuse_if_conflicting().await {
+                Ok(()) => {
+                    if !self.narrowed {
+                        self.narrowed = release::outside_namespaces(&self.s).await;
+                    }
+                    self.setup().await
+                }
+                Err(e) => Err(e),
+            };
+            match ready {
+                Ok((settings, candidate, resolved)) => {
+                    self.serve(settings, candidate, resolved, &mut stop, &mut updates)
+                        .await;
+                    return;
+                }
+                Err(e) => self.not_started(&e).await,
+            }
+            tokio::select! {
+                _ = &mut stop => return,
+                _ = tokio::time::sleep(delay) => {}
+                Some(wr) = updates.next() => {
+                    self.s.wr = wr;
+                    delay = Duration::from_secs(1);
+                    continue;
+                }
+            }
+            delay = (delay * 2).min(Duration::from_secs(60));
+        }
+    }
+
+    /// Reports a set-up that failed: `Ready=False`, and `ModuleLoaded=False` when the module
+    /// itself could not be read or loaded.
+    async fn not_started(&mut self, e: &SetupError) {
+        // Reported in its status; it does not hold the process's readiness back.
+        readiness::global().ready(&controller::readiness_component(&self.name()));
+        tracing::warn!(reconciler = %self.name(), reason = e.reason, error = %e.message, "cannot start; retrying");
+        let loaded = !matches!(
+            e.reason,
+            reasons::MODULE_UNAVAILABLE
+                | reasons::MODULE_INVALID
+                | reasons::DIGEST_MISMATCH
+                | reasons::MODULE_MISMATCH
+                | reasons::MODULE_NOT_FOUND
+                | reasons::REGISTRY_UNREACHABLE
+                | reasons::REGISTRY_UNAUTHORIZED
+                | reasons::REGISTRY_CREDENTIALS_INVALID
+                | reasons::REGISTRY_ERROR
+                | reasons::SIGNATURE_INVALID
+                | reasons::SIGNATURE_KEY_INVALID
+                | reasons::SIGNATURE_REQUIRED
+        );
+        self.s
+            .condition(reasons::READY, false, e.reason, &e.message);
+        if !loaded {
+            self.s
+                .condition(reasons::MODULE_LOADED, false, e.reason, &e.message);
+        }
+        self.s.write_status().await;
+        self.s
+            .event_on_wr(KubeEventType::Warning, e.reason, &e.message)
+            .await;
+    }
+
+    /// Refuses this reconciler (reason `Conflict`) when an earlier one claims the same primaries.
+    async fn refuse_if_conflicting(&self) -> Result<(), SetupError> {
+        let api: Api<WasmReconciler> = Api::all(self.s.ctx.client.clone());
+        let all = api
+            .list(&Default::default())
+            .await
+            .map_err(|e| SetupError {
+                reason: reasons::CONFLICT_CHECK_FAILED,
+                message: format!(
+                    "cannot list WasmReconcilers to rule out a conflict: {e} (the host needs list on wasmreconcilers)"
+                ),
+            })?;
+        match conflict::winner_over(&self.s.wr, &all.items) {
+            Some(winner) => Err(SetupError {
+                reason: reasons::CONFLICT,
+                message: conflict::message(&self.s.wr, winner),
+            }),
+            None => Ok(()),
+        }
+    }
+
+    async fn setup(&mut self) -> Result<(Settings, Candidate, (Gvk, Resolved)), SetupError> {
+        let spec = &self.s.wr.spec;
+        let discovery = &self.s.ctx.discovery;
+        discovery.forget();
+        let primary = spec.primary.gvk();
+        let primary_resolved = discovery.resolve(&primary).await.map_err(not_served)?;
+        if !primary_resolved.namespaced && !spec.namespaces.is_empty() {
+            return Err(SetupError {
+                reason: reasons::INVALID_SPEC,
+                message: format!(
+                    "spec.namespaces limits namespaced primaries, but {} is cluster-scoped: remove spec.namespaces",
+                    primary.kind
+                ),
+            });
+        }
+        let kinds = self.resolve_kinds().await?;
+        self.check_reads(&kinds, primary_resolved.namespaced)
+            .await?;
+        let candidate = swap::candidate(&self.s, None).await?;
+        let settings = self.settings((primary.clone(), primary_resolved.clone()), kinds)?;
+        Ok((settings, candidate, (primary, primary_resolved)))
+    }
+
+    /// Resolves the owned and related kinds the spec names.
+    async fn resolve_kinds(&self) -> Result<Kinds, SetupError> {
+        let spec = &self.s.wr.spec;
+        let discovery = &self.s.ctx.discovery;
+        let mut owned = Vec::new();
+        for k in &spec.owns {
+            owned.push((
+                k.gvk(),
+                discovery.resolve(&k.gvk()).await.map_err(not_served)?,
+            ));
+        }
+        let mut related = Vec::new();
+        for r in &spec.related {
+            related.push((
+                r.gvk(),
+                discovery.resolve(&r.gvk()).await.map_err(not_served)?,
+                r.selector.clone(),
+            ));
+        }
+        Ok(Kinds { owned, related })
+    }
+
+    /// The module reads through the host's watches: its own identity must be allowed them.
+    async fn check_reads(&self, kinds: &Kinds, namespaced: bool) -> Result<(), SetupError> {
+        let spec = &self.s.wr.spec;
+        let related_kinds: Vec<(Gvk, Resolved)> = kinds
+            .related
+            .iter()
+            .map(|(k, r, _)| (k.clone(), r.clone()))
+            .collect();
+        let reads = access::reads(&kinds.owned, &related_kinds, &spec.namespaces, namespaced);
+        access::check_reads(&self.s.ctx.client, &spec.service_account, &reads)
+            .await
+            .map_err(|e| SetupError {
+                reason: match e {
+                    access::AccessError::NotAllowed { .. } => reasons::READ_NOT_ALLOWED,
+                    access::AccessError::Review { .. } => reasons::ACCESS_CHECK_FAILED,
+                },
+                message: e.to_string(),
+            })
+    }
+
+    /// The controller's settings from the spec.
+    fn settings(&self, primary: (Gvk, Resolved), kinds: Kinds) -> Result<Settings, SetupError> {
+        let spec = &self.s.wr.spec;
+        let ctx = &self.s.ctx;
+        let limits = swap::limits(&self.s.wr)?;
+        let resync =
+            match &spec.resync_period {
+                Some(p) => parse_bounded_duration("spec.resyncPeriod", p, MAX_RESYNC).map_err(
+                    |message| SetupError {
+                        reason: reasons::INVALID_SPEC,
+                        message,
+                    },
+                )?,
+                None => ctx.default_resync.min(MAX_RESYNC),
+            };
+        Ok(Settings {
+            name: self.name(),
+            primary,
+            owned: kinds.owned,
+            related: kinds.related,
+            namespaces: spec.namespaces.clone(),
+            limits,
+            concurrency: spec.limits.concurrency.max(1),
+            reconcile_limit: ctx.reconcile_limit.clone(),
+            resync: resync.max(Duration::from_secs(1)),
+            config: spec.config.clone().unwrap_or_else(|| json!({})).to_string(),
+            service_account: spec.service_account.username(),
+            recorder: ctx.failures.clone(),
+            shards: ctx.shards.clone(),
+        })
+    }
+
+    fn clients(&self) -> Result<Clients, SetupError> {
+        let ctx = &self.s.ctx;
+        let mut config = ctx.config.clone();
+        config.auth_info.impersonate = Some(self.s.wr.spec.service_account.username());
+        let module = crate::operations::ratelimit::client(config, ctx.rate_limit.as_ref())
+            .map_err(|e| SetupError {
+                reason: reasons::CLIENT_ERROR,
+                message: e.to_string(),
+            })?;
+        Ok(Clients {
+            host: ctx.client.clone(),
+            module: module.clone(),
+            discovery: ctx.discovery.clone(),
+            host_events: self.s.events.clone(),
+            module_events: Recorder::new(
+                module,
+                Reporter {
+                    controller: format!("wasmop/{}", self.name()),
+                    instance: Some(ctx.instance.clone()),
+                },
+            ),
+        })
+    }
+
+    async fn serve(
+        &mut self,
+        settings: Settings,
+        first: Candidate,
+        primary: (Gvk, Resolved),
+        stop: &mut oneshot::Receiver<()>,
+        updates: &mut UpdatesRx,
+    ) {
+        let clients = match self.clients() {
+            Ok(c) => c,
+            Err(e) => {
+                self.s
+                    .condition(reasons::READY, false, e.reason, &e.message);
+                self.s.write_status().await;
+                return;
+            }
+        };
+        let (changed_tx, changed_rx) = futures::channel::mpsc::unbounded::<()>();
+        let health = Arc::new(Health::default());
+        let (slot, running) = self.serve_first(first, &settings, clients, &health, changed_rx);
+        self.started(&slot).await;
+        let primaries = self.primaries(&settings, &primary.1);
+        let serving = Serving {
+            slot: &slot,
+            settings: &settings,
+            primaries: &primaries,
+            changed: &changed_tx,
+        };
+        self.serve_loop(&serving, &health, stop, updates).await;
+        running.stop().await;
+    }
+
+    /// Puts the first module in its slot (published for admission) and starts the controller.
+    fn serve_first(
+        &mut self,
+        first: Candidate,
+        settings: &Settings,
+        clients: Clients,
+        health: &Arc<Health>,
+        changed: futures::channel::mpsc::UnboundedReceiver<()>,
+    ) -> (ModuleSlot, Running) {
+        let slot = ModuleSlot::new(Active::new(
+            first.module.clone(),
+            first.fit.clone(),
+            first.bytes.resource_version.clone(),
+        ));
+        self.kept
+            .keep(first.module.sha256(), first.bytes.bytes, &first.origin);
+        if !first.from_copy {
+            // The ConfigMap holds another module than the one rolled back.
+            self.s.status.rejected_sha256 = None;
+        }
+        self.s.ctx.slots.publish(&self.name(), slot.clone());
+        let running: Running = controller::start(
+            settings.clone(),
+            slot.clone(),
+            clients,
+            health.clone(),
+            changed,
+        );
+        (slot, running)
+    }
+
+    /// Records the first module as active, with a `Started` Event.
+    async fn started(&mut self, slot: &ModuleSlot) {
+        let active = slot.active();
+        let m = &active.module;
+        let message = format!(
+            "serving module {} {} ({})",
+            m.metadata().name,
+            m.metadata().version,
+            swap::short(m.sha256())
+        );
+        swap::activated(
+            &mut self.s,
+            &mut self.kept,
+            slot,
+            KubeEventType::Normal,
+            reasons::STARTED,
+            message,
+        )
+        .await;
+    }
+
+    /// The primaries the self-check samples, in the reconciler's own scope: its first namespace
+    /// when it is namespaced to some, the whole cluster otherwise.
+    fn primaries(&self, settings: &Settings, primary: &Resolved) -> Api<DynamicObject> {
+        let client = self.s.ctx.client.clone();
+        match settings.namespaces.first() {
+            Some(ns) if primary.namespaced => Api::namespaced_with(client, ns, &primary.resource),
+            _ => Api::all_with(client, &primary.resource),
+        }
+    }
+
+    /// The module's ConfigMap watch; an OCI reference changes with the spec (`updates`) instead.
+    fn module_events(
+        &self,
+    ) -> futures::stream::BoxStream<'static, Result<watcher::Event<ConfigMap>, watcher::Error>>
+    {
+        match self.s.wr.spec.module.config_map.clone() {
+            Some(source) => {
+                let cms: Api<ConfigMap> =
+                    Api::namespaced(self.s.ctx.client.clone(), &source.namespace);
+                watcher(
+                    cms,
+                    watcher::Config::default().fields(&format!("metadata.name={}", source.name)),
+                )
+                .default_backoff()
+                .boxed()
+            }
+            None => futures::stream::pending().boxed(),
+        }
+    }
+
+    /// Serves until `stop`: offers each new module, retries deferred swaps, watches rollouts,
+    /// and reports the controller's health.
+    async fn serve_loop(
+        &mut self,
+        serving: &Serving<'_>,
+        health: &Health,
+        stop: &mut oneshot::Receiver<()>,
+        updates: &mut UpdatesRx,
+    ) {
+        let mut cm_events = self.module_events();
+        let mut state = SwapState::default();
+        let mut tick = tokio::time::interval(Duration::from_millis(100));
+        let (s, kept) = (&mut self.s, &mut self.kept);
+        loop {
+            tokio::select! {
+                _ = &mut *stop => break,
+                _ = health.changed.notified() => s.degraded(health).await,
+                event = cm_events.next() => {
+                    let cm = match event {
+                        Some(Ok(watcher::Event::Apply(cm) | watcher::Event::InitApply(cm))) => cm,
+                        _ => continue,
+                    };
+                    // A newer ConfigMap replaces a deferred one.
+                    state.deferred = None;
+                    swap::offer(s, kept, Some(cm), 0, serving, &mut state).await;
+                }
+                Some(wr) = updates.next() => {
+                    // A new OCI reference replaces a deferred one.
+                    s.wr = wr;
+                    state.deferred = None;
+                    state.refused_version = None;
+                    swap::offer(s, kept, None, 0, serving, &mut state).await;
+                    // Records the generation seen even when the module is unchanged.
+                    s.write_status().await;
+                }
+                _ = tick.tick() => {
+                    if let Some(d) = state.deferred.take_if(|d| d.at <= tokio::time::Instant::now()) {
+                        swap::offer(s, kept, d.cm, d.attempts, serving, &mut state).await;
+                    }
+                    swap::watch_rollout(s, kept, serving, &mut state).await;
+                }
+            }
+        }
+    }
+}
+
+fn not_served(e: crate::discovery::DiscoveryError) -> SetupError {
+    SetupError {
+        reason: reasons::KIND_NOT_SERVED,
+        message: e.to_string(),
+    }
+}

@@ -1,0 +1,914 @@
+//! Hot swap and rollback: reading and checking a module, the pre-swap self-check, the swap
+//! itself, and watching a new module's first reconciles to roll it back.
+//!
+//! A module is read from its source ([`read_module`]), checked and compiled into a
+//! [`Candidate`] ([`candidate`]), dry-run over a few primaries ([`self_check`]), then activated
+//! in the reconciler's [`ModuleSlot`]; [`watch_rollout`] rolls it back when too many of its
+//! first reconciles fail.
+//!
+//! # Guarantees
+//! - Only a module's own failures (a failed call, invalid intents, a bad pin, metadata that do
+//!   not fit) refuse it; a failure of the cluster or of the host defers the swap, retried with
+//!   backoff ([`deferral_backoff`]); a registry outage is retried too.
+//! - A refused or rolled-back module is not offered again until its source changes; the
+//!   previous module keeps serving meanwhile.
+//! - The host keeps a copy of the active module ([`crate::modules::copy`]) so that a rollback
+//!   survives restarts.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{Api, DynamicObject};
+use kube::runtime::events::{Event as KubeEvent, EventType as KubeEventType};
+use kube::{Resource, ResourceExt};
+
+use super::status::{SetupError, Subject, truncate};
+use crate::contract::Gvk;
+use crate::contract::{Context, KindObjects, ReconcileRequest, Trigger};
+use crate::controller::Settings;
+use crate::controller::intents::{self, Primary, Rejected};
+use crate::crd::{
+    ActiveModule, MAX_DEADLINE, SourceKind, WasmReconciler, parse_bounded_duration, parse_quantity,
+};
+use crate::engine::{CallError, Compiled, Limits, Module, sha256_hex};
+use crate::modules::copy;
+use crate::modules::oci;
+use crate::modules::slot::{Active, Fit, ModuleSlot};
+use crate::modules::source::{self, ModuleBytes};
+use crate::operations::metrics;
+use crate::reasons;
+
+/// A module read and checked, not yet in service.
+pub(super) struct Candidate {
+    pub(super) module: Module,
+    pub(super) fit: Fit,
+    pub(super) bytes: ModuleBytes,
+    /// Read from the host's copy because the ConfigMap holds a rolled-back module.
+    pub(super) from_copy: bool,
+    /// Where it came from: `configMap <ns>/<name>` or `oci <repository>@<digest>`.
+    pub(super) origin: String,
+}
+
+/// Why a new module was not swapped in.
+#[derive(Debug)]
+pub(super) enum SwapError {
+    /// The module itself is at fault: refused until the ConfigMap changes.
+    Refused(SetupError),
+    /// The cluster or the host is at fault: retried with backoff.
+    Deferred(String),
+    /// The module cannot be read now (registry unreachable, credentials refused): reported,
+    /// and retried with backoff.
+    Unavailable(SetupError),
+}
+
+impl From<SetupError> for SwapError {
+    fn from(e: SetupError) -> Self {
+        if e.reason == reasons::HOST_BUSY {
+            SwapError::Deferred(e.message)
+        } else {
+            SwapError::Refused(e)
+        }
+    }
+}
+
+/// What went wrong in the pre-swap self-check.
+#[derive(Debug)]
+enum CheckFailure {
+    /// Listing the primaries failed.
+    Cluster(kube::Error),
+    /// The module call task did not complete.
+    Interrupted(String),
+    /// The module call on primary `on` failed.
+    Call {
+        /// The primary.
+        on: String,
+        /// The failure.
+        error: CallError,
+    },
+    /// The module's intents for primary `on` are invalid.
+    Intents {
+        /// The primary.
+        on: String,
+        /// What is wrong.
+        rejected: Rejected,
+    },
+}
+
+impl CheckFailure {
+    /// Whether the module is at fault (its version may be refused for good). A cluster error
+    /// (timeout, 5xx, 429, connection, even 403) or a host one (no sandbox free, an interrupted
+    /// task) says nothing about the module.
+    fn is_module_failure(&self) -> bool {
+        match self {
+            CheckFailure::Cluster(_) | CheckFailure::Interrupted(_) => false,
+            CheckFailure::Call { error, .. } => error.is_module_fault(),
+            CheckFailure::Intents { .. } => true,
+        }
+    }
+}
+
+impl std::fmt::Display for CheckFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CheckFailure::Cluster(e) => write!(f, "cannot list primaries for the self-check: {e}"),
+            CheckFailure::Interrupted(e) => write!(f, "the self-check was interrupted: {e}"),
+            CheckFailure::Call { on, error } => write!(f, "dry run on {on}: {error}"),
+            CheckFailure::Intents { on, rejected } => write!(f, "dry run on {on}: {rejected}"),
+        }
+    }
+}
+
+/// Whether a failure to read a module may pass without the spec changing (a registry outage,
+/// credentials being fixed).
+fn is_transient(reason: &str) -> bool {
+    matches!(
+        reason,
+        reasons::REGISTRY_UNREACHABLE
+            | reasons::REGISTRY_UNAUTHORIZED
+            | reasons::REGISTRY_CREDENTIALS_INVALID
+            | reasons::REGISTRY_ERROR
+            | reasons::MODULE_NOT_FOUND
+            | reasons::SIGNATURE_INVALID
+            | reasons::SIGNATURE_KEY_INVALID
+    )
+}
+
+/// The self-check's retry delay after `attempts` deferrals: 1 s doubling to 60 s.
+fn deferral_backoff(attempts: u32) -> Duration {
+    Duration::from_secs(1u64 << attempts.min(6)).min(Duration::from_secs(60))
+}
+
+/// A swap waiting for its retry.
+pub(super) struct Deferred {
+    /// The ConfigMap offered, or None for the OCI module the spec names.
+    pub(super) cm: Option<ConfigMap>,
+    pub(super) at: tokio::time::Instant,
+    pub(super) attempts: u32,
+}
+
+/// What the serve loop keeps between ConfigMap events.
+#[derive(Default)]
+pub(super) struct SwapState {
+    pub(super) refused_version: Option<String>,
+    /// (sha, ConfigMap version) of the module rolled back.
+    pub(super) rejected: Option<(String, String)>,
+    /// The sha of a newly swapped module under watch.
+    pub(super) watching: Option<String>,
+    pub(super) deferred: Option<Deferred>,
+}
+
+/// What swaps work with while a reconciler serves.
+pub(super) struct Serving<'a> {
+    pub(super) slot: &'a ModuleSlot,
+    pub(super) settings: &'a Settings,
+    pub(super) primaries: &'a Api<DynamicObject>,
+    pub(super) changed: &'a futures::channel::mpsc::UnboundedSender<()>,
+}
+
+/// The bytes and origins of the modules a reconciler activated last (the active and the
+/// previous one), by sha256, for the host's copy of the active module and
+/// `status.activeModule.origin`.
+#[derive(Default)]
+pub(super) struct Kept {
+    bytes: Vec<(String, Arc<Vec<u8>>)>,
+    origins: Vec<(String, String)>,
+}
+
+impl Kept {
+    /// Keeps `bytes` (module `sha`, from `origin`) for the copy; only the last two activated
+    /// are kept.
+    pub fn keep(&mut self, sha: &str, bytes: Vec<u8>, origin: &str) {
+        self.bytes.retain(|(s, _)| s != sha);
+        self.bytes.push((sha.to_string(), Arc::new(bytes)));
+        while self.bytes.len() > 2 {
+            self.bytes.remove(0);
+        }
+        self.origins.retain(|(s, _)| s != sha);
+        self.origins.push((sha.to_string(), origin.to_string()));
+        while self.origins.len() > 2 {
+            self.origins.remove(0);
+        }
+    }
+}
+
+pub(super) fn limits(wr: &WasmReconciler) -> Result<Limits, SetupError> {
+    let l = &wr.spec.limits;
+    let bad = |message: String| SetupError {
+        reason: reasons::INVALID_SPEC,
+        message,
+    };
+    Ok(Limits {
+        deadline: parse_bounded_duration("spec.limits.deadline", &l.deadline, MAX_DEADLINE)
+            .map_err(bad)?,
+        memory_bytes: parse_quantity(&l.memory)
+            .map_err(|e| bad(format!("spec.limits.memory: {e}")))?,
+        ..Limits::default()
+    })
+}
+
+/// Where the spec's module is, for messages: `ConfigMap <ns>/<name>` or `OCI artifact <ref>`.
+fn source_label(wr: &WasmReconciler) -> String {
+    let m = &wr.spec.module;
+    match (&m.config_map, &m.oci) {
+        (Some(c), _) => format!("ConfigMap {}/{}", c.namespace, c.name),
+        (None, Some(o)) => format!("OCI artifact {}", o.reference),
+        (None, None) => "spec.module".into(),
+    }
+}
+
+/// Reads the module the spec names: from the ConfigMap (`cm` if given, else from the
+/// cluster), or from the registry.
+pub(super) async fn read_module(
+    s: &Subject,
+    cm: Option<&ConfigMap>,
+) -> Result<(ModuleBytes, String), SetupError> {
+    let invalid = |message: String| SetupError {
+        reason: reasons::INVALID_SPEC,
+        message,
+    };
+    match s.wr.spec.module.kind().map_err(invalid)? {
+        SourceKind::ConfigMap(source) => {
+            if let Some(key) = &s.ctx.oci.required_key {
+                return Err(SetupError {
+                    reason: reasons::SIGNATURE_REQUIRED,
+                    message: format!(
+                        "the host requires modules signed by key {} ({}), and a module in ConfigMap {}/{} cannot carry a signature: push it to a registry with `wasmop push --oci REF --sign KEY` and name it in spec.module.oci",
+                        key.fingerprint, key.source, source.namespace, source.name
+                    ),
+                });
+            }
+            let bytes = match cm {
+                Some(cm) => source::from_config_map(cm, source),
+                None => source::fetch(&s.ctx.client, source).await,
+            }
+            .map_err(|e| SetupError {
+                reason: reasons::MODULE_UNAVAILABLE,
+                message: e.to_string(),
+            })?;
+            let origin = format!("configMap {}/{}", source.namespace, source.name);
+            Ok((bytes, origin))
+        }
+        SourceKind::Oci(spec) => {
+            let pulled = oci::fetch(&s.ctx.client, &s.ctx.oci, spec)
+                .await
+                .map_err(|e| SetupError {
+                    reason: e.reason(),
+                    message: e.to_string(),
+                })?;
+            let origin = pulled.origin;
+            let bytes = ModuleBytes {
+                bytes: pulled.bytes,
+                key: pulled.layer_digest,
+                resource_version: pulled.manifest_digest,
+            };
+            Ok((bytes, origin))
+        }
+    }
+}
+
+/// At setup, when the registry cannot serve the module the status records as active (same
+/// origin), the host's copy of it: an outage does not stop a module across host restarts.
+async fn active_from_copy(s: &Subject, e: &SetupError) -> Option<(ModuleBytes, String)> {
+    let spec = s.wr.spec.module.oci.as_ref()?;
+    if !matches!(
+        e.reason,
+        reasons::REGISTRY_UNREACHABLE | reasons::REGISTRY_ERROR
+    ) {
+        return None;
+    }
+    let origin = oci::pin(spec).ok()?.origin();
+    let active = s.status.active_module.as_ref()?;
+    if active.origin.as_deref() != Some(origin.as_str()) {
+        return None;
+    }
+    let copy = s.status.module_copy.as_ref()?;
+    let mut bytes = copy::load(&s.ctx.client, copy, &active.sha256).await.ok()?;
+    tracing::warn!(reconciler = %s.name(), error = %e.message, "the registry cannot serve the active module; loading the host's copy of it");
+    bytes.resource_version = oci::pin(spec).ok()?.digest;
+    Some((bytes, origin))
+}
+
+/// Reads the module (from `given` if already read, else from its source), checks and loads
+/// it.
+pub(super) async fn candidate(
+    s: &Subject,
+    given: Option<(ModuleBytes, String)>,
+) -> Result<Candidate, SetupError> {
+    let spec = &s.wr.spec;
+    let at_setup = given.is_none();
+    let (mut bytes, origin) = match given {
+        Some(read) => read,
+        None => match read_module(s, None).await {
+            Ok(read) => read,
+            Err(e) => active_from_copy(s, &e).await.ok_or(e)?,
+        },
+    };
+    let mut sha = sha256_hex(&bytes.bytes);
+    let mut from_copy = false;
+    if at_setup && s.status.rejected_sha256.as_deref() == Some(sha.as_str()) {
+        bytes = last_good(s, &sha).await?;
+        sha = sha256_hex(&bytes.bytes);
+        from_copy = true;
+    }
+    if let Some(pin) = &spec.module.sha256
+        && !pin.eq_ignore_ascii_case(&sha)
+    {
+        return Err(SetupError {
+            reason: reasons::DIGEST_MISMATCH,
+            message: format!(
+                "{} holds a module with sha256 {sha}, but spec.module.sha256 pins {pin}",
+                source_label(&s.wr)
+            ),
+        });
+    }
+    let limits = limits(&s.wr)?;
+    let engine = s.ctx.engine.clone();
+    // The bytes move into the compile task and back: the module is never held twice.
+    let raw = std::mem::take(&mut bytes.bytes);
+    let (loaded, raw) = tokio::task::spawn_blocking(move || {
+        let loaded = engine.load(&raw, &limits);
+        (loaded, raw)
+    })
+    .await
+    .map_err(|e| SetupError {
+        reason: reasons::MODULE_INVALID,
+        message: format!("loading was interrupted: {e}"),
+    })?;
+    bytes.bytes = raw;
+    let module = loaded.map_err(|e| SetupError {
+        reason: if e.is_module_fault() {
+            reasons::MODULE_INVALID
+        } else {
+            reasons::HOST_BUSY
+        },
+        message: format!("{} key {}: {e}", source_label(&s.wr), bytes.key),
+    })?;
+    let owned: Vec<Gvk> = spec.owns.iter().map(|k| k.gvk()).collect();
+    let related: Vec<Gvk> = spec.related.iter().map(|k| k.gvk()).collect();
+    let mut fit = Fit::compute(module.metadata(), &spec.primary.gvk(), &owned, &related).map_err(
+        |message| SetupError {
+            reason: reasons::MODULE_MISMATCH,
+            message,
+        },
+    )?;
+    // Related kinds are read-only unless granted writes; each response is capped.
+    let writable = spec.related.iter().filter(|r| r.write).map(|r| r.gvk());
+    fit.grant = fit.grant.with_spec(writable, spec.limits.counts());
+    Ok(Candidate {
+        module,
+        fit,
+        bytes,
+        from_copy,
+        origin,
+    })
+}
+
+/// The module that served before `rejected` was rolled back, from the host's copy.
+async fn last_good(s: &Subject, rejected: &str) -> Result<ModuleBytes, SetupError> {
+    let refuse = |why: String| SetupError {
+        reason: reasons::MODULE_REJECTED,
+        message: format!(
+            "the module ConfigMap holds sha256 {rejected}, which was rolled back (status.rejectedSha256), and {why}: push a fixed module"
+        ),
+    };
+    let status = &s.status;
+    let good = status
+        .active_module
+        .as_ref()
+        .map(|a| a.sha256.clone())
+        .filter(|g| !g.eq_ignore_ascii_case(rejected))
+        .ok_or_else(|| refuse("no other module is recorded as active".into()))?;
+    let copy = status
+        .module_copy
+        .as_ref()
+        .ok_or_else(|| refuse("no copy of the last good module is recorded".into()))?;
+    copy::load(&s.ctx.client, copy, &good)
+        .await
+        .map_err(|e| refuse(format!("the last good module cannot be read: {e}")))
+}
+
+/// Offers the module in `cm`, or the OCI module the spec names when `None` (after
+/// `attempts` deferred tries), for a swap.
+pub(super) async fn offer(
+    s: &mut Subject,
+    kept: &mut Kept,
+    cm: Option<ConfigMap>,
+    attempts: u32,
+    serving: &Serving<'_>,
+    state: &mut SwapState,
+) {
+    let version = match (&cm, &s.wr.spec.module.oci) {
+        (Some(cm), _) => cm.resource_version().unwrap_or_default(),
+        (None, Some(spec)) => match oci::pin(spec) {
+            Ok(pinned) => pinned.digest,
+            Err(e) => {
+                let e = SetupError {
+                    reason: e.reason(),
+                    message: e.to_string(),
+                };
+                refused(s, None, &e).await;
+                return;
+            }
+        },
+        (None, None) => return,
+    };
+    let active = serving.slot.active();
+    // An OCI reference is always checked again (its tag or signature may have changed, and
+    // an earlier refusal must be cleared): only a ConfigMap version seen is skipped.
+    if (cm.is_some() && version == active.source_version)
+        || state.refused_version.as_deref() == Some(&version)
+        || state.rejected.as_ref().is_some_and(|(_, v)| *v == version)
+    {
+        return;
+    }
+    match swap(s, kept, cm.as_ref(), serving).await {
+        Ok(Some(sha)) => {
+            state.refused_version = None;
+            state.rejected = None;
+            s.status.rejected_sha256 = None;
+            state.watching = (s.wr.spec.rollout.watch_reconciles > 0).then_some(sha);
+        }
+        Ok(None) if cm.is_none() => {
+            // The spec names the module already serving: clear an earlier refusal.
+            let message = format!("{} is the module serving", source_label(&s.wr));
+            s.condition(
+                reasons::MODULE_LOADED,
+                true,
+                reasons::MODULE_UNCHANGED,
+                &message,
+            );
+        }
+        Ok(None) => {}
+        Err(SwapError::Refused(e)) => {
+            state.refused_version = Some(version);
+            refused(s, cm.as_ref(), &e).await;
+        }
+        Err(SwapError::Unavailable(e)) => {
+            let delay = deferral_backoff(attempts);
+            let e = SetupError {
+                reason: e.reason,
+                message: format!("{}; retrying in {delay:?}", e.message),
+            };
+            refused(s, cm.as_ref(), &e).await;
+            state.deferred = Some(Deferred {
+                cm,
+                at: tokio::time::Instant::now() + delay,
+                attempts: attempts.saturating_add(1),
+            });
+        }
+        Err(SwapError::Deferred(why)) => {
+            let delay = deferral_backoff(attempts);
+            let message = format!(
+                "the self-check of the new module could not run: {why}; retrying in {delay:?} (the previous module keeps serving)"
+            );
+            tracing::warn!(reconciler = %s.name(), "{message}");
+            metrics::global().hotswap(&s.name(), "deferred");
+            s.event_on_wr(
+                KubeEventType::Warning,
+                reasons::SELF_CHECK_DEFERRED,
+                &message,
+            )
+            .await;
+            state.deferred = Some(Deferred {
+                cm,
+                at: tokio::time::Instant::now() + delay,
+                attempts: attempts.saturating_add(1),
+            });
+        }
+    }
+}
+
+/// Rolls a newly swapped module back once its failure rate passes the threshold.
+pub(super) async fn watch_rollout(
+    s: &mut Subject,
+    kept: &mut Kept,
+    serving: &Serving<'_>,
+    state: &mut SwapState,
+) {
+    let Some(sha) = state.watching.clone() else {
+        return;
+    };
+    let slot = serving.slot;
+    let active = slot.active();
+    if active.module.sha256() != sha {
+        state.watching = None;
+        return;
+    }
+    let (calls, failures) = active.counts();
+    let policy = &s.wr.spec.rollout;
+    let n = policy.watch_reconciles.max(1);
+    let threshold = policy.failure_threshold_percent.clamp(1, 100);
+    // Past the threshold for good, even if every remaining reconcile succeeded?
+    let doomed = failures * 100 >= threshold * n;
+    if doomed || (calls >= n && failures * 100 >= threshold * calls) {
+        let previous = slot.previous();
+        if slot.roll_back() {
+            let _ = serving.changed.unbounded_send(());
+            let back = previous
+                .map(|p| p.module.sha256().to_string())
+                .unwrap_or_default();
+            state.rejected = Some((sha.clone(), active.source_version.clone()));
+            rolled_back(s, kept, slot, &sha, &back, calls, failures).await;
+        }
+        state.watching = None;
+    } else if calls >= n {
+        state.watching = None;
+    }
+}
+
+/// Checks, compiles and dry-runs the module in `cm` (or the OCI module the spec names),
+/// then swaps it in. Ok(None) when the source changed but holds the module already serving,
+/// or one rolled back before.
+async fn swap(
+    s: &mut Subject,
+    kept: &mut Kept,
+    cm: Option<&ConfigMap>,
+    serving: &Serving<'_>,
+) -> Result<Option<String>, SwapError> {
+    let slot = serving.slot;
+    let started = std::time::Instant::now();
+    let read = match read_module(s, cm).await {
+        Ok(read) => read,
+        Err(e) if is_transient(e.reason) => return Err(SwapError::Unavailable(e)),
+        Err(e) => return Err(SwapError::Refused(e)),
+    };
+    let read_at = started.elapsed();
+    let candidate = candidate(s, Some(read)).await?;
+    let loaded_at = started.elapsed();
+    let old = slot.active();
+    if candidate.module.sha256() == old.module.sha256() {
+        metrics::global().hotswap(&s.name(), "unchanged");
+        slot.refresh(candidate.bytes.resource_version.clone());
+        return Ok(None);
+    }
+    if s.status.rejected_sha256.as_deref() == Some(candidate.module.sha256()) {
+        // Rolled back before: not served again until the ConfigMap holds another module.
+        metrics::global().hotswap(&s.name(), "unchanged");
+        return Ok(None);
+    }
+    if let Err(failure) = self_check(s, &candidate, serving).await {
+        return Err(if failure.is_module_failure() {
+            SwapError::Refused(SetupError {
+                reason: reasons::SELF_CHECK_FAILED,
+                message: failure.to_string(),
+            })
+        } else {
+            SwapError::Deferred(failure.to_string())
+        });
+    }
+    let checked_at = started.elapsed();
+    let sha = candidate.module.sha256().to_string();
+    let message = format!(
+        "module {} {} ({}) replaces {} {} ({})",
+        candidate.module.metadata().name,
+        candidate.module.metadata().version,
+        short(&sha),
+        old.module.metadata().name,
+        old.module.metadata().version,
+        short(old.module.sha256())
+    );
+    let tier = candidate.module.tier();
+    kept.keep(&sha, candidate.bytes.bytes, &candidate.origin);
+    slot.activate(Active::new(
+        candidate.module,
+        candidate.fit,
+        candidate.bytes.resource_version,
+    ));
+    // Every primary is reconciled by the new module at once; the status, the host's copy
+    // of the module and the Event follow (the copy of a large module takes a while).
+    let _ = serving.changed.unbounded_send(());
+    let ms = |d: Duration| d.as_millis() as u64;
+    tracing::info!(
+        reconciler = %s.name(),
+        read_ms = ms(read_at),
+        load_ms = ms(loaded_at - read_at),
+        self_check_ms = ms(checked_at - loaded_at),
+        %tier,
+        "{message}"
+    );
+    metrics::global().hotswap(&s.name(), "swapped");
+    activated(
+        s,
+        kept,
+        slot,
+        KubeEventType::Normal,
+        reasons::MODULE_SWAPPED,
+        message,
+    )
+    .await;
+    Ok(Some(sha))
+}
+
+/// A dry run of the candidate over a few cached primaries: its intents must validate.
+async fn self_check(
+    s: &Subject,
+    candidate: &Candidate,
+    serving: &Serving<'_>,
+) -> Result<(), CheckFailure> {
+    let settings = serving.settings;
+    let list = serving
+        .primaries
+        .list(&kube::api::ListParams::default().limit(3))
+        .await
+        .map_err(CheckFailure::Cluster)?;
+    for p in list
+        .items
+        .iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+    {
+        let value = serde_json::to_value(p).unwrap_or_default();
+        let Ok(info) = Primary::from_object(&value) else {
+            continue;
+        };
+        let request = ReconcileRequest {
+            primary: value.to_string(),
+            owned: candidate
+                .fit
+                .grant
+                .owned
+                .iter()
+                .map(|k| KindObjects {
+                    kind: k.clone(),
+                    objects: Vec::new(),
+                })
+                .collect(),
+            related: candidate
+                .fit
+                .related
+                .iter()
+                .map(|r| KindObjects {
+                    kind: r.kind.clone(),
+                    objects: Vec::new(),
+                })
+                .collect(),
+            context: Context {
+                reconciler: settings.name.clone(),
+                trigger: Trigger::DryRun,
+                attempt: 1,
+                config: settings.config.clone(),
+                now_unix_ms: 0,
+            },
+        };
+        let module = candidate.module.clone();
+        let limits = settings.limits;
+        let outcome =
+            tokio::task::spawn_blocking(move || module.reconcile(request, &limits).result)
+                .await
+                .map_err(|e| CheckFailure::Interrupted(e.to_string()))?;
+        let response = outcome.map_err(|error| CheckFailure::Call {
+            on: p.name_any(),
+            error,
+        })?;
+        // The dry run observes no children (its request lists none), so it may not patch
+        // or delete any.
+        intents::validate(
+            &settings.name,
+            &info,
+            &candidate.fit.grant,
+            &s.ctx.discovery,
+            &intents::ObservedChildren::default(),
+            response,
+        )
+        .map_err(|rejected| CheckFailure::Intents {
+            on: p.name_any(),
+            rejected,
+        })?;
+    }
+    Ok(())
+}
+
+/// Makes the host's copy hold the active module and records where it is in the status.
+async fn save_copy(s: &mut Subject, kept: &Kept, module: &Module) {
+    let sha = module.sha256();
+    let Some((_, bytes)) = kept.bytes.iter().find(|(k, _)| k == sha) else {
+        return;
+    };
+    let fallback = match &s.wr.spec.module.config_map {
+        Some(c) => c.namespace.clone(),
+        None => s.ctx.oci.namespace(),
+    };
+    let at = copy::location(&s.name(), &fallback);
+    let version = module.metadata().version.clone();
+    let bytes = bytes.clone();
+    match copy::save(&s.ctx.client, &at, &s.name(), bytes, sha, &version).await {
+        Ok(()) => s.status.module_copy = Some(at),
+        Err(e) => {
+            tracing::warn!(reconciler = %s.name(), error = %e, "cannot keep a copy of the active module; a restart after a rollback will refuse to serve")
+        }
+    }
+}
+
+/// Records `slot`'s active module in the status and conditions, and tells users with an
+/// Event of type `kind`. A Warning is a rollback: the old module serves again, but
+/// `ModuleLoaded` is False (the pushed one was refused); a Normal one sets it True.
+pub(super) async fn activated(
+    s: &mut Subject,
+    kept: &mut Kept,
+    slot: &ModuleSlot,
+    kind: KubeEventType,
+    reason: &str,
+    message: String,
+) {
+    let active = slot.active();
+    let m = &active.module;
+    metrics::global().module_active(&s.name(), Some(m.sha256()));
+    s.status.active_module = Some(ActiveModule {
+        sha256: m.sha256().to_string(),
+        name: m.metadata().name.clone(),
+        version: m.metadata().version.clone(),
+        loaded_at: Time(k8s_openapi::jiff::Timestamp::now()),
+        source: match m.compiled() {
+            Compiled::Fresh => "compiled".into(),
+            Compiled::FromCache => "cache".into(),
+        },
+        origin: kept
+            .origins
+            .iter()
+            .find(|(k, _)| k == m.sha256())
+            .map(|(_, o)| o.clone()),
+    });
+    s.status.ungranted = active.fit.ungranted.clone();
+    let loaded = !matches!(kind, KubeEventType::Warning);
+    s.condition(reasons::MODULE_LOADED, loaded, reason, &message);
+    let watching = format!("watching {}", s.wr.spec.primary.kind);
+    s.condition(reasons::READY, true, reasons::RECONCILING, &watching);
+    if !s
+        .status
+        .conditions
+        .iter()
+        .any(|c| c.type_ == reasons::DEGRADED)
+    {
+        s.condition(reasons::DEGRADED, false, reasons::ALL_WRITES_ALLOWED, "");
+    }
+    s.write_status().await;
+    s.event_on_wr(kind, reason, &message).await;
+    // The copy (gzip of up to --max-module-bytes, then a ConfigMap write) comes after the
+    // status, so the status names the serving module as soon as it serves.
+    let copy_before = s.status.module_copy.clone();
+    save_copy(s, kept, m).await;
+    if s.status.module_copy != copy_before {
+        s.write_status().await;
+    }
+}
+
+/// Reports module `e` refused (`ModuleLoaded=False`, Warning Events on the WasmReconciler and
+/// on the ConfigMap `cm` it came from); the previous module keeps serving.
+async fn refused(s: &mut Subject, cm: Option<&ConfigMap>, e: &SetupError) {
+    metrics::global().hotswap(&s.name(), "refused");
+    let message = format!("{}; the previous module keeps serving", e.message);
+    tracing::warn!(reconciler = %s.name(), reason = e.reason, "{message}");
+    s.condition(reasons::MODULE_LOADED, false, e.reason, &message);
+    s.write_status().await;
+    s.event_on_wr(KubeEventType::Warning, e.reason, &message)
+        .await;
+    let Some(cm) = cm else {
+        return;
+    };
+    let r = cm.object_ref(&());
+    let event = KubeEvent {
+        type_: KubeEventType::Warning,
+        reason: e.reason.to_string(),
+        note: Some(truncate(&message)),
+        action: "LoadModule".into(),
+        secondary: None,
+    };
+    if let Err(err) = s.events.publish(&event, &r).await {
+        tracing::warn!(error = %err, "cannot record an Event on the module ConfigMap");
+    }
+}
+
+/// Reports the rollback from module `bad` to `back_to` after `failures` of `calls` reconciles
+/// failed, and records `bad` as rejected so that it is not served again.
+async fn rolled_back(
+    s: &mut Subject,
+    kept: &mut Kept,
+    slot: &ModuleSlot,
+    bad: &str,
+    back_to: &str,
+    calls: u32,
+    failures: u32,
+) {
+    let message = format!(
+        "module {} failed {failures} of its first {calls} reconciles; rolled back to {} (push a fixed module to try again)",
+        short(bad),
+        short(back_to)
+    );
+    tracing::warn!(reconciler = %s.name(), "{message}");
+    metrics::global().hotswap(&s.name(), "rolled_back");
+    s.status.rejected_sha256 = Some(bad.to_string());
+    activated(
+        s,
+        kept,
+        slot,
+        KubeEventType::Warning,
+        reasons::ROLLED_BACK,
+        message,
+    )
+    .await;
+}
+
+pub(super) fn short(sha: &str) -> String {
+    format!("sha256:{}", &sha[..12.min(sha.len())])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::LoadError;
+    use kube::core::Status;
+
+    fn api_error(code: u16, reason: &str) -> kube::Error {
+        kube::Error::Api(Box::new(Status::failure("test", reason).with_code(code)))
+    }
+
+    #[test]
+    fn only_the_modules_own_failures_refuse_it_in_the_self_check() {
+        for (code, reason) in [
+            (500, "InternalError"),
+            (503, "ServiceUnavailable"),
+            (504, "Timeout"),
+            (429, "TooManyRequests"),
+            (403, "Forbidden"),
+        ] {
+            let f = CheckFailure::Cluster(api_error(code, reason));
+            assert!(!f.is_module_failure(), "{code} is the cluster's: {f}");
+        }
+        assert!(!CheckFailure::Interrupted("cancelled".into()).is_module_failure());
+        let on = || "a-1".to_string();
+        let pool = CheckFailure::Call {
+            on: on(),
+            error: CallError::Sandbox {
+                detail: "maximum concurrent limit reached".into(),
+            },
+        };
+        assert!(!pool.is_module_failure(), "a full pool is the host's");
+        let busy = CheckFailure::Call {
+            on: on(),
+            error: CallError::Queued {
+                deadline: Duration::from_secs(2),
+                slots: 1,
+            },
+        };
+        assert!(
+            !busy.is_module_failure(),
+            "no free sandbox slot is the host's"
+        );
+        let panicked = CheckFailure::Call {
+            on: on(),
+            error: CallError::Panic {
+                message: "boom".into(),
+            },
+        };
+        assert!(panicked.is_module_failure());
+        assert!(panicked.to_string().contains("dry run on a-1"));
+        let deadline = CheckFailure::Call {
+            on: on(),
+            error: CallError::Deadline {
+                deadline: Duration::from_secs(1),
+            },
+        };
+        assert!(deadline.is_module_failure());
+        let invalid = CheckFailure::Intents {
+            on: on(),
+            rejected: Rejected {
+                violations: Vec::new(),
+            },
+        };
+        assert!(invalid.is_module_failure());
+    }
+
+    #[test]
+    fn a_module_that_cannot_be_loaded_for_want_of_a_sandbox_is_deferred_not_refused() {
+        let setup = |reason: &'static str| SetupError {
+            reason,
+            message: "m".into(),
+        };
+        assert!(matches!(
+            SwapError::from(setup(reasons::HOST_BUSY)),
+            SwapError::Deferred(_)
+        ));
+        for reason in ["ModuleInvalid", "ModuleMismatch", "DigestMismatch"] {
+            assert!(matches!(
+                SwapError::from(setup(reason)),
+                SwapError::Refused(_)
+            ));
+        }
+        let busy = LoadError::Busy(CallError::Queued {
+            deadline: Duration::from_secs(2),
+            slots: 1,
+        });
+        assert!(!busy.is_module_fault());
+        assert!(LoadError::Metadata("failed: boom".into()).is_module_fault());
+    }
+
+    #[test]
+    fn deferred_self_checks_back_off_from_1s_to_60s() {
+        assert_eq!(deferral_backoff(0), Duration::from_secs(1));
+        assert_eq!(deferral_backoff(1), Duration::from_secs(2));
+        assert_eq!(deferral_backoff(5), Duration::from_secs(32));
+        assert_eq!(deferral_backoff(6), Duration::from_secs(60));
+        assert_eq!(deferral_backoff(u32::MAX), Duration::from_secs(60));
+    }
+}
