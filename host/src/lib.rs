@@ -31,6 +31,7 @@ pub mod engine;
 pub mod host;
 pub mod manager;
 pub mod modules;
+pub mod object;
 pub mod operations;
 pub mod sharding;
 

@@ -53,9 +53,9 @@ use tokio::sync::oneshot;
 
 use crate::contract::{Context, Gvk, KindObjects, ReconcileRequest, Trigger};
 use crate::controller::access;
+use crate::controller::health::WATCH_FAILED;
 use crate::controller::intents::{self, Primary, Rejected};
 use crate::controller::release::{Releaser, Which};
-use crate::controller::watches::WATCH_FAILED;
 use crate::controller::{self, Clients, Health, Running, Settings};
 use crate::crd::{
     ActiveModule, MAX_DEADLINE, MAX_RESYNC, RECONCILER_FINALIZER, SourceKind, WasmReconciler,
@@ -870,9 +870,9 @@ impl Supervisor {
             };
         let settings = Settings {
             name: self.name(),
-            primary: (primary.clone(), primary_resolved.clone()),
-            owned,
-            related,
+            primary: (primary.clone(), primary_resolved.clone()).into(),
+            owned: owned.into_iter().map(Into::into).collect(),
+            related: related.into_iter().map(Into::into).collect(),
             namespaces: spec.namespaces.clone(),
             limits,
             concurrency: spec.limits.concurrency.max(1),
