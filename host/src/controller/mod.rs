@@ -105,11 +105,10 @@ use kube::runtime::events::Recorder;
 use kube::runtime::reflector::{Store, store::Writer};
 use tracing::{Instrument, info_span};
 
-use self::apply::Applier;
 use self::cache::{Cache, Index};
 use self::compact::Compact;
 use self::intents::Rejected;
-use self::reconcile::{Cached, Gate, Shared};
+use self::reconcile::{Cached, Caches, Gate, Shared};
 use self::state::States;
 use crate::contract::Gvk;
 use crate::discovery::{Discovery, Resolved};
@@ -331,14 +330,6 @@ pub fn start(
     )
     .reconcile_all_on(requested_all(everything, &primaries, &states));
     let (priority, controller) = with_priority_gate(controller, &settings, &queue);
-    let mut wired = Wired {
-        controller,
-        owned: Vec::new(),
-        related: Vec::new(),
-    };
-    for owned in &settings.owned {
-        wired = wired.owned(&watches, owned, &states);
-    }
     let related = triggers::Related {
         resource: settings.primary_resource().clone(),
         namespaced: settings.primary.resolved.namespaced,
@@ -348,9 +339,7 @@ pub fn start(
         slot: slot.clone(),
         states: states.clone(),
     };
-    for kind in &settings.related {
-        wired = wired.related(&watches, kind, &related);
-    }
+    let wired = Wired::all(controller, &watches, &states, &related);
     let caches = wired.caches();
     let (controller, owned, related) = (wired.controller, wired.owned, wired.related);
     // Reconciles (and finalizes) wait until every cache has its first full list: a module that
@@ -360,26 +349,15 @@ pub fn start(
     let name = settings.name.clone();
     let waiting = wait_for_caches(&name, primaries.clone(), caches, gate.clone());
     let cache_kinds = cache_kinds(&settings);
-    let shared = Arc::new(Shared {
-        applier: Applier::new(
-            clients.module.clone(),
-            clients.host.clone(),
-            &settings.name,
-            clients.discovery.clone(),
-            clients.module_events.clone(),
-        ),
-        settings,
-        slot,
-        host_events: clients.host_events.clone(),
-        impersonated: clients.module.clone(),
-        discovery: clients.discovery.clone(),
+    let caches = Caches {
         owned,
         related,
-        states,
         primaries,
         synced,
-        priority,
-    });
+    };
+    let shared = Arc::new(Shared::new(
+        settings, slot, &clients, states, caches, priority,
+    ));
     let (shutdown, stop) = tokio::sync::oneshot::channel::<()>();
     let run = Run {
         controller,
@@ -456,6 +434,27 @@ struct Wired {
 }
 
 impl Wired {
+    /// `controller` with every owned and related kind of the settings watched.
+    fn all(
+        controller: Controller<Compact>,
+        watches: &streams::Watches<'_>,
+        states: &States,
+        related: &triggers::Related,
+    ) -> Self {
+        let mut wired = Wired {
+            controller,
+            owned: Vec::new(),
+            related: Vec::new(),
+        };
+        for owned in &watches.settings.owned {
+            wired = wired.owned(watches, owned, states);
+        }
+        for kind in &watches.settings.related {
+            wired = wired.related(watches, kind, related);
+        }
+        wired
+    }
+
     /// Watches `owned` children: each change triggers the primary that controls it.
     fn owned(mut self, watches: &streams::Watches<'_>, owned: &Watched, states: &States) -> Self {
         let cache = Cache::new(cache::controller_uid);

@@ -78,7 +78,47 @@ impl std::fmt::Debug for Shared {
     }
 }
 
+/// What the reconciles read: the caches, and whether they are synced.
+pub(super) struct Caches {
+    pub owned: Vec<Cached>,
+    pub related: Vec<Cached>,
+    pub primaries: Store<Compact>,
+    pub synced: tokio::sync::watch::Receiver<Gate>,
+}
+
 impl Shared {
+    /// The state of reconciler `settings.name`, writing with `clients`.
+    pub(super) fn new(
+        settings: Settings,
+        slot: ModuleSlot,
+        clients: &super::Clients,
+        states: States,
+        caches: Caches,
+        priority: priority::PriorityGate<ObjectKey>,
+    ) -> Self {
+        let applier = Applier::new(
+            clients.module.clone(),
+            clients.host.clone(),
+            &settings.name,
+            clients.discovery.clone(),
+            clients.module_events.clone(),
+        );
+        Shared {
+            settings,
+            slot,
+            applier,
+            host_events: clients.host_events.clone(),
+            impersonated: clients.module.clone(),
+            discovery: clients.discovery.clone(),
+            owned: caches.owned,
+            related: caches.related,
+            states,
+            primaries: caches.primaries,
+            synced: caches.synced,
+            priority,
+        }
+    }
+
     /// The primary `key` as the cache holds it now.
     fn cached(&self, key: &ObjectKey) -> Option<Arc<Compact>> {
         self.primaries
