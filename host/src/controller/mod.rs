@@ -318,17 +318,8 @@ pub fn start(
         relisted,
     });
     let everything = futures::stream::select(module_changed, relisted_rx);
-    let controller = Controller::for_stream_with(
-        primary_stream,
-        primaries.clone(),
-        settings.primary_resource().clone(),
-    )
-    // The priority gate in `reconcile` bounds how many run at once, reactive work first; the
-    // runner hands over more, so reactive entries reach the gate.
-    .with_config(
-        ControllerConfig::default().concurrency(priority::runner_bound(settings.concurrency)),
-    )
-    .reconcile_all_on(requested_all(everything, &primaries, &states));
+    let reconcile_all = requested_all(everything, &primaries, &states);
+    let controller = controller_for(primary_stream, &primaries, &settings, reconcile_all);
     let (priority, controller) = with_priority_gate(controller, &settings, &queue);
     let related = triggers::Related {
         resource: settings.primary_resource().clone(),
@@ -376,6 +367,24 @@ pub fn start(
         task,
         shutdown: Some(shutdown),
     }
+}
+
+/// kube-runtime's controller of the primaries `stream` (cached in `primaries`), reconciling
+/// every primary when `reconcile_all` yields.
+fn controller_for(
+    stream: impl Stream<Item = Result<Compact, kube::runtime::watcher::Error>> + Send + 'static,
+    primaries: &Store<Compact>,
+    settings: &Settings,
+    reconcile_all: impl Stream<Item = ()> + Send + 'static,
+) -> Controller<Compact> {
+    let resource = settings.primary_resource().clone();
+    // The priority gate in `reconcile` bounds how many run at once, reactive work first; the
+    // runner hands over more, so reactive entries reach the gate.
+    let config =
+        ControllerConfig::default().concurrency(priority::runner_bound(settings.concurrency));
+    Controller::for_stream_with(stream, primaries.clone(), resource)
+        .with_config(config)
+        .reconcile_all_on(reconcile_all)
 }
 
 /// `changed` (a new module, a relist with sharding), every primary counted as requested: it
