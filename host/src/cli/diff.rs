@@ -32,6 +32,7 @@ use crate::controller::intents::{self, Primary, WellKnownScopes};
 use crate::crd::WasmReconciler;
 use crate::engine::{Limits, Module};
 use crate::modules::slot::Fit;
+use crate::object::ObjectKey;
 
 /// Arguments of `diff`.
 #[derive(Debug, clap::Args)]
@@ -94,10 +95,8 @@ async fn dry_run_child(
         Some(ns) => Api::namespaced_with(client.clone(), ns, &resource),
         None => Api::all_with(client.clone(), &resource),
     };
-    let shown = match namespace {
-        Some(ns) => format!("{} {ns}/{name}", kind.kind),
-        None => format!("{} {name}", kind.kind),
-    };
+    let key = ObjectKey::new(namespace.map(str::to_string), name);
+    let shown = format!("{} {key}", kind.kind);
     let live = api
         .get_opt(name)
         .await
@@ -348,10 +347,7 @@ pub async fn preview(args: &Args) -> Result<Vec<(String, Outcome)>, CliError> {
     primaries.sort_by_key(|p| (p.namespace(), p.name_any()));
     let mut outcomes = Vec::new();
     for p in &primaries {
-        let shown = match p.namespace() {
-            Some(ns) => format!("{} {ns}/{}", primary_kind.kind, p.name_any()),
-            None => format!("{} {}", primary_kind.kind, p.name_any()),
-        };
+        let shown = format!("{} {}", primary_kind.kind, ObjectKey::of(p));
         outcomes.push((shown, preview_primary(&client, &wr, &fit, &module, p).await));
     }
     Ok(outcomes)

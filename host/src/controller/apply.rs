@@ -754,10 +754,7 @@ fn taken(intent: String, existing: &DynamicObject) -> WriteFailure {
 }
 
 fn display_name(namespace: Option<&str>, name: &str) -> String {
-    match namespace {
-        Some(ns) => format!("{ns}/{name}"),
-        None => name.to_string(),
-    }
+    ObjectKey::new(namespace.map(str::to_string), name).to_string()
 }
 
 /// The status value of an object, if any (for tests and status comparison).
