@@ -534,7 +534,10 @@ async fn call_module(
     let called = call::call(&active.module, export, request, shared.settings.limits)
         .instrument(call_span.clone())
         .await
-        .map_err(|e| ReconcileError::Join(e.to_string()))?;
+        .map_err(|failure| match failure {
+            call::Failure::Join(message) => ReconcileError::Join(message),
+            other => ReconcileError::Join(other.to_string()),
+        })?;
     let stats = called.stats;
     call_span
         .record("instantiate_us", stats.instantiate.as_micros() as i64)
