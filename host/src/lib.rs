@@ -35,6 +35,7 @@ pub mod grant;
 pub mod host;
 pub mod manager;
 pub mod modules;
+pub mod object;
 pub mod operations;
 pub mod reasons;
 pub mod sharding;

@@ -26,11 +26,13 @@ use serde_json::Value;
 
 use super::CliError;
 use super::capture::observe;
-use crate::contract::{Context, KindObjects, ReconcileRequest, Trigger};
+use crate::contract::{Gvk, KindObjects, ReconcileRequest};
+use crate::controller::call;
 use crate::controller::intents::{self, Primary, WellKnownScopes};
 use crate::crd::WasmReconciler;
 use crate::engine::{Limits, Module};
 use crate::modules::slot::Fit;
+use crate::object::ObjectKey;
 
 /// Arguments of `diff`.
 #[derive(Debug, clap::Args)]
@@ -93,10 +95,8 @@ async fn dry_run_child(
         Some(ns) => Api::namespaced_with(client.clone(), ns, &resource),
         None => Api::all_with(client.clone(), &resource),
     };
-    let shown = match namespace {
-        Some(ns) => format!("{} {ns}/{name}", kind.kind),
-        None => format!("{} {name}", kind.kind),
-    };
+    let key = ObjectKey::new(namespace.map(str::to_string), name);
+    let shown = format!("{} {key}", kind.kind);
     let live = api
         .get_opt(name)
         .await
@@ -123,7 +123,65 @@ async fn dry_run_child(
     Ok(Some(format!("update {shown}\n{diff}")))
 }
 
-async fn one(
+/// One owned or related kind's objects, as [`observe`] reads them.
+type Observed = (Gvk, Vec<Value>);
+
+/// The request the host would build for `primary` (its children and related objects as
+/// `observe` read them), with a dry run's context.
+fn request_for(
+    wr: &WasmReconciler,
+    primary: &Value,
+    (owned, related): (&[Observed], &[Observed]),
+) -> ReconcileRequest {
+    let objects = |kinds: &[Observed]| -> Vec<KindObjects> {
+        kinds
+            .iter()
+            .map(|(kind, objects)| KindObjects {
+                kind: kind.clone(),
+                objects: objects.iter().map(Value::to_string).collect(),
+            })
+            .collect()
+    };
+    let name = wr.metadata.name.clone().unwrap_or_default();
+    let config = wr
+        .spec
+        .config
+        .clone()
+        .unwrap_or_else(|| serde_json::json!({}))
+        .to_string();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or_default();
+    ReconcileRequest {
+        primary: primary.to_string(),
+        owned: objects(owned),
+        related: objects(related),
+        context: call::dry_run_context(&name, &config, now),
+    }
+}
+
+/// The owned objects `observe` read, as `(kind, namespace, name)`.
+fn existing_children(owned: &[Observed]) -> Vec<(Gvk, Option<String>, String)> {
+    owned
+        .iter()
+        .flat_map(|(kind, objects)| {
+            objects.iter().filter_map(move |o| {
+                let name = o.pointer("/metadata/name")?.as_str()?.to_string();
+                let ns = o
+                    .pointer("/metadata/namespace")
+                    .and_then(Value::as_str)
+                    .map(str::to_string);
+                Some((kind.clone(), ns, name))
+            })
+        })
+        .collect()
+}
+
+/// What the candidate would do to `primary`: the module runs on the request the host would
+/// build, its intents are validated as the host validates them ([`call::run`]), and the
+/// children are applied with a dry run.
+async fn preview_primary(
     client: &Client,
     wr: &WasmReconciler,
     fit: &Fit,
@@ -136,94 +194,67 @@ async fn one(
         Ok(o) => o,
         Err(e) => return Outcome::Failed(e.to_string()),
     };
-    let objects = |kinds: &[(crate::contract::Gvk, Vec<Value>)]| -> Vec<KindObjects> {
-        kinds
-            .iter()
-            .map(|(kind, objects)| KindObjects {
-                kind: kind.clone(),
-                objects: objects.iter().map(Value::to_string).collect(),
-            })
-            .collect()
-    };
     let primary_value = serde_json::to_value(primary).unwrap_or_default();
-    let request = ReconcileRequest {
-        primary: primary_value.to_string(),
-        owned: objects(&owned),
-        related: objects(&related),
-        context: Context {
-            reconciler: name.clone(),
-            trigger: Trigger::DryRun,
-            attempt: 1,
-            config: wr
-                .spec
-                .config
-                .clone()
-                .unwrap_or_else(|| serde_json::json!({}))
-                .to_string(),
-            now_unix_ms: std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_millis() as u64)
-                .unwrap_or_default(),
-        },
-    };
-    let call = module.clone();
-    let response = match super::off_runtime(move || {
-        call.reconcile(request, &Limits::default())
-            .result
-            .map_err(CliError::from)
-    })
-    .await
-    {
-        Ok(r) => r,
-        Err(e) => return Outcome::Failed(format!("the module failed: {e}")),
-    };
+    let request = request_for(wr, &primary_value, (&owned, &related));
     let info = match Primary::from_object(&primary_value) {
         Ok(p) => p,
         Err(e) => return Outcome::Failed(e),
     };
-    let existing: Vec<(crate::contract::Gvk, Option<String>, String)> = owned
-        .iter()
-        .flat_map(|(kind, objects)| {
-            objects.iter().filter_map(move |o| {
-                let name = o.pointer("/metadata/name")?.as_str()?.to_string();
-                let ns = o
-                    .pointer("/metadata/namespace")
-                    .and_then(Value::as_str)
-                    .map(str::to_string);
-                Some((kind.clone(), ns, name))
-            })
-        })
-        .collect();
+    let existing = existing_children(&owned);
     let children: intents::ObservedChildren = existing.iter().cloned().collect();
-    let validated = match intents::validate(
-        &name,
-        &info,
-        &fit.grant,
-        &WellKnownScopes,
-        &children,
-        response,
-    ) {
-        Ok(v) => v,
-        Err(rejected) => return Outcome::Refused(rejected.to_string()),
+    let check = call::Check {
+        reconciler: &name,
+        primary: &info,
+        grant: &fit.grant,
+        scopes: &WellKnownScopes,
+        children: &children,
+    };
+    let export = call::Export::Reconcile;
+    let validated = match call::run(module, export, request, Limits::default(), &check).await {
+        Ok(checked) => checked.validated,
+        Err(call::Failure::Rejected(rejected)) => return Outcome::Refused(rejected.to_string()),
+        Err(call::Failure::Call(e)) => return Outcome::Failed(format!("the module failed: {e}")),
+        Err(call::Failure::Join(e)) => {
+            return Outcome::Failed(format!(
+                "the module failed: the module call's thread failed: {e}"
+            ));
+        }
     };
     let field_manager = format!("wasmop/{name}");
+    let mut changes = match child_changes(client, &field_manager, &validated, &existing).await {
+        Ok(c) => c,
+        Err(e) => return Outcome::Failed(e),
+    };
+    changes.extend(status_change(&validated, &primary_value));
+    if changes.is_empty() {
+        Outcome::Unchanged
+    } else {
+        Outcome::Changed(changes)
+    }
+}
+
+/// The changes to the children: each child applied with a dry run, then the prunes of the
+/// `existing` children no complete set keeps.
+async fn child_changes(
+    client: &Client,
+    field_manager: &str,
+    validated: &intents::Validated,
+    existing: &[(Gvk, Option<String>, String)],
+) -> Result<Vec<String>, String> {
     let mut changes = Vec::new();
     for set in &validated.children {
         for child in &set.objects {
-            match dry_run_child(
+            let namespace = child.namespace.as_deref();
+            let change = dry_run_child(
                 client,
-                &field_manager,
+                field_manager,
                 &set.kind,
-                child.namespace.as_deref(),
+                namespace,
                 &child.name,
                 &child.object,
             )
-            .await
-            {
-                Ok(Some(change)) => changes.push(change),
-                Ok(None) => {}
-                Err(e) => return Outcome::Failed(e),
-            }
+            .await?;
+            changes.extend(change);
         }
         let kept: Vec<(Option<String>, &str)> = set
             .objects
@@ -236,26 +267,24 @@ async fn one(
             }
         }
     }
-    if let Some(status) = &validated.status {
-        let live = primary_value.get("status").cloned().unwrap_or_default();
-        let wanted: Value = serde_json::to_value(status).unwrap_or_default();
-        let fields = wanted.get("fields").and_then(Value::as_object);
-        let differs =
-            fields.is_some_and(|fields| fields.iter().any(|(k, v)| live.get(k) != Some(v)));
-        if differs {
-            changes.push(format!(
-                "status fields {}",
-                fields
-                    .map(|f| Value::Object(f.clone()).to_string())
-                    .unwrap_or_default()
-            ));
-        }
-    }
-    if changes.is_empty() {
-        Outcome::Unchanged
-    } else {
-        Outcome::Changed(changes)
-    }
+    Ok(changes)
+}
+
+/// The change of the status fields the module reports, compared with the live ones.
+fn status_change(validated: &intents::Validated, primary: &Value) -> Option<String> {
+    let status = validated.status.as_ref()?;
+    let live = primary.get("status").cloned().unwrap_or_default();
+    let wanted: Value = serde_json::to_value(status).unwrap_or_default();
+    let fields = wanted.get("fields").and_then(Value::as_object);
+    let differs = fields.is_some_and(|fields| fields.iter().any(|(k, v)| live.get(k) != Some(v)));
+    differs.then(|| {
+        format!(
+            "status fields {}",
+            fields
+                .map(|f| Value::Object(f.clone()).to_string())
+                .unwrap_or_default()
+        )
+    })
 }
 
 /// Runs the candidate against every primary; returns each primary (`Kind ns/name`) with its
@@ -318,11 +347,8 @@ pub async fn preview(args: &Args) -> Result<Vec<(String, Outcome)>, CliError> {
     primaries.sort_by_key(|p| (p.namespace(), p.name_any()));
     let mut outcomes = Vec::new();
     for p in &primaries {
-        let shown = match p.namespace() {
-            Some(ns) => format!("{} {ns}/{}", primary_kind.kind, p.name_any()),
-            None => format!("{} {}", primary_kind.kind, p.name_any()),
-        };
-        outcomes.push((shown, one(&client, &wr, &fit, &module, p).await));
+        let shown = format!("{} {}", primary_kind.kind, ObjectKey::of(p));
+        outcomes.push((shown, preview_primary(&client, &wr, &fit, &module, p).await));
     }
     Ok(outcomes)
 }

@@ -13,12 +13,11 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use serde_json::{Value, json};
 
 use super::{CliError, engine, to_yaml, yaml_documents};
-use crate::contract::{
-    Context, Gvk, KindObjects, Operation, ReconcileRequest, Trigger, ValidateRequest,
-};
-use crate::controller::intents::{self, Grant, ObservedChildren, Primary, Scopes, WellKnownScopes};
+use crate::contract::{Gvk, KindObjects, Operation, ReconcileRequest, ValidateRequest};
+use crate::controller::call;
+use crate::controller::intents::{Grant, Primary, WellKnownScopes};
 use crate::controller::record::RecordedRequest;
-use crate::engine::Limits;
+use crate::engine::{Limits, Module};
 
 /// Arguments of `test`.
 #[derive(Debug, clap::Args)]
@@ -136,53 +135,85 @@ pub(crate) async fn run_with_capture(mut args: Args) -> Result<ExitCode, CliErro
     super::off_runtime(move || run(args)).await
 }
 
-pub(crate) fn run(args: Args) -> Result<ExitCode, CliError> {
-    let bytes = std::fs::read(&args.module).map_err(CliError::read(&args.module))?;
-    let limits = Limits {
-        deadline: Duration::from_millis(args.deadline_ms),
-        memory_bytes: args.memory_mib << 20,
-        ..Limits::default()
-    };
-    let config: Value = serde_json::from_str(&args.config)
-        .map_err(|e| CliError::Other(format!("--config is not JSON: {e}")))?;
-    let engine = engine(true)?;
-    let module = engine
-        .load(&bytes, &limits)
-        .map_err(|source| CliError::Load {
-            path: args.module.clone(),
-            source,
-        })?;
-    let metadata = module.metadata().clone();
-    let recorded = args
-        .request
-        .as_deref()
-        .map(RecordedRequest::read)
-        .transpose()
-        .map_err(|e| CliError::Other(e.to_string()))?;
-    let object_path = args
-        .object
-        .clone()
-        .or(args.request.clone())
-        .unwrap_or_default();
-    let primary_value = match &recorded {
-        Some(r) => r.primary.clone(),
-        None => read_one(&object_path)?,
-    };
-    let primary = Primary::from_object(&primary_value).map_err(|detail| CliError::Input {
-        path: object_path.clone(),
-        detail,
-    })?;
-    if primary.kind != metadata.primary {
-        return Err(CliError::Input {
+/// The case a `test` run reads: the module, its limits, the primary and a recorded request.
+struct Case {
+    module: Module,
+    limits: Limits,
+    config: Value,
+    recorded: Option<RecordedRequest>,
+    /// Where the primary was read from (for messages).
+    object_path: PathBuf,
+    primary_value: Value,
+    primary: Primary,
+}
+
+impl Case {
+    /// Loads the module and reads the primary (or the recorded request) of `args`.
+    fn read(args: &Args) -> Result<Case, CliError> {
+        let bytes = std::fs::read(&args.module).map_err(CliError::read(&args.module))?;
+        let limits = Limits {
+            deadline: Duration::from_millis(args.deadline_ms),
+            memory_bytes: args.memory_mib << 20,
+            ..Limits::default()
+        };
+        let config: Value = serde_json::from_str(&args.config)
+            .map_err(|e| CliError::Other(format!("--config is not JSON: {e}")))?;
+        let module = engine(true)?
+            .load(&bytes, &limits)
+            .map_err(|source| CliError::Load {
+                path: args.module.clone(),
+                source,
+            })?;
+        let recorded = args
+            .request
+            .as_deref()
+            .map(RecordedRequest::read)
+            .transpose()
+            .map_err(|e| CliError::Other(e.to_string()))?;
+        let object_path = args
+            .object
+            .clone()
+            .or(args.request.clone())
+            .unwrap_or_default();
+        let primary_value = match &recorded {
+            Some(r) => r.primary.clone(),
+            None => read_one(&object_path)?,
+        };
+        let primary = Primary::from_object(&primary_value).map_err(|detail| CliError::Input {
             path: object_path.clone(),
+            detail,
+        })?;
+        let case = Case {
+            module,
+            limits,
+            config,
+            recorded,
+            object_path,
+            primary_value,
+            primary,
+        };
+        case.check_kind()?;
+        Ok(case)
+    }
+
+    /// Refuses a primary of another kind than the module's.
+    fn check_kind(&self) -> Result<(), CliError> {
+        let metadata = self.module.metadata();
+        if self.primary.kind == metadata.primary {
+            return Ok(());
+        }
+        Err(CliError::Input {
+            path: self.object_path.clone(),
             detail: format!(
                 "the object is a {}, but module {} reconciles {}",
-                primary.kind, metadata.name, metadata.primary
+                self.primary.kind, metadata.name, metadata.primary
             ),
-        });
+        })
     }
-    let output = if args.validate {
-        let old = args.old.as_deref().map(read_one).transpose()?;
+
+    /// Runs the module's `validate` on the creation of the primary, or with `old` its change.
+    fn validate(&self, old: Option<&Path>) -> Result<Value, CliError> {
+        let old = old.map(read_one).transpose()?;
         let request = ValidateRequest {
             operation: if old.is_some() {
                 Operation::Update
@@ -190,124 +221,137 @@ pub(crate) fn run(args: Args) -> Result<ExitCode, CliError> {
                 Operation::Create
             },
             old: old.map(|o| o.to_string()),
-            new: primary_value.to_string(),
-            config: config.to_string(),
+            new: self.primary_value.to_string(),
+            config: self.config.to_string(),
         };
-        let verdict = module.validate(request, &limits).result?;
-        serde_json::to_value(verdict).map_err(|e| CliError::Other(e.to_string()))?
-    } else {
-        let mut owned: Vec<KindObjects> = metadata
-            .owns
-            .iter()
-            .map(|k| KindObjects {
-                kind: k.clone(),
-                objects: Vec::new(),
-            })
-            .collect();
-        let mut related: Vec<KindObjects> = metadata
-            .related
-            .iter()
-            .map(|r| KindObjects {
-                kind: r.kind.clone(),
-                objects: Vec::new(),
-            })
-            .collect();
-        for path in &args.observed {
+        let verdict = self.module.validate(request, &self.limits).result?;
+        serde_json::to_value(verdict).map_err(|e| CliError::Other(e.to_string()))
+    }
+
+    /// The owned and related objects of the request: the --observed files sorted as the host
+    /// would hand them over, or the recorded request's.
+    fn observed(
+        &self,
+        files: &[PathBuf],
+    ) -> Result<(Vec<KindObjects>, Vec<KindObjects>), CliError> {
+        if let Some(r) = &self.recorded {
+            let replay = r.to_request();
+            return Ok((replay.owned, replay.related));
+        }
+        let metadata = self.module.metadata();
+        let empty = |kind: &Gvk| KindObjects {
+            kind: kind.clone(),
+            objects: Vec::new(),
+        };
+        let mut owned: Vec<KindObjects> = metadata.owns.iter().map(empty).collect();
+        let mut related: Vec<KindObjects> =
+            metadata.related.iter().map(|r| empty(&r.kind)).collect();
+        for path in files {
             let text = std::fs::read_to_string(path).map_err(CliError::read(path))?;
             for doc in yaml_documents(&text, path)? {
-                let kind = kind_of(&doc).ok_or_else(|| CliError::Input {
-                    path: path.clone(),
-                    detail: "an object has no apiVersion or kind".into(),
-                })?;
-                // A kind both owned and related goes where the host would put it: owned when
-                // the object has a controller ownerReference, related otherwise.
-                let related_too = related.iter().any(|g| g.kind == kind);
-                let controlled = doc["metadata"]["ownerReferences"]
-                    .as_array()
-                    .is_some_and(|refs| refs.iter().any(|r| r["controller"] == true));
-                let group = owned
-                    .iter_mut()
-                    .filter(|_| !related_too || controlled)
-                    .chain(related.iter_mut())
-                    .find(|g| g.kind == kind)
-                    .ok_or_else(|| CliError::Input {
-                        path: path.clone(),
-                        detail: format!(
-                            "observed {kind} is neither owned nor related by module {}",
-                            metadata.name
-                        ),
-                    })?;
+                let group = group_of(&doc, path, &mut owned, &mut related, &metadata.name)?;
                 group.objects.push(doc.to_string());
             }
         }
-        // A recorded request brings its own objects and context.
-        let replay = recorded.as_ref().map(RecordedRequest::to_request);
-        if let Some(r) = &replay {
-            owned.clone_from(&r.owned);
-            related.clone_from(&r.related);
-        }
+        Ok((owned, related))
+    }
+
+    /// Runs `reconcile` (or `finalize`) on the request the host would build, and validates
+    /// the intents as the host does ([`call::run_blocking`]).
+    fn reconcile(&self, args: &Args) -> Result<Value, CliError> {
+        let (owned, related) = self.observed(&args.observed)?;
         // The observed owned objects are this primary's children, as the host would see them.
-        let children: ObservedChildren = owned
-            .iter()
-            .flat_map(|g| g.objects.iter().map(move |o| (&g.kind, o)))
-            .filter_map(|(kind, o)| {
-                let o: serde_json::Value = serde_json::from_str(o).ok()?;
-                let name = o.pointer("/metadata/name")?.as_str()?.to_string();
-                let namespace = match o.pointer("/metadata/namespace").and_then(|n| n.as_str()) {
-                    Some(ns) => Some(ns.to_string()),
-                    None if WellKnownScopes.namespaced(kind) == Some(true) => {
-                        primary.namespace.clone()
-                    }
-                    None => None,
-                };
-                Some((kind.clone(), namespace, name))
-            })
-            .collect();
-        let now = args.now_unix_ms.unwrap_or_else(|| {
-            SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map(|d| d.as_millis() as u64)
-                .unwrap_or_default()
-        });
+        let children =
+            call::children_in(&owned, self.primary.namespace.as_deref(), &WellKnownScopes);
+        let context = match &self.recorded {
+            // A recorded request brings its own context.
+            Some(r) => r.to_request().context,
+            None => {
+                let now = args.now_unix_ms.unwrap_or_else(now_unix_ms);
+                call::dry_run_context(&args.reconciler, &self.config.to_string(), now)
+            }
+        };
         let request = ReconcileRequest {
-            primary: primary_value.to_string(),
+            primary: self.primary_value.to_string(),
             owned,
             related,
-            context: match replay {
-                Some(r) => r.context,
-                None => Context {
-                    reconciler: args.reconciler.clone(),
-                    trigger: Trigger::DryRun,
-                    attempt: 1,
-                    config: config.to_string(),
-                    now_unix_ms: now,
-                },
-            },
+            context,
         };
         let reconciler = request.context.reconciler.clone();
-        let grant = Grant::from_metadata(&metadata);
-        let finalize = args.finalize || recorded.as_ref().is_some_and(|r| r.finalize);
-        let (done, response) = if finalize {
-            let (done, response) = module.finalize(request, &limits).result?.into_response();
-            (Some(done), response)
-        } else {
-            (None, module.reconcile(request, &limits).result?)
+        let grant = Grant::from_metadata(self.module.metadata());
+        let finalize = args.finalize || self.recorded.as_ref().is_some_and(|r| r.finalize);
+        let check = call::Check {
+            reconciler: &reconciler,
+            primary: &self.primary,
+            grant: &grant,
+            scopes: &WellKnownScopes,
+            children: &children,
         };
-        let validated = intents::validate(
-            &reconciler,
-            &primary,
-            &grant,
-            &WellKnownScopes,
-            &children,
-            response,
-        )?;
-        let mut v = serde_json::to_value(&validated).map_err(|e| CliError::Other(e.to_string()))?;
-        if let (Some(done), Some(map)) = (done, v.as_object_mut()) {
+        let export = call::Export::of(finalize);
+        let checked = call::run_blocking(&self.module, export, request, &self.limits, &check)
+            .map_err(|failure| match failure {
+                call::Failure::Call(e) => CliError::Call(e),
+                call::Failure::Rejected(r) => CliError::Rejected(r),
+                call::Failure::Join(e) => CliError::Other(e),
+            })?;
+        let mut v =
+            serde_json::to_value(&checked.validated).map_err(|e| CliError::Other(e.to_string()))?;
+        if let (Some(done), Some(map)) = (checked.done, v.as_object_mut()) {
             map.insert("done".into(), json!(done));
         }
-        v
+        Ok(v)
+    }
+}
+
+/// The group an --observed object goes in: a kind both owned and related goes where the host
+/// would put it, owned when the object has a controller ownerReference, related otherwise.
+fn group_of<'a>(
+    doc: &Value,
+    path: &Path,
+    owned: &'a mut [KindObjects],
+    related: &'a mut [KindObjects],
+    module: &str,
+) -> Result<&'a mut KindObjects, CliError> {
+    let kind = kind_of(doc).ok_or_else(|| CliError::Input {
+        path: path.to_path_buf(),
+        detail: "an object has no apiVersion or kind".into(),
+    })?;
+    let related_too = related.iter().any(|g| g.kind == kind);
+    let controlled = doc["metadata"]["ownerReferences"]
+        .as_array()
+        .is_some_and(|refs| refs.iter().any(|r| r["controller"] == true));
+    owned
+        .iter_mut()
+        .filter(|_| !related_too || controlled)
+        .chain(related.iter_mut())
+        .find(|g| g.kind == kind)
+        .ok_or_else(|| CliError::Input {
+            path: path.to_path_buf(),
+            detail: format!("observed {kind} is neither owned nor related by module {module}"),
+        })
+}
+
+fn now_unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or_default()
+}
+
+pub(crate) fn run(args: Args) -> Result<ExitCode, CliError> {
+    let case = Case::read(&args)?;
+    let output = if args.validate {
+        case.validate(args.old.as_deref())?
+    } else {
+        case.reconcile(&args)?
     };
-    let rendered = to_yaml(&output);
+    compare(&args, &output)
+}
+
+/// Prints `output`, or writes it to the --expect file with --update, or compares it with
+/// that golden file (printing the differences).
+fn compare(args: &Args, output: &Value) -> Result<ExitCode, CliError> {
+    let rendered = to_yaml(output);
     let Some(expect) = &args.expect else {
         print!("{rendered}");
         return Ok(ExitCode::SUCCESS);
@@ -322,7 +366,7 @@ pub(crate) fn run(args: Args) -> Result<ExitCode, CliError> {
         return Ok(ExitCode::SUCCESS);
     }
     let golden = read_one(expect)?;
-    if golden == output {
+    if golden == *output {
         print!("{rendered}");
         eprintln!("ok: the intents match {}", expect.display());
         return Ok(ExitCode::SUCCESS);

@@ -44,6 +44,7 @@ use crate::contract::{Action, EventType, Gvk, ObjectRef, Propagation};
 use crate::controller::intents::{PreparedSet, Validated, status_object};
 use crate::controller::noop::{self, Applied, Target};
 use crate::discovery::{Discovery, Resolved};
+use crate::object::{ObjectKey, controller_of};
 
 /// How a write failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -291,23 +292,8 @@ impl Applier {
         }
 
         if let Some(status) = &validated.status {
-            let span = info_span!(
-                "apply.status",
-                written = Empty,
-                unchanged = Empty,
-                failed = Empty
-            );
-            async {
-                let (unchanged, failures) = (report.unchanged, report.failures.len());
-                self.status(primary, primary_resource, status, &mut report)
-                    .await;
-                let current = tracing::Span::current();
-                current.record("written", report.status_written);
-                current.record("unchanged", report.unchanged > unchanged);
-                current.record("failed", (report.failures.len() - failures) as i64);
-            }
-            .instrument(span)
-            .await;
+            self.traced_status(primary, primary_resource, status, &mut report)
+                .await;
         }
 
         if !validated.events.is_empty() {
@@ -324,6 +310,32 @@ impl Applier {
         report
     }
 
+    /// Writes `status` (see [`Applier::status`]) in its own span, with the counts recorded.
+    async fn traced_status(
+        &self,
+        primary: &DynamicObject,
+        primary_resource: &Resolved,
+        status: &crate::contract::Status,
+        report: &mut ApplyReport,
+    ) {
+        let span = info_span!(
+            "apply.status",
+            written = Empty,
+            unchanged = Empty,
+            failed = Empty
+        );
+        async {
+            let (unchanged, failures) = (report.unchanged, report.failures.len());
+            self.status(primary, primary_resource, status, report).await;
+            let current = tracing::Span::current();
+            current.record("written", report.status_written);
+            current.record("unchanged", report.unchanged > unchanged);
+            current.record("failed", (report.failures.len() - failures) as i64);
+        }
+        .instrument(span)
+        .await;
+    }
+
     /// Applies one complete child set (server-side apply, [`APPLY_CONCURRENCY`] at a time),
     /// skipping unchanged children; records the counts on the current span.
     async fn children(
@@ -337,71 +349,44 @@ impl Applier {
     ) {
         let (applied, unchanged, failures) =
             (report.applied, report.unchanged, report.failures.len());
-        let ours: std::collections::BTreeMap<(Option<String>, String), &DynamicObject> = observed
+        let ours: std::collections::BTreeMap<ObjectKey, &DynamicObject> = observed
             .iter()
             .filter(|o| o.kind == set.kind)
             .flat_map(|o| o.objects.iter())
             .filter(|o| controlled_by(o, primary_uid))
-            .map(|o| ((o.namespace(), o.name_any()), o))
+            .map(|o| (ObjectKey::of(o), o))
             .collect();
         let remembered = &report.remembered;
         // Collected first: a stream over a closure-mapped iterator is not provably Send.
-        let writes: Vec<_> = set.objects.iter().map(|child| {
-            let api = api_for(&self.client, resolved, child.namespace.as_deref());
-            let reader = api_for(&self.reader, resolved, child.namespace.as_deref());
-            let params = params.clone();
-            let current = ours.get(&(child.namespace.clone(), child.name.clone())).copied();
-            let known = current.is_some();
-            let primary_uid = primary_uid.to_string();
-            let target: Target = (set.kind.clone(), child.namespace.clone(), child.name.clone());
-            let fingerprint = noop::fingerprint(&child.object);
-            let unchanged = remembered.get(&target) == Some(&fingerprint)
-                && current.is_some_and(|c| {
-                    serde_json::to_value(c)
-                        .is_ok_and(|c| noop::covers_object(&child.object, &c))
-                });
-            async move {
-                if unchanged {
-                    return Ok((target, fingerprint, false));
-                }
-                let intent = format!(
-                    "apply {} {}",
-                    set.kind,
-                    display_name(child.namespace.as_deref(), &child.name)
+        let writes: Vec<_> = set
+            .objects
+            .iter()
+            .map(|child| {
+                let current = ours
+                    .get(&ObjectKey::new(child.namespace.clone(), child.name.clone()))
+                    .copied();
+                let target: Target = (
+                    set.kind.clone(),
+                    child.namespace.clone(),
+                    child.name.clone(),
                 );
-                // Server-side apply with force would take over an object of the same name
-                // that someone else made (and a later prune would delete it): a child not
-                // yet known as ours is checked first. Ours are the only ones the watch
-                // cache may not have caught up with.
-                if !known {
-                    match reader.get_opt(&child.name).await {
-                        Ok(Some(existing)) if !controlled_by(&existing, &primary_uid) => {
-                            let owner = existing
-                                .metadata
-                                .owner_references
-                                .iter()
-                                .flatten()
-                                .find(|o| o.controller == Some(true))
-                                .map(|o| format!("is controlled by {} {} (uid {})", o.kind, o.name, o.uid))
-                                .unwrap_or_else(|| "was not created by this reconciler".into());
-                            return Err(WriteFailure {
-                                intent,
-                                kind: FailureKind::Invalid,
-                                message: format!(
-                                    "an object with this name already exists and {owner}; wasmop does not take over objects it does not control: delete or rename it, or give the child another name"
-                                ),
-                            });
-                        }
-                        Ok(_) => {}
-                        Err(e) => return Err(classify(intent, &e)),
-                    }
-                }
-                api.patch(&child.name, &params, &Patch::Apply(&child.object))
-                    .await
-                    .map(|_| (target, fingerprint, true))
-                    .map_err(|e| classify(intent, &e))
-            }
-        }).collect();
+                let fingerprint = noop::fingerprint(&child.object);
+                let unchanged = remembered.get(&target) == Some(&fingerprint)
+                    && current.is_some_and(|c| {
+                        serde_json::to_value(c)
+                            .is_ok_and(|c| noop::covers_object(&child.object, &c))
+                    });
+                let write = Write {
+                    set,
+                    child,
+                    resolved,
+                    params,
+                    primary_uid,
+                    known: current.is_some(),
+                };
+                self.write_child(write, target, fingerprint, unchanged)
+            })
+            .collect();
         let results: Vec<Result<(Target, u64, bool), WriteFailure>> = futures::stream::iter(writes)
             .buffer_unordered(APPLY_CONCURRENCY)
             .collect()
@@ -423,6 +408,52 @@ impl Applier {
         current.record("applied", (report.applied - applied) as i64);
         current.record("unchanged", (report.unchanged - unchanged) as i64);
         current.record("failed", (report.failures.len() - failures) as i64);
+    }
+
+    /// Applies one child (server-side apply with force) unless it is `unchanged`; refuses to
+    /// take over an object of the same name that this primary does not control.
+    async fn write_child(
+        &self,
+        write: Write<'_>,
+        target: Target,
+        fingerprint: u64,
+        unchanged: bool,
+    ) -> Result<(Target, u64, bool), WriteFailure> {
+        if unchanged {
+            return Ok((target, fingerprint, false));
+        }
+        let Write {
+            set,
+            child,
+            resolved,
+            params,
+            primary_uid,
+            known,
+        } = write;
+        let api = api_for(&self.client, resolved, child.namespace.as_deref());
+        let intent = format!(
+            "apply {} {}",
+            set.kind,
+            display_name(child.namespace.as_deref(), &child.name)
+        );
+        // Server-side apply with force would take over an object of the same name that
+        // someone else made (and a later prune would delete it): a child not yet known as
+        // ours is checked first. Ours are the only ones the watch cache may not have caught
+        // up with.
+        if !known {
+            let reader = api_for(&self.reader, resolved, child.namespace.as_deref());
+            match reader.get_opt(&child.name).await {
+                Ok(Some(existing)) if !controlled_by(&existing, primary_uid) => {
+                    return Err(taken(intent, &existing));
+                }
+                Ok(_) => {}
+                Err(e) => return Err(classify(intent, &e)),
+            }
+        }
+        api.patch(&child.name, params, &Patch::Apply(&child.object))
+            .await
+            .map(|_| (target, fingerprint, true))
+            .map_err(|e| classify(intent, &e))
     }
 
     /// Prunes what this primary owns of the set's kind that is not in the complete set; records
@@ -694,19 +725,36 @@ fn observed_uid(
 
 /// Whether `object`'s controller ownerReference is the object with `uid`.
 pub fn controlled_by(object: &DynamicObject, uid: &str) -> bool {
-    object
-        .metadata
-        .owner_references
-        .iter()
-        .flatten()
-        .any(|o| o.controller == Some(true) && o.uid == uid)
+    controller_of(&object.metadata).is_some_and(|o| o.uid == uid)
+}
+
+/// One child to write, and what it is written with.
+struct Write<'a> {
+    set: &'a PreparedSet,
+    child: &'a crate::controller::intents::PreparedChild,
+    resolved: &'a Resolved,
+    params: &'a PatchParams,
+    primary_uid: &'a str,
+    /// Whether the watch cache holds it as this primary's.
+    known: bool,
+}
+
+/// The refusal to apply `intent` over `existing`, an object this primary does not control.
+fn taken(intent: String, existing: &DynamicObject) -> WriteFailure {
+    let owner = controller_of(&existing.metadata)
+        .map(|o| format!("is controlled by {} {} (uid {})", o.kind, o.name, o.uid))
+        .unwrap_or_else(|| "was not created by this reconciler".into());
+    WriteFailure {
+        intent,
+        kind: FailureKind::Invalid,
+        message: format!(
+            "an object with this name already exists and {owner}; wasmop does not take over objects it does not control: delete or rename it, or give the child another name"
+        ),
+    }
 }
 
 fn display_name(namespace: Option<&str>, name: &str) -> String {
-    match namespace {
-        Some(ns) => format!("{ns}/{name}"),
-        None => name.to_string(),
-    }
+    ObjectKey::new(namespace.map(str::to_string), name).to_string()
 }
 
 /// The status value of an object, if any (for tests and status comparison).

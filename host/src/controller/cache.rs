@@ -29,21 +29,12 @@ use kube::ResourceExt;
 use kube::api::DynamicObject;
 use kube::runtime::watcher;
 
-/// An object's key: namespace (None for cluster-scoped) and name.
-pub type Key = (Option<String>, String);
+pub use crate::object::ObjectKey;
 
 /// The property an index groups by (None: the object is not indexed).
 pub type GroupBy = fn(&DynamicObject) -> Option<String>;
 
-/// The uid of an object's controller ownerReference.
-pub fn controller_uid(o: &DynamicObject) -> Option<String> {
-    o.metadata
-        .owner_references
-        .iter()
-        .flatten()
-        .find(|r| r.controller == Some(true))
-        .map(|r| r.uid.clone())
-}
+pub use crate::object::controller_uid;
 
 /// An object's namespace, `""` for cluster-scoped objects.
 pub fn namespace(o: &DynamicObject) -> Option<String> {
@@ -52,12 +43,12 @@ pub fn namespace(o: &DynamicObject) -> Option<String> {
 
 #[derive(Debug, Default)]
 struct Groups {
-    members: HashMap<String, HashSet<Key>>,
-    group_of: HashMap<Key, String>,
+    members: HashMap<String, HashSet<ObjectKey>>,
+    group_of: HashMap<ObjectKey, String>,
 }
 
 impl Groups {
-    fn insert(&mut self, key: Key, group: Option<String>) {
+    fn insert(&mut self, key: ObjectKey, group: Option<String>) {
         self.remove(&key);
         if let Some(group) = group {
             self.members
@@ -68,7 +59,7 @@ impl Groups {
         }
     }
 
-    fn remove(&mut self, key: &Key) {
+    fn remove(&mut self, key: &ObjectKey) {
         if let Some(old) = self.group_of.remove(key)
             && let Some(m) = self.members.get_mut(&old)
         {
@@ -94,8 +85,8 @@ pub struct Index {
     state: Mutex<State>,
 }
 
-fn key_of(o: &DynamicObject) -> Key {
-    (o.namespace(), o.name_any())
+fn key_of(o: &DynamicObject) -> ObjectKey {
+    ObjectKey::of(o)
 }
 
 impl Index {
@@ -135,7 +126,7 @@ impl Index {
     }
 
     /// The keys in `group`.
-    pub fn keys(&self, group: &str) -> Vec<Key> {
+    pub fn keys(&self, group: &str) -> Vec<ObjectKey> {
         self.state
             .lock()
             .map(|s| {
@@ -158,12 +149,12 @@ struct Entry {
 
 #[derive(Debug, Default)]
 struct Contents {
-    objects: HashMap<Key, Entry>,
-    groups: HashMap<String, HashSet<Key>>,
+    objects: HashMap<ObjectKey, Entry>,
+    groups: HashMap<String, HashSet<ObjectKey>>,
 }
 
 impl Contents {
-    fn insert(&mut self, key: Key, entry: Entry) {
+    fn insert(&mut self, key: ObjectKey, entry: Entry) {
         self.remove(&key);
         if let Some(group) = &entry.group {
             self.groups
@@ -174,7 +165,7 @@ impl Contents {
         self.objects.insert(key, entry);
     }
 
-    fn remove(&mut self, key: &Key) {
+    fn remove(&mut self, key: &ObjectKey) {
         let Some(old) = self.objects.remove(key) else {
             return;
         };
@@ -226,7 +217,7 @@ pub struct Cache {
 }
 
 /// One object as the cache holds it: its key and its JSON text.
-pub type Text = (Key, Arc<str>);
+pub type Text = (ObjectKey, Arc<str>);
 
 impl Cache {
     /// An empty cache grouping by `by`.
@@ -333,7 +324,11 @@ impl Cache {
 
     /// The objects of `namespace` whose key `keep` rejects, parsed (a namespace's relist, see
     /// [`super::scope`]). An object whose text no longer parses is skipped.
-    pub fn held_in(&self, namespace: &str, keep: &dyn Fn(&Key) -> bool) -> Vec<DynamicObject> {
+    pub fn held_in(
+        &self,
+        namespace: &str,
+        keep: &dyn Fn(&ObjectKey) -> bool,
+    ) -> Vec<DynamicObject> {
         let Ok(state) = self.state.read() else {
             return Vec::new();
         };
@@ -341,7 +336,7 @@ impl Cache {
             .live
             .objects
             .iter()
-            .filter(|(k, _)| k.0.as_deref() == Some(namespace) && !keep(k))
+            .filter(|(k, _)| k.namespace.as_deref() == Some(namespace) && !keep(k))
             .filter_map(|(_, e)| serde_json::from_str(&e.json).ok())
             .collect()
     }
@@ -383,7 +378,7 @@ mod tests {
     }
 
     fn names(index: &Index, group: &str) -> Vec<String> {
-        let mut n: Vec<String> = index.keys(group).into_iter().map(|k| k.1).collect();
+        let mut n: Vec<String> = index.keys(group).into_iter().map(|k| k.name).collect();
         n.sort();
         n
     }
@@ -416,7 +411,11 @@ mod tests {
     }
 
     fn texts(cache: &Cache, group: &str) -> Vec<String> {
-        cache.group(group).into_iter().map(|(k, _)| k.1).collect()
+        cache
+            .group(group)
+            .into_iter()
+            .map(|(k, _)| k.name)
+            .collect()
     }
 
     #[test]
@@ -498,7 +497,7 @@ mod tests {
         ] {
             cache.record(&e);
         }
-        let listed: HashSet<Key> = [(Some("ns".to_string()), "kept".to_string())].into();
+        let listed: HashSet<ObjectKey> = [ObjectKey::new(Some("ns".to_string()), "kept")].into();
         let dropped = cache.held_in("ns", &|k| listed.contains(k));
         assert_eq!(dropped.len(), 1);
         assert_eq!(dropped[0].name_any(), "lost");

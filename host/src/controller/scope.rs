@@ -39,6 +39,7 @@ use kube::{Client, ResourceExt};
 
 use super::cache::Cache;
 use crate::discovery::Resolved;
+use crate::object::ObjectKey;
 
 /// One watch's events.
 pub type Events = BoxStream<'static, Result<watcher::Event<DynamicObject>, watcher::Error>>;
@@ -47,17 +48,14 @@ pub type Events = BoxStream<'static, Result<watcher::Event<DynamicObject>, watch
 pub type Tagged =
     BoxStream<'static, (usize, Result<watcher::Event<DynamicObject>, watcher::Error>)>;
 
-/// An object's key: namespace and name.
-type Key = (Option<String>, String);
-
-fn key_of(o: &DynamicObject) -> Key {
-    (o.namespace(), o.name_any())
+fn key_of(o: &DynamicObject) -> ObjectKey {
+    ObjectKey::of(o)
 }
 
 /// What the cache a merged stream feeds holds in namespace `ns` apart from the keys `listed`:
 /// the objects a relist of `ns` no longer lists. Called once a relist is done, when everything
 /// before it has reached the cache.
-pub type Held = Arc<dyn Fn(&str, &HashSet<Key>) -> Vec<DynamicObject> + Send + Sync>;
+pub type Held = Arc<dyn Fn(&str, &HashSet<ObjectKey>) -> Vec<DynamicObject> + Send + Sync>;
 
 /// [`Held`] of a kube-runtime reflector store of `K`, whose objects `object` gives as
 /// `DynamicObject`s (None: skipped).
@@ -66,11 +64,10 @@ where
     K: kube::Resource + Clone + Send + Sync + 'static,
     K::DynamicType: std::hash::Hash + Eq + Clone + Send + Sync,
 {
-    Arc::new(move |ns: &str, listed: &HashSet<Key>| {
+    Arc::new(move |ns: &str, listed: &HashSet<ObjectKey>| {
         store
             .state_filter(|o| {
-                o.namespace().as_deref() == Some(ns)
-                    && !listed.contains(&(o.namespace(), o.name_any()))
+                o.namespace().as_deref() == Some(ns) && !listed.contains(&ObjectKey::of(o))
             })
             .into_iter()
             .filter_map(|o| object(&o))
@@ -80,7 +77,9 @@ where
 
 /// [`Held`] of a compact [`Cache`].
 pub fn held_in_cache(cache: Arc<Cache>) -> Held {
-    Arc::new(move |ns: &str, listed: &HashSet<Key>| cache.held_in(ns, &|k| listed.contains(k)))
+    Arc::new(move |ns: &str, listed: &HashSet<ObjectKey>| {
+        cache.held_in(ns, &|k| listed.contains(k))
+    })
 }
 
 /// The watch of `resolved` over `namespaces` (empty: all) with `config`. `held` reads the cache
@@ -122,9 +121,9 @@ struct FirstList {
     /// Namespaces (by position) whose list has not completed.
     pending: HashSet<usize>,
     /// Keys listed by each namespace's current list attempt.
-    listed: HashMap<usize, HashSet<Key>>,
+    listed: HashMap<usize, HashSet<ObjectKey>>,
     /// Keys an earlier, abandoned attempt listed (the list restarted after an error).
-    abandoned: HashMap<usize, HashSet<Key>>,
+    abandoned: HashMap<usize, HashSet<ObjectKey>>,
     /// Events of namespaces that finished listing, replayed after the merged `InitDone`.
     held: Vec<(usize, watcher::Event<DynamicObject>)>,
 }
@@ -135,11 +134,11 @@ struct Merge {
     out: VecDeque<Result<watcher::Event<DynamicObject>, watcher::Error>>,
     first: Option<FirstList>,
     /// Namespaces relisting after the first list, with the keys listed so far.
-    relisting: HashMap<usize, HashSet<Key>>,
+    relisting: HashMap<usize, HashSet<ObjectKey>>,
 }
 
 /// A stand-in for an object known only by key (deleted before anything else was seen of it).
-fn gone((namespace, name): &Key) -> DynamicObject {
+fn gone(ObjectKey { namespace, name }: &ObjectKey) -> DynamicObject {
     DynamicObject {
         types: None,
         metadata: kube::api::ObjectMeta {
@@ -442,7 +441,7 @@ mod tests {
             lost.data["data"]["v"], "1",
             "the whole object, not a stand-in"
         );
-        let left: Vec<String> = cache.all().into_iter().map(|(k, _)| k.1).collect();
+        let left: Vec<String> = cache.all().into_iter().map(|(k, _)| k.name).collect();
         assert_eq!(left, ["keep"]);
     }
 }

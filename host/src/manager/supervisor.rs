@@ -236,9 +236,9 @@ impl Supervisor {
             };
         Ok(Settings {
             name: self.name(),
-            primary,
-            owned: kinds.owned,
-            related: kinds.related,
+            primary: primary.into(),
+            owned: kinds.owned.into_iter().map(Into::into).collect(),
+            related: kinds.related.into_iter().map(Into::into).collect(),
             namespaces: spec.namespaces.clone(),
             limits,
             concurrency: spec.limits.concurrency.max(1),

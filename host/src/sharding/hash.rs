@@ -65,9 +65,7 @@ impl Key {
         match self {
             Key::Namespace => fnv1a64(&o.namespace().unwrap_or_default()),
             Key::Uid => fnv1a64(&o.uid().unwrap_or_default()),
-            Key::ControllerUid => {
-                fnv1a64(&crate::controller::cache::controller_uid(o).unwrap_or_default())
-            }
+            Key::ControllerUid => fnv1a64(&crate::object::controller_uid(o).unwrap_or_default()),
         }
     }
 }

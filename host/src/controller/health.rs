@@ -1,4 +1,5 @@
-//! The health of a reconciler's watches: which watched kinds cannot list or watch, and why.
+//! What a reconciler's controller reports to the manager ([`Health`]): Forbidden writes, its
+//! crash, and the health of its watches (which watched kinds cannot list or watch, and why).
 //!
 //! kube-runtime's watchers retry failed lists and watches with a backoff and only hand the
 //! errors down their streams; the controller taps each stream and records the last error per
@@ -62,6 +63,49 @@ impl WatchErrors {
             .lock()
             .is_ok_and(|f| f.values().any(|(_, lasting)| *lasting))
     }
+}
+
+/// What the controller tells the manager (for the WasmReconciler's status).
+#[derive(Debug, Default)]
+pub struct Health {
+    /// Objects whose last reconcile hit a Forbidden write, with the message.
+    pub forbidden: Mutex<BTreeMap<String, String>>,
+    /// Watched kinds that cannot list or watch, with the API's error.
+    pub watches: WatchErrors,
+    /// The controller panicked (a host bug), with the panic's message.
+    pub crashed: Mutex<Option<String>>,
+    /// Bumped whenever `forbidden`, `watches` or `crashed` changes.
+    pub changed: tokio::sync::Notify,
+}
+
+impl Health {
+    /// Records what a watcher of `kind` delivered and tells the manager when that changes the
+    /// failing watches.
+    pub(super) fn watched<K>(&self, kind: &Gvk, event: &Result<watcher::Event<K>, watcher::Error>) {
+        if let Err(e) = event {
+            tracing::debug!(kind = %kind.kind, error = %e, "watch failed; retrying");
+        }
+        if self.watches.record(kind, event) {
+            self.changed.notify_one();
+        }
+    }
+
+    /// Records that the controller panicked with `message` and tells the manager.
+    pub(super) fn report_crash(&self, message: String) {
+        if let Ok(mut c) = self.crashed.lock() {
+            *c = Some(message);
+        }
+        self.changed.notify_one();
+    }
+}
+
+/// The message of a panic's payload (a `&str` or `String` for `panic!` and `.expect`).
+pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".to_string())
 }
 
 /// The API status of a watcher error, when the API server answered with one.

@@ -1,0 +1,174 @@
+//! The reconciler's finalizer on its primaries: added when the module finalizes, removed when
+//! it does not or when its `finalize` is done, and the deletion steps of a reconcile.
+//!
+//! The decisions ([`before_call`], [`after_finalize`]) are pure; [`set`] writes.
+//!
+//! # Guarantees
+//! - A primary being deleted that does not hold this reconciler's finalizer is let go
+//!   without a module call.
+//! - The legacy shared finalizer is replaced by the reconciler's own.
+//! - The finalizer is removed only once `finalize` reported done and every write of that
+//!   call succeeded; otherwise it stays and `finalize` runs again.
+//!
+//! # Errors
+//! [`set`] fails with [`ReconcileError::Conflict`] on a stale primary (409), else with the
+//! API's error.
+
+use kube::ResourceExt;
+use kube::api::{Api, DynamicObject, Patch, PatchParams};
+use serde_json::json;
+
+use super::ReconcileError;
+use super::reconcile::Shared;
+use crate::crd::{finalizer_for, is_finalizer_of};
+
+/// What to do with the finalizer before the module is called.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Before {
+    /// Being deleted without the reconciler's finalizer: nothing to do, forget the primary.
+    LetGo,
+    /// Being deleted, and the module does not finalize: remove the finalizer, then forget the
+    /// primary.
+    Release,
+    /// Add (true) or remove (false) the finalizer, then call the module.
+    Set(bool),
+    /// Call the module (`finalize` when the primary is being deleted).
+    Call,
+}
+
+/// The finalizer step for a primary holding `finalizers`, being deleted or not, of a module
+/// that `finalizes` or not.
+pub fn before_call(
+    reconciler: &str,
+    finalizers: &[String],
+    deleting: bool,
+    finalizes: bool,
+) -> Before {
+    let has_own = finalizers.contains(&finalizer_for(reconciler));
+    let has_finalizer = finalizers.iter().any(|f| is_finalizer_of(f, reconciler));
+    if deleting && !has_finalizer {
+        return Before::LetGo;
+    }
+    // `has_own != has_finalizer`: only the legacy finalizer is there; migrate it.
+    if !deleting && (finalizes != has_own || has_own != has_finalizer) {
+        return Before::Set(finalizes);
+    }
+    if deleting && !finalizes {
+        return Before::Release;
+    }
+    Before::Call
+}
+
+/// What follows a call whose writes are done.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum After {
+    /// Not a finished `finalize`: schedule the next reconcile.
+    Schedule,
+    /// `finalize` is done and all its writes succeeded: remove the finalizer.
+    Release,
+    /// `finalize` reported done, but some of its writes failed: the finalizer stays.
+    Incomplete,
+}
+
+/// The step after a call that answered `done` (None for `reconcile`) and whose writes had
+/// `failures` failures.
+pub fn after_finalize(done: Option<bool>, failures: usize) -> After {
+    match done {
+        Some(true) if failures > 0 => After::Incomplete,
+        Some(true) => After::Release,
+        _ => After::Schedule,
+    }
+}
+
+/// The message of [`After::Incomplete`], naming the failed writes.
+pub fn incomplete(reconciler: &str, failures: &[String]) -> String {
+    format!(
+        "finalize reported done, but some of its writes failed: {}; the finalizer {} stays and finalize runs again",
+        failures.join("; "),
+        finalizer_for(reconciler)
+    )
+}
+
+/// Adds (`present`) or removes the reconciler's finalizer on `primary` (replacing the legacy
+/// shared one), with the module's identity; returns the primary as written.
+pub(super) async fn set(
+    shared: &Shared,
+    primary: &DynamicObject,
+    present: bool,
+) -> Result<DynamicObject, ReconcileError> {
+    let reconciler = &shared.settings.name;
+    let mut finalizers: Vec<String> = primary.finalizers().to_vec();
+    finalizers.retain(|f| !is_finalizer_of(f, reconciler));
+    if present {
+        finalizers.push(finalizer_for(reconciler));
+    }
+    let patch = json!({"metadata": {"finalizers": finalizers, "resourceVersion": primary.resource_version()}});
+    let resolved = &shared.settings.primary.resolved;
+    let api: Api<DynamicObject> = match (resolved.namespaced, primary.namespace()) {
+        (true, Some(ns)) => {
+            Api::namespaced_with(shared.impersonated.clone(), &ns, &resolved.resource)
+        }
+        _ => Api::all_with(shared.impersonated.clone(), &resolved.resource),
+    };
+    api.patch(
+        &primary.name_any(),
+        &PatchParams::default(),
+        &Patch::Merge(&patch),
+    )
+    .await
+    .map_err(|e| match &e {
+        kube::Error::Api(s) if s.code == 409 => {
+            ReconcileError::Conflict(format!("finalizer of {}", primary.name_any()))
+        }
+        _ => ReconcileError::Api(e),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn own() -> Vec<String> {
+        vec![finalizer_for("r")]
+    }
+
+    #[test]
+    fn a_deleted_primary_without_the_finalizer_is_let_go() {
+        assert_eq!(before_call("r", &[], true, true), Before::LetGo);
+        assert_eq!(
+            before_call("r", &["other.dev/x".into()], true, false),
+            Before::LetGo
+        );
+    }
+
+    #[test]
+    fn the_finalizer_follows_whether_the_module_finalizes() {
+        assert_eq!(before_call("r", &[], false, true), Before::Set(true));
+        assert_eq!(before_call("r", &own(), false, false), Before::Set(false));
+        assert_eq!(before_call("r", &own(), false, true), Before::Call);
+        assert_eq!(before_call("r", &[], false, false), Before::Call);
+    }
+
+    #[test]
+    fn the_legacy_finalizer_is_replaced_or_honoured() {
+        let legacy = vec![crate::crd::FINALIZER.to_string()];
+        assert_eq!(before_call("r", &legacy, false, true), Before::Set(true));
+        assert_eq!(before_call("r", &legacy, false, false), Before::Set(false));
+        assert_eq!(before_call("r", &legacy, true, true), Before::Call);
+        assert_eq!(before_call("r", &legacy, true, false), Before::Release);
+    }
+
+    #[test]
+    fn a_deleted_primary_is_finalized_or_released() {
+        assert_eq!(before_call("r", &own(), true, true), Before::Call);
+        assert_eq!(before_call("r", &own(), true, false), Before::Release);
+    }
+
+    #[test]
+    fn the_finalizer_goes_only_when_finalize_is_done_and_every_write_succeeded() {
+        assert_eq!(after_finalize(None, 0), After::Schedule);
+        assert_eq!(after_finalize(Some(false), 2), After::Schedule);
+        assert_eq!(after_finalize(Some(true), 0), After::Release);
+        assert_eq!(after_finalize(Some(true), 1), After::Incomplete);
+    }
+}

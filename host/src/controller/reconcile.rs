@@ -1,0 +1,828 @@
+//! One reconcile of one primary, step by step: wait for the caches and a permit
+//! ([`reconcile`]), admission by sharding and the host-wide bound, the span and the metrics
+//! ([`admitted`]), then [`run_once`]: the finalizer, the request, the module call and its
+//! validation ([`super::call`]), the writes, their failures, and the next schedule.
+//!
+//! # Guarantees
+//! See the controller's ([`super`]); here: the next reconcile is due at the module's
+//! requeue-after when it is shorter than the (jittered) resync, else at the resync; a
+//! `finalize` that is not done yet and asked for no requeue runs again after a second
+//! ([`next_schedule`]).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use kube::ResourceExt;
+use kube::api::DynamicObject;
+use kube::runtime::controller::Action;
+use kube::runtime::events::{Event as KubeEvent, EventType as KubeEventType, Recorder};
+use kube::runtime::reflector::Store;
+use tracing::field::Empty;
+use tracing::{Instrument, info_span};
+
+use super::apply::{Applier, ApplyReport, FailureKind, Observed, object_reference};
+use super::cache::{self, Cache};
+use super::call::{self, Check, Export};
+use super::compact::Compact;
+use super::finalizer::{self, After, Before};
+use super::intents::{self, Grant, Primary, Validated};
+use super::state::States;
+use super::triggers::{object_ref_of, primary_ref};
+use super::{ReconcileError, Settings, backoff, priority, record, resync};
+use crate::contract::{Context, Gvk, KindObjects, ReconcileRequest, RelatedKind, Trigger};
+use crate::discovery::Discovery;
+use crate::modules::slot::{Active, ModuleSlot};
+use crate::object::ObjectKey;
+use crate::operations::metrics;
+
+/// Whether reconciles may run: they wait while `Waiting`, and give up when `Stopping`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Gate {
+    /// Some cache has not finished its first list yet.
+    Waiting,
+    /// Every cache has its first list.
+    Synced,
+    /// The controller is stopping: waiting reconciles return.
+    Stopping,
+}
+
+/// One owned or related kind's compact cache (children grouped by controller uid, related
+/// objects by namespace).
+pub(super) struct Cached {
+    pub kind: Gvk,
+    pub cache: Arc<Cache>,
+}
+
+/// The state shared by all reconciles of one reconciler.
+pub(super) struct Shared {
+    pub settings: Settings,
+    pub slot: ModuleSlot,
+    pub applier: Applier,
+    pub host_events: Recorder,
+    pub impersonated: kube::Client,
+    pub discovery: Discovery,
+    pub owned: Vec<Cached>,
+    pub related: Vec<Cached>,
+    pub states: States,
+    pub primaries: Store<Compact>,
+    pub synced: tokio::sync::watch::Receiver<Gate>,
+    /// `spec.limits.concurrency` permits, reactive work first (see [`priority`]).
+    pub priority: priority::PriorityGate<ObjectKey>,
+}
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shared")
+            .field("reconciler", &self.settings.name)
+            .finish()
+    }
+}
+
+/// What the reconciles read: the caches, and whether they are synced.
+pub(super) struct Caches {
+    pub owned: Vec<Cached>,
+    pub related: Vec<Cached>,
+    pub primaries: Store<Compact>,
+    pub synced: tokio::sync::watch::Receiver<Gate>,
+}
+
+impl Shared {
+    /// The state of reconciler `settings.name`, writing with `clients`.
+    pub(super) fn new(
+        settings: Settings,
+        slot: ModuleSlot,
+        clients: &super::Clients,
+        states: States,
+        caches: Caches,
+        priority: priority::PriorityGate<ObjectKey>,
+    ) -> Self {
+        let applier = Applier::new(
+            clients.module.clone(),
+            clients.host.clone(),
+            &settings.name,
+            clients.discovery.clone(),
+            clients.module_events.clone(),
+        );
+        Shared {
+            settings,
+            slot,
+            applier,
+            host_events: clients.host_events.clone(),
+            impersonated: clients.module.clone(),
+            discovery: clients.discovery.clone(),
+            owned: caches.owned,
+            related: caches.related,
+            states,
+            primaries: caches.primaries,
+            synced: caches.synced,
+            priority,
+        }
+    }
+
+    /// The primary `key` as the cache holds it now.
+    fn cached(&self, key: &ObjectKey) -> Option<Arc<Compact>> {
+        self.primaries
+            .get(&primary_ref(self.settings.primary_resource(), key))
+    }
+
+    /// The lane a reconcile of `key` waits in (see [`States::lane`]).
+    fn lane(&self, key: &ObjectKey) -> priority::Lane {
+        let rv = self.cached(key).and_then(|p| p.resource_version());
+        let active = self.slot.active();
+        self.states.lane(key, rv.as_deref(), active.module.sha256())
+    }
+
+    /// Frees everything kept for `key` (see [`States::forget`]), its place in the priority
+    /// gate too.
+    pub(super) fn forget(&self, key: &ObjectKey) {
+        self.states.forget(key);
+        self.priority.forget(key);
+    }
+
+    /// The observed children controlled by `uid`, of every owned kind the module may own
+    /// (through the index: the cost is the primary's children, not the cache's size): parsed
+    /// for the host, and as the JSON text the module receives, both in a stable order.
+    fn observed(&self, uid: &str, grant: &Grant) -> (Vec<Observed>, Vec<KindObjects>) {
+        self.owned
+            .iter()
+            .filter(|c| grant.owned.contains(&c.kind))
+            .map(|c| {
+                let (objects, texts): (Vec<DynamicObject>, Vec<String>) = c
+                    .cache
+                    .group(uid)
+                    .into_iter()
+                    .filter_map(|(key, json)| match serde_json::from_str(&json) {
+                        Ok(o) => Some((o, json.to_string())),
+                        // The cache wrote this text from an object: it parses.
+                        Err(e) => {
+                            tracing::warn!(kind = %c.kind, object = %key, error = %e, "a cached object does not parse");
+                            None
+                        }
+                    })
+                    .unzip();
+                let kind = c.kind.clone();
+                (
+                    Observed {
+                        kind: kind.clone(),
+                        objects,
+                    },
+                    KindObjects {
+                        kind,
+                        objects: texts,
+                    },
+                )
+            })
+            .unzip()
+    }
+
+    /// The related objects the module asked for that the primary may see (in its namespace when
+    /// it is namespaced).
+    fn related_of(&self, related: &[RelatedKind], namespace: Option<&str>) -> Vec<KindObjects> {
+        related
+            .iter()
+            .map(|rk| KindObjects {
+                kind: rk.kind.clone(),
+                objects: self
+                    .related
+                    .iter()
+                    .filter(|c| c.kind == rk.kind)
+                    .flat_map(|c| match namespace {
+                        Some(ns) => c.cache.group(ns),
+                        None => c.cache.all(),
+                    })
+                    .filter(|(_, json)| rk.selector.matches(&cache::labels_of(json)))
+                    .map(|(_, json)| json.to_string())
+                    .collect(),
+            })
+            .collect()
+    }
+
+    /// Records a Warning Event on `primary`, with the host's identity.
+    async fn warn(&self, primary: &DynamicObject, reason: &str, message: String) {
+        let r = object_ref_of(&self.settings.primary.kind, primary);
+        let event = KubeEvent {
+            type_: KubeEventType::Warning,
+            reason: reason.to_string(),
+            note: Some(truncate(&message, intents::MAX_EVENT_NOTE)),
+            action: "Reconcile".into(),
+            secondary: None,
+        };
+        if let Err(e) = self
+            .host_events
+            .publish(&event, &object_reference(&r, primary.uid()))
+            .await
+        {
+            tracing::warn!(error = %e, reason, "cannot record a Warning Event");
+        }
+    }
+}
+
+/// `s` cut to at most `max` bytes (at a character boundary), `...` marking a cut.
+fn truncate(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_string();
+    }
+    let mut cut = max.saturating_sub(3);
+    while !s.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    format!("{}...", &s[..cut])
+}
+
+/// The first 12 hex digits of a module's sha256.
+fn short_sha(sha: &str) -> &str {
+    &sha[..12.min(sha.len())]
+}
+
+fn now_unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or_default()
+}
+
+/// Logs (once per process, at debug) the size of a reconcile's future: what every entry that
+/// waits in the priority gate holds, besides kube-runtime's own wrapping.
+pub(super) fn sized<F>(
+    reconcile: impl Fn(Arc<Compact>, Arc<Shared>) -> F,
+) -> impl Fn(Arc<Compact>, Arc<Shared>) -> F {
+    static LOGGED: std::sync::Once = std::sync::Once::new();
+    move |primary, shared| {
+        let future = reconcile(primary, shared);
+        LOGGED.call_once(|| {
+            tracing::debug!(
+                bytes = std::mem::size_of_val(&future),
+                "the future of a reconcile (held while it waits for a permit)"
+            );
+        });
+        future
+    }
+}
+
+/// One reconcile as kube-runtime's controller runs it: waits for the caches and a permit of
+/// the priority gate, reads the primary again, and runs [`admitted`].
+pub(super) async fn reconcile(
+    primary: Arc<Compact>,
+    shared: Arc<Shared>,
+) -> Result<Action, ReconcileError> {
+    let key = ObjectKey::of(&*primary);
+    // Read again once admitted: a reconcile that waited works on the current primary.
+    drop(primary);
+    // No reconcile and no finalize before every watch has its first list.
+    let mut gate = shared.synced.clone();
+    match gate.wait_for(|g| *g != Gate::Waiting).await.map(|g| *g) {
+        Ok(Gate::Synced) => {}
+        // The controller is stopping.
+        _ => return Ok(Action::await_change()),
+    }
+    let namespaces = &shared.settings.namespaces;
+    if !namespaces.is_empty()
+        && !key
+            .namespace
+            .as_ref()
+            .is_some_and(|ns| namespaces.contains(ns))
+    {
+        shared.forget(&key);
+        return Ok(Action::await_change());
+    }
+    // At most `spec.limits.concurrency` at once, work that reacts to a change first.
+    let permit = match shared.priority.arrive(&key, shared.lane(&key)) {
+        priority::Arrival::Run(permit) => permit,
+        // Timed work while every permit is taken: the gate hands the key back later.
+        priority::Arrival::Parked => return Ok(Action::await_change()),
+        priority::Arrival::Wait(waiting) => tokio::select! {
+            permit = waiting.permit() => permit,
+            // The controller is stopping: waiting reconciles must not hold the shutdown.
+            _ = gate.wait_for(|g| *g == Gate::Stopping) => return Ok(Action::await_change()),
+        },
+    };
+    let Some(primary) = shared.cached(&key) else {
+        // Deleted while it waited.
+        shared.forget(&key);
+        return Ok(Action::await_change());
+    };
+    // The one primary this reconcile reads, parsed from its cached text.
+    let primary = Arc::new(primary.object().map_err(|e| {
+        ReconcileError::Apply(format!("cannot read the cached primary {key}: {e}"))
+    })?);
+    // Boxed: what waits above stays small (see `sized`).
+    Box::pin(admitted(primary, shared, permit)).await
+}
+
+/// A root span: one trace per reconcile (not a child of kube-runtime's scheduling span).
+/// Exported over OTLP when configured (see `crate::operations::tracing`). Counts are recorded
+/// as i64: the OpenTelemetry bridge would export unsigned integers as strings.
+fn reconcile_span(
+    settings: &Settings,
+    key: &ObjectKey,
+    active: &Active,
+    trigger: &Trigger,
+    attempt: u32,
+) -> tracing::Span {
+    let sha = active.module.sha256();
+    info_span!(
+        parent: None,
+        "reconcile",
+        reconciler = %settings.name,
+        kind = %settings.primary.kind,
+        object = %key,
+        trigger = trigger.name(),
+        attempt = i64::from(attempt),
+        module = %short_sha(sha),
+        module.name = %active.module.metadata().name,
+        module.sha256 = %sha,
+        intents.children = Empty,
+        intents.actions = Empty,
+        intents.status = Empty,
+        intents.events = Empty,
+        apply.applied = Empty,
+        apply.unchanged = Empty,
+        apply.pruned = Empty,
+        apply.failed = Empty,
+        outcome = Empty,
+        otel.status_code = Empty,
+        otel.status_description = Empty,
+    )
+}
+
+/// A reconcile that has its permit of the reconciler's priority gate (held until it returns).
+async fn admitted(
+    primary: Arc<DynamicObject>,
+    shared: Arc<Shared>,
+    _slot: priority::Permit,
+) -> Result<Action, ReconcileError> {
+    let key = ObjectKey::of(&*primary);
+    // With sharding: only primaries in this replica's active ranges, and the drain of a range
+    // being released waits for this reconcile (held until it returns).
+    let admitted = match &shared.settings.shards {
+        None => None,
+        Some(shards) => {
+            let by =
+                crate::sharding::hash::Key::of_primary(shared.settings.primary.resolved.namespaced);
+            match shards.admit(by.hash(&primary)) {
+                Some(a) => Some(a),
+                None => {
+                    shared.forget(&key);
+                    return Ok(Action::await_change());
+                }
+            }
+        }
+    };
+    let started_ms = now_unix_ms();
+    // The host-wide bound: held until this reconcile's writes are done.
+    let _permit = shared.settings.reconcile_limit.admit().await;
+    let active = shared.slot.active();
+    let sha = active.module.sha256().to_string();
+    let rv = primary.resource_version();
+    let (trigger, attempt) = shared.states.begin(&key, rv.as_deref(), &sha);
+    let span = reconcile_span(&shared.settings, &key, &active, &trigger, attempt);
+    let started = Instant::now();
+    let m = metrics::global();
+    shared.states.queue().started(&key.to_string());
+    m.active(&shared.settings.name, 1);
+    let result = run_once(&primary, &shared, &active, trigger, attempt)
+        .instrument(span.clone())
+        .await;
+    let elapsed = started.elapsed();
+    if admitted.is_some() {
+        // The record of which replica reconciled which primary when (read by the e2e tests).
+        tracing::debug!(target: "wasmop::sharding", reconciler = %shared.settings.name, primary = %key, started_ms, finished_ms = now_unix_ms(), "sharded reconcile");
+    }
+    drop(admitted);
+    m.active(&shared.settings.name, -1);
+    m.reconciled(&shared.settings.name, result.is_ok(), elapsed);
+    finished(&shared, &key, &active, &span, elapsed, &result);
+    result
+}
+
+/// Reports a finished reconcile: the queue, its span and log line, the module's record for
+/// rollback; forgets a primary deleted while it ran.
+fn finished(
+    shared: &Shared,
+    key: &ObjectKey,
+    active: &Active,
+    span: &tracing::Span,
+    elapsed: Duration,
+    result: &Result<Action, ReconcileError>,
+) {
+    if let Ok(action) = result
+        && *action != Action::await_change()
+    {
+        shared.states.queue().requeued(false);
+    }
+    span.record("outcome", outcome(result));
+    match result {
+        Ok(_) => span.record("otel.status_code", "OK"),
+        Err(e) => span
+            .record("otel.status_code", "ERROR")
+            .record("otel.status_description", e.to_string().as_str()),
+    };
+    let _enter = span.enter();
+    match result {
+        Ok(_) => tracing::debug!(elapsed_ms = elapsed.as_millis() as u64, "reconciled"),
+        Err(e) => {
+            tracing::warn!(elapsed_ms = elapsed.as_millis() as u64, error = %e, "reconcile failed")
+        }
+    }
+    active.record(match result {
+        Ok(_) => true,
+        Err(e) => !e.is_module_failure(),
+    });
+    // Deleted while it ran: nothing more will come for it.
+    if shared.cached(key).is_none() {
+        shared.forget(key);
+    }
+}
+
+/// What a reconcile came to, for its span: `ok`, or the kind of failure.
+fn outcome(result: &Result<Action, ReconcileError>) -> &'static str {
+    match result {
+        Ok(_) => "ok",
+        Err(ReconcileError::Module(_)) => "module_failed",
+        Err(ReconcileError::Rejected(_)) => "rejected",
+        Err(ReconcileError::Conflict(_)) => "conflict",
+        Err(ReconcileError::Apply(_)) => "apply_failed",
+        Err(ReconcileError::Api(_)) => "api_error",
+        Err(ReconcileError::Join(_)) => "call_failed",
+    }
+}
+
+/// When the next reconcile is due, and why: the module's requeue-after when shorter than the
+/// (jittered) `resync`, else the resync; a `finalize` not `done` yet that asked for no
+/// requeue runs again after a second.
+pub(super) fn next_schedule(
+    requeue: Option<Duration>,
+    resync: Duration,
+    done: Option<bool>,
+) -> (Duration, Trigger) {
+    if done == Some(false) && requeue.is_none() {
+        return (Duration::from_secs(1), Trigger::Requeue);
+    }
+    match requeue {
+        Some(d) if d < resync => (d, Trigger::Requeue),
+        _ => (resync, Trigger::Resync),
+    }
+}
+
+/// The module's request for `current` (with its children and related objects from the
+/// caches), and the children as the host parsed them.
+fn request(
+    shared: &Shared,
+    active: &Active,
+    current: &DynamicObject,
+    key: &ObjectKey,
+    (trigger, attempt): (Trigger, u32),
+) -> Result<(ReconcileRequest, Vec<Observed>), ReconcileError> {
+    let uid = current.uid().unwrap_or_default();
+    let (observed, owned) = shared.observed(&uid, &active.fit.grant);
+    let namespace = key
+        .namespace
+        .as_deref()
+        .filter(|_| shared.settings.primary.resolved.namespaced);
+    let request = ReconcileRequest {
+        primary: serde_json::to_string(current)
+            .map_err(|e| ReconcileError::Apply(format!("cannot serialize the primary: {e}")))?,
+        owned,
+        related: shared.related_of(&active.fit.related, namespace),
+        context: Context {
+            reconciler: shared.settings.name.clone(),
+            trigger,
+            attempt,
+            config: shared.settings.config.clone(),
+            now_unix_ms: now_unix_ms(),
+        },
+    };
+    Ok((request, observed))
+}
+
+/// Where a failed call's request is recorded (`--record-failures`), if anywhere.
+struct Failures<'a> {
+    recorder: Option<&'a record::FailureRecorder>,
+    request: Option<ReconcileRequest>,
+    sha: &'a str,
+    export: Export,
+}
+
+impl Failures<'_> {
+    /// Records the request that failed with `error`; what to add to the Warning about it.
+    fn note(&self, error: &str) -> String {
+        let finalize = self.export == Export::Finalize;
+        record::note(
+            self.recorder,
+            self.request.as_ref(),
+            self.sha,
+            error,
+            finalize,
+        )
+    }
+}
+
+/// Calls the module (off the async workers) and records what the call cost.
+async fn call_module(
+    shared: &Shared,
+    active: &Active,
+    export: Export,
+    request: ReconcileRequest,
+) -> Result<call::Called, ReconcileError> {
+    let call_span = info_span!(
+        "module.call",
+        call = export.name(),
+        instantiate_us = Empty,
+        call_us = Empty,
+        memory_peak = Empty,
+    );
+    let called = call::call(&active.module, export, request, shared.settings.limits)
+        .instrument(call_span.clone())
+        .await
+        .map_err(|failure| match failure {
+            call::Failure::Join(message) => ReconcileError::Join(message),
+            other => ReconcileError::Join(other.to_string()),
+        })?;
+    let stats = called.stats;
+    call_span
+        .record("instantiate_us", stats.instantiate.as_micros() as i64)
+        .record("call_us", stats.call.as_micros() as i64)
+        .record("memory_peak", stats.memory_peak as i64);
+    drop(call_span);
+    metrics::global().module_call(&shared.settings.name, export.name(), &stats);
+    tracing::trace!(
+        instantiate_us = stats.instantiate.as_micros() as u64,
+        call_us = stats.call.as_micros() as u64,
+        memory_peak = stats.memory_peak,
+        "module call"
+    );
+    Ok(called)
+}
+
+/// The module's answer validated: a failed call or a refused response is reported in a
+/// Warning Event (naming the recorded request, if any).
+async fn answer(
+    shared: &Shared,
+    active: &Active,
+    (primary, current): (&DynamicObject, &DynamicObject),
+    observed: &[Observed],
+    called: call::Called,
+    failures: &Failures<'_>,
+) -> Result<(Option<bool>, Validated), ReconcileError> {
+    let module = &active.module;
+    let call::Response { done, response } = match called.result {
+        Ok(r) => r,
+        Err(e) => {
+            let recorded = failures.note(&e.to_string());
+            let (name, sha) = (&module.metadata().name, short_sha(module.sha256()));
+            let message = format!("module {name} ({sha}): {e}{recorded}");
+            shared.warn(primary, e.reason(), message).await;
+            return Err(e.into());
+        }
+    };
+    let info = Primary::from_object(&serde_json::to_value(current).unwrap_or_default())
+        .map_err(ReconcileError::Apply)?;
+    let children = call::observed_children(observed);
+    let check = Check {
+        reconciler: &shared.settings.name,
+        primary: &info,
+        grant: &active.fit.grant,
+        scopes: &shared.discovery,
+        children: &children,
+    };
+    match check.validate(response) {
+        Ok(v) => Ok((done, v)),
+        Err(rejected) => {
+            let recorded = failures.note(&rejected.to_string());
+            let message = format!("module {}: {rejected}{recorded}", module.metadata().name);
+            shared.warn(primary, "InvalidIntents", message).await;
+            Err(rejected.into())
+        }
+    }
+}
+
+/// Applies `validated` for `current` and remembers what is applied; records the counts on
+/// the reconcile's span.
+async fn apply(
+    shared: &Shared,
+    key: &ObjectKey,
+    current: &DynamicObject,
+    observed: &[Observed],
+    validated: Validated,
+) -> ApplyReport {
+    let span = tracing::Span::current();
+    let children: i64 = validated
+        .children
+        .iter()
+        .map(|set| set.objects.len() as i64)
+        .sum();
+    span.record("intents.children", children)
+        .record("intents.actions", validated.actions.len() as i64)
+        .record("intents.status", validated.status.is_some())
+        .record("intents.events", validated.events.len() as i64);
+    let applied = shared.states.applied(key);
+    let resolved = &shared.settings.primary.resolved;
+    let report = shared
+        .applier
+        .apply(current, resolved, observed, validated, applied)
+        .await;
+    span.record("apply.applied", report.applied as i64)
+        .record("apply.unchanged", report.unchanged as i64)
+        .record("apply.pruned", report.pruned as i64)
+        .record("apply.failed", report.failures.len() as i64);
+    shared.states.remember(key, report.remembered.clone());
+    report
+}
+
+/// Reports the failed writes of `report`: Forbidden ones to the manager and in a Warning;
+/// a conflict or another failure fails the reconcile.
+async fn write_failures(
+    shared: &Shared,
+    primary: &DynamicObject,
+    key: &ObjectKey,
+    report: &ApplyReport,
+) -> Result<(), ReconcileError> {
+    let forbidden: Vec<String> = report
+        .of(FailureKind::Forbidden)
+        .map(ToString::to_string)
+        .collect();
+    if forbidden.is_empty() {
+        shared.states.set_forbidden(key, None);
+    } else {
+        let sa = &shared.settings.service_account;
+        let message = format!(
+            "{sa} is not allowed to: {} (grant it in the ServiceAccount's Role or ClusterRole)",
+            forbidden.join("; ")
+        );
+        shared.warn(primary, "Forbidden", message.clone()).await;
+        shared.states.set_forbidden(key, Some(message));
+    }
+    if let Some(c) = report.of(FailureKind::Conflict).next() {
+        return Err(ReconcileError::Conflict(c.to_string()));
+    }
+    let others: Vec<String> = report
+        .failures
+        .iter()
+        .filter(|f| matches!(f.kind, FailureKind::Invalid | FailureKind::Transient))
+        .map(ToString::to_string)
+        .collect();
+    if !others.is_empty() {
+        shared.warn(primary, "ApplyFailed", others.join("; ")).await;
+        return Err(ReconcileError::Apply(others.join("; ")));
+    }
+    Ok(())
+}
+
+/// The finalizer step before the call: the primary to call the module with, or None when
+/// the reconcile is over (the primary let go).
+async fn finalizer_first(
+    shared: &Shared,
+    primary: &DynamicObject,
+    key: &ObjectKey,
+    finalizes: bool,
+) -> Result<Option<DynamicObject>, ReconcileError> {
+    let deleting = primary.metadata.deletion_timestamp.is_some();
+    match finalizer::before_call(
+        &shared.settings.name,
+        primary.finalizers(),
+        deleting,
+        finalizes,
+    ) {
+        Before::LetGo => {
+            shared.forget(key);
+            Ok(None)
+        }
+        Before::Release => {
+            finalizer::set(shared, primary, false).await?;
+            shared.forget(key);
+            Ok(None)
+        }
+        Before::Set(present) => Ok(Some(finalizer::set(shared, primary, present).await?)),
+        Before::Call => Ok(Some(primary.clone())),
+    }
+}
+
+/// One reconcile (or finalize) of `primary` with module `active`: the finalizer, the
+/// request, the call and its validation, the writes, and the next schedule.
+async fn run_once(
+    primary: &Arc<DynamicObject>,
+    shared: &Arc<Shared>,
+    active: &Active,
+    trigger: Trigger,
+    attempt: u32,
+) -> Result<Action, ReconcileError> {
+    let key = ObjectKey::of(&**primary);
+    let finalizes = active.module.metadata().finalizes;
+    let Some(current) = finalizer_first(shared, primary, &key, finalizes).await? else {
+        return Ok(Action::await_change());
+    };
+    let export = Export::of(primary.metadata.deletion_timestamp.is_some());
+    let (request, observed) = request(shared, active, &current, &key, (trigger, attempt))?;
+    let recorder = shared.settings.recorder.as_deref();
+    let failures = Failures {
+        recorder,
+        request: recorder.map(|_| request.clone()),
+        sha: active.module.sha256(),
+        export,
+    };
+    let called = call_module(shared, active, export, request).await?;
+    let (done, validated) = answer(
+        shared,
+        active,
+        (primary, &current),
+        &observed,
+        called,
+        &failures,
+    )
+    .await?;
+    let requeue = validated.requeue_after;
+    let report = apply(shared, &key, &current, &observed, validated).await;
+    write_failures(shared, primary, &key, &report).await?;
+    match finalizer::after_finalize(done, report.failures.len()) {
+        After::Incomplete => {
+            // The module's cleanup did not all happen: the finalizer keeps protecting what is
+            // left.
+            let failed: Vec<String> = report.failures.iter().map(ToString::to_string).collect();
+            let message = finalizer::incomplete(&shared.settings.name, &failed);
+            shared
+                .warn(primary, "FinalizeIncomplete", message.clone())
+                .await;
+            Err(ReconcileError::Apply(message))
+        }
+        After::Release => {
+            finalizer::set(shared, &current, false).await?;
+            shared.forget(&key);
+            Ok(Action::await_change())
+        }
+        After::Schedule => {
+            let resync = resync::jittered(shared.settings.resync);
+            let next = next_schedule(requeue, resync, done);
+            shared.states.succeeded(&key, next.clone());
+            Ok(Action::requeue(next.0))
+        }
+    }
+}
+
+/// The backoff after a failed reconcile of `primary` (see [`backoff`]).
+pub(super) fn error_policy(
+    primary: Arc<Compact>,
+    error: &ReconcileError,
+    shared: Arc<Shared>,
+) -> Action {
+    let failures = shared.states.failed(&ObjectKey::of(&*primary));
+    let delay = backoff(failures);
+    shared.states.queue().requeued(true);
+    tracing::debug!(reconciler = %shared.settings.name, object = %primary.name_any(), failures, delay_ms = delay.as_millis() as u64, error = %error, "backing off");
+    Action::requeue(delay)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIN: Duration = Duration::from_secs(60);
+
+    #[test]
+    fn a_shorter_requeue_comes_before_the_resync() {
+        let next = next_schedule(Some(Duration::from_secs(5)), MIN, None);
+        assert_eq!(next, (Duration::from_secs(5), Trigger::Requeue));
+    }
+
+    #[test]
+    fn a_longer_or_no_requeue_waits_for_the_resync() {
+        assert_eq!(
+            next_schedule(Some(MIN * 2), MIN, None),
+            (MIN, Trigger::Resync)
+        );
+        assert_eq!(next_schedule(Some(MIN), MIN, None), (MIN, Trigger::Resync));
+        assert_eq!(next_schedule(None, MIN, None), (MIN, Trigger::Resync));
+    }
+
+    #[test]
+    fn an_unfinished_finalize_runs_again_after_a_second_unless_it_asked() {
+        assert_eq!(
+            next_schedule(None, MIN, Some(false)),
+            (Duration::from_secs(1), Trigger::Requeue)
+        );
+        let asked = Duration::from_secs(7);
+        assert_eq!(
+            next_schedule(Some(asked), MIN, Some(false)),
+            (asked, Trigger::Requeue)
+        );
+    }
+
+    #[test]
+    fn a_truncated_note_ends_in_dots_at_a_character_boundary() {
+        assert_eq!(truncate("abc", 5), "abc");
+        assert_eq!(truncate("abcdefgh", 6), "abc...");
+        assert_eq!(truncate("ééééé", 6), "é...");
+    }
+
+    #[test]
+    fn outcomes_name_the_kind_of_failure() {
+        assert_eq!(outcome(&Ok(Action::await_change())), "ok");
+        assert_eq!(
+            outcome(&Err(ReconcileError::Conflict("x".into()))),
+            "conflict"
+        );
+        assert_eq!(
+            outcome(&Err(ReconcileError::Join("x".into()))),
+            "call_failed"
+        );
+    }
+}
