@@ -144,7 +144,8 @@ step "primary-replica: an upgrade rolls the replicas first and the primary last"
 # resourceVersion read just before the change (a watch delivers every committed change, in
 # order), never from a wait for a partition that may have passed before the wait began.
 rv=$(k -n demo get statefulset orders -o jsonpath='{.metadata.resourceVersion}')
-k get --raw "/apis/apps/v1/namespaces/demo/statefulsets?watch=true&fieldSelector=metadata.name%3Dorders&resourceVersion=$rv&timeoutSeconds=$((WAIT_S * 2))" \
+# kubectl itself in the background (not the k function's subshell), so that kill ends the watch.
+"$KUBECTL" get --raw "/apis/apps/v1/namespaces/demo/statefulsets?watch=true&fieldSelector=metadata.name%3Dorders&resourceVersion=$rv&timeoutSeconds=$((WAIT_S * 2))" \
   >"$work/orders.watch" &
 watch_pid=$!
 k -n demo patch database orders --type merge -p '{"spec":{"version":"15.3"}}'
