@@ -1,6 +1,5 @@
 # wasmop: the two commands are `make demo` (the main job) and `make test` (everything CI checks).
-# Other targets: `make cluster` (a local control plane until Ctrl-C), `make provision` (build the
-# control-plane binaries into the cache), plus those in mk/*.mk (modules, benchmarks, ...).
+# Other targets: `make help` lists them all with what they do (the `##` lines here and in mk/*.mk).
 
 CARGO ?= cargo
 # The target directory as cargo sees it (honours CARGO_TARGET_DIR and .cargo/config.toml), the
@@ -13,38 +12,76 @@ export CARGO_TERM_COLOR ?= never
 # CARGO_INCREMENTAL=1 for quicker edit-and-rerun cycles in a working copy.
 export CARGO_INCREMENTAL ?= 0
 
-.PHONY: test lint fmt-check clippy unit prereqs provision cluster demo testenv
+.PHONY: help test fmt-check clippy provision cluster demo testenv crds
+
+## Print the targets and what they do (the `##` lines of Makefile and mk/*.mk).
+help:
+	@awk '/^## / { doc = doc "    " substr($$0, 4) "\n"; next } \
+		/^[a-zA-Z0-9_.-]+:/ && doc != "" { split($$0, t, ":"); printf "make %s\n%s", t[1], doc } \
+		{ doc = "" }' Makefile mk/*.mk
+
+# --- prerequisites: every target that builds checks (and where it safely can, installs) what it
+# needs first; scripts/prereqs.sh says what each NEED is and prints one line per missing tool.
+PREREQS := bash scripts/prereqs.sh
+.PHONY: prereqs prereqs-rust prereqs-cluster prereqs-demo prereqs-modules prereqs-python \
+	prereqs-bench prereqs-image
+## Check (and add the Rust targets of) everything `make test` needs.
+prereqs:
+	@$(PHASES) run prereqs $(PREREQS) all
+prereqs-rust:
+	@$(PREREQS) rust cc
+prereqs-cluster:
+	@$(PREREQS) rust cc go
+prereqs-demo:
+	@$(PREREQS) rust wasm cc go
+prereqs-modules:
+	@$(PREREQS) rust wasm cc python flock
+prereqs-python:
+	@$(PREREQS) python flock
+prereqs-bench:
+	@$(PREREQS) rust wasm cc go python flock
+prereqs-image:
+	@$(PREREQS) rust musl cc go binutils tar
+
+# --- make test: each phase timed (scripts/phases.sh); a table of the phases ends the output.
+PHASES := bash scripts/phases.sh
+test: export MAKE_PHASES := $(TARGET_DIR)/make-test-phases.tsv
 
 ## The test command (CI runs exactly this): formatting, lints, unit tests and end-to-end tests
-## against a real local control plane.
-test: prereqs fmt-check clippy provision
-	$(CARGO) test --workspace
+## against a real local control plane. Ends with a table of its phases and their durations.
+test: phases-start prereqs fmt-check clippy provision
+	$(PHASES) cargo-test "cargo test --workspace (build + run)" $(CARGO) test --workspace
+	@$(PHASES) table
 	@echo "make test: all checks passed"
 
-prereqs:
-	@command -v $(CARGO) >/dev/null || { echo "cargo not found: install Rust with rustup" >&2; exit 1; }
-	@if command -v rustup >/dev/null && ! rustup target list --installed | grep -qx wasm32-wasip2; then \
-		echo "installing the wasm32-wasip2 Rust target"; rustup target add wasm32-wasip2; fi
+.PHONY: phases-start
+phases-start:
+	@$(PHASES) start
 
-fmt-check:
-	$(CARGO) fmt --all --check
+fmt-check: prereqs-rust
+	$(PHASES) run fmt $(CARGO) fmt --all --check
 
-clippy:
-	$(CARGO) clippy --workspace --all-targets -- -D warnings
+clippy: prereqs-rust
+	$(PHASES) run clippy $(CARGO) clippy --workspace --all-targets -- -D warnings
 
-testenv:
-	$(CARGO) build -p wasmop-testenv --bin testenv
+testenv: prereqs-rust
+	$(PHASES) run "build testenv" $(CARGO) build -p wasmop-testenv --bin testenv
 
 ## Find or build (first time: minutes, with progress) the control-plane binaries.
-provision: testenv
-	$(TESTENV) provision
+provision: prereqs-cluster testenv
+	$(PHASES) run provision $(TESTENV) provision
 
 ## A local control plane for people: prints `export KUBECONFIG=...`, stays up until Ctrl-C.
-cluster: testenv
+cluster: prereqs-cluster testenv
 	$(TESTENV) cluster
 
 ## The main job: a local control plane, visibly working. DEMO_ONCE=1 runs the scenario and exits.
-demo: testenv
+demo: prereqs-demo testenv
 	DEMO_ONCE=$(DEMO_ONCE) TESTENV=$(TESTENV) bash scripts/demo.sh
+
+## Regenerate deploy/crds/ from the Rust types (host/src/crd.rs); host/tests/crds.rs checks it.
+crds: prereqs-rust
+	$(CARGO) run -p wasmop --bin wasmop -- crdgen > deploy/crds/wasmreconciler.yaml.new
+	mv deploy/crds/wasmreconciler.yaml.new deploy/crds/wasmreconciler.yaml
 
 -include mk/*.mk

@@ -1,14 +1,14 @@
 # Benchmarks print their figures; they are not tests.
 .PHONY: bench-dispatch
 ## The same reconcile native and through Wasm (fresh sandbox per call); last line is the ratio.
-bench-dispatch: prereqs
+bench-dispatch: prereqs-bench
 	$(CARGO) bench -p wasmop --bench dispatch
 
 .PHONY: bench-engine-memory
 ## What the sandbox engine alone holds with 20 idle modules (no cluster): RSS after the loads and
 ## once every optimized build serves; last line `engine memory modules=20 rss MiB: X.X anon MiB: Y.Y`.
 ## WASMOP_BENCH_MODULES, WASMOP_BENCH_TIERED (on/off), WASMOP_BENCH_HOLD (seconds, for smaps).
-bench-engine-memory: prereqs
+bench-engine-memory: prereqs-bench
 	$(CARGO) bench -p wasmop --bench engine_memory
 
 .PHONY: bench-cache-memory
@@ -16,7 +16,7 @@ bench-engine-memory: prereqs
 ## no cluster): the reflector stores of whole objects (old) against the compact caches (new), each
 ## in a fresh process; last line `cache memory per object KiB: old X.X new Y.Y`.
 ## WASMOP_BENCH_N (default 10000).
-bench-cache-memory: prereqs
+bench-cache-memory: prereqs-bench
 	$(CARGO) bench -p wasmop --bench cache_memory
 
 .PHONY: bench-hotswap
@@ -24,14 +24,14 @@ bench-cache-memory: prereqs
 ## example through a ConfigMap, the Python example through an OCI registry. The last lines are
 ## `hotswap new-build rust p50 ms: N` and `hotswap new-build python p50 ms: N`.
 ## WASMOP_BENCH_SWAPS: swaps per Rust series (default 20); WASMOP_BENCH_PYTHON_SWAPS (default 10).
-bench-hotswap: prereqs provision
+bench-hotswap: prereqs-bench provision
 	$(CARGO) bench -p wasmop-testenv --bench hotswap
 
 .PHONY: bench-hotswap-compile
 ## The fast tier's compile of a NEW build (two builds of the Rust and of the Python example):
 ## Winch against Cranelift with its incremental compilation cache. Last line
 ## `hotswap compile python second build winch ms: N`; WASMOP_BENCH_ROUNDS (default 3).
-bench-hotswap-compile: prereqs
+bench-hotswap-compile: prereqs-bench
 	$(CARGO) bench -p wasmop --bench hotswap_compile
 
 .PHONY: bench-scale
@@ -43,7 +43,7 @@ bench-hotswap-compile: prereqs
 ## WASMOP_BENCH_N (default 1000,10000), WASMOP_BENCH_CONTENDERS (default all),
 ## WASMOP_BENCH_REPLICAS (default 1,2,3), WASMOP_BENCH_NAMESPACES (default 100),
 ## WASMOP_BENCH_RESYNC (seconds, default 30); see bench/scale/src/settings.rs for the rest.
-bench-scale: prereqs provision
+bench-scale: prereqs-bench provision
 	$(CARGO) build --profile bench --workspace --bin wasmop
 	$(CARGO) bench --workspace --bench scale
 
@@ -51,6 +51,6 @@ bench-scale: prereqs provision
 ## The memory of an idle host serving 20 WasmReconcilers (each its own module, no objects) on the
 ## local control plane; last line `idle host modules=20 rss MiB: X.X peak MiB: Y.Y`.
 ## WASMOP_BENCH_MODULES sets the count.
-bench-idle-host: prereqs provision
+bench-idle-host: prereqs-bench provision
 	$(CARGO) build --profile bench --workspace --bin wasmop
 	$(CARGO) bench --workspace --bench idle

@@ -13,6 +13,8 @@ IMAGE_PUSH ?=
 IMAGE_TAR ?= $(TARGET_DIR)/image/wasmop.tar
 IMAGE_NAME ?=
 
-image: prereqs testenv
+## The host's container image (a static musl build on an empty base, assembled by crane):
+## $(TARGET_DIR)/image/wasmop.tar, or pushed with IMAGE_PUSH=REGISTRY/REPO:TAG.
+image: prereqs-image testenv
 	IMAGE_PROFILE=$(IMAGE_PROFILE) IMAGE_PUSH=$(IMAGE_PUSH) IMAGE_TAR=$(IMAGE_TAR) \
 		IMAGE_NAME=$(IMAGE_NAME) TESTENV=$(TESTENV) CARGO=$(CARGO) bash scripts/image.sh

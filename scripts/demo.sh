@@ -13,6 +13,10 @@
 #      that stops matching
 # Then it keeps running until Ctrl-C. With DEMO_ONCE=1 it exits after the scenario: 0 only if
 # every step was observed.
+#
+# Every wait is on what the cluster keeps (a spec or status field that stays, a condition, the
+# StatefulSet's watch history from a resourceVersion read before the change), never on a passing
+# state that a loaded machine may miss; DEMO_WAIT (seconds, default 300) bounds each wait.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CARGO=${CARGO:-cargo}
@@ -20,7 +24,9 @@ TESTENV=${TESTENV:-target/debug/testenv}
 TARGET_DIR=$("$CARGO" metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
 WASMOP="$TARGET_DIR/debug/wasmop"
 MODULES="$TARGET_DIR/wasm32-wasip2/release"
-WAIT=${DEMO_WAIT:-90s}
+WAIT_S=${DEMO_WAIT:-300}
+WAIT_S=${WAIT_S%s}
+WAIT="${WAIT_S}s"
 step() { printf '\n\033[1m==> %s\033[0m\n' "$*"; }
 fail() { printf '\n\033[31mdemo: %s\033[0m\n' "$*" >&2; exit 1; }
 
@@ -45,12 +51,12 @@ cleanup() {
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
-for _ in $(seq 1 1200); do
+for _ in $(seq 1 $((WAIT_S * 10))); do
   [ -s "$work/kubeconfig-path" ] && break
   kill -0 "$cluster_pid" 2>/dev/null || fail "the control plane failed to start (see above)"
   sleep 0.1
 done
-[ -s "$work/kubeconfig-path" ] || fail "the control plane did not start in 120 s"
+[ -s "$work/kubeconfig-path" ] || fail "the control plane did not start in $WAIT_S s"
 export KUBECONFIG; KUBECONFIG=$(cat "$work/kubeconfig-path")
 k() { "$KUBECTL" "$@"; }
 host_log() { echo "--- last lines of the host's log ($work/host.log) ---" >&2; tail -n 40 "$work/host.log" >&2 || true; }
@@ -93,6 +99,7 @@ k -n demo get apps,deployments,services,pods
 step "a new image rolls the Deployment out"
 k -n demo patch app web --type merge -p '{"spec":{"image":"nginx:1.28"}}'
 k -n demo wait deployment/web --for=jsonpath='{.spec.template.spec.containers[0].image}'=nginx:1.28 --timeout="$WAIT"
+# The rollout of the Deployment's current generation: done now or later, never missed.
 k -n demo rollout status deployment/web --timeout="$WAIT"
 k -n demo get replicasets
 k -n demo wait app/web --for=jsonpath='{.status.observedGeneration}'="$(k -n demo get app web -o jsonpath='{.metadata.generation}')" --timeout="$WAIT"
@@ -133,12 +140,50 @@ k -n demo get databases,statefulsets,services,configmaps,pods
 k -n demo get configmap orders-roles -o jsonpath='{.data}{"\n"}'
 
 step "primary-replica: an upgrade rolls the replicas first and the primary last"
+# The order is read from what the API server records: the StatefulSet's watch history from the
+# resourceVersion read just before the change (a watch delivers every committed change, in
+# order), never from a wait for a partition that may have passed before the wait began.
+rv=$(k -n demo get statefulset orders -o jsonpath='{.metadata.resourceVersion}')
+# kubectl itself in the background (not the k function's subshell), so that kill ends the watch.
+"$KUBECTL" get --raw "/apis/apps/v1/namespaces/demo/statefulsets?watch=true&fieldSelector=metadata.name%3Dorders&resourceVersion=$rv&timeoutSeconds=$((WAIT_S * 2))" \
+  >"$work/orders.watch" &
+watch_pid=$!
 k -n demo patch database orders --type merge -p '{"spec":{"version":"15.3"}}'
-k -n demo wait statefulset/orders --for=jsonpath='{.spec.updateStrategy.rollingUpdate.partition}'=1 --timeout="$WAIT"
-echo "partition=1: the replicas (orders-1, orders-2) update while the primary (orders-0) waits"
-k -n demo wait statefulset/orders --for=jsonpath='{.spec.updateStrategy.rollingUpdate.partition}'=0 --timeout="$WAIT"
-echo "partition=0: the primary updates last"
 k -n demo wait database/orders --for=jsonpath='{.status.currentVersion}'=15.3 --timeout="$WAIT"
+k -n demo rollout status statefulset/orders --timeout="$WAIT"
+# The partitions the StatefulSet went through on the 15.3 template, without repeats.
+partitions() {
+  python3 - "$work/orders.watch" <<'PY'
+import json, sys
+text, seen, at = open(sys.argv[1]).read(), [], 0
+decoder = json.JSONDecoder()
+while True:
+    while at < len(text) and text[at].isspace():
+        at += 1
+    try:
+        event, at = decoder.raw_decode(text, at)
+    except ValueError:
+        break
+    sts = event.get("object", {})
+    spec = sts.get("spec", {})
+    image = (spec.get("template", {}).get("spec", {}).get("containers") or [{}])[0].get("image")
+    p = spec.get("updateStrategy", {}).get("rollingUpdate", {}).get("partition")
+    if image == "postgres:15.3" and p is not None and (not seen or seen[-1] != p):
+        seen.append(p)
+print(*seen)
+PY
+}
+seen=
+for _ in $(seq 1 "$WAIT_S"); do
+  seen=$(partitions)
+  [ "${seen##* }" = 0 ] && break
+  sleep 1
+done
+kill "$watch_pid" 2>/dev/null || true
+[ "$seen" = "1 0" ] || fail "the StatefulSet's partitions on 15.3 were [$seen], not [1 0] (replicas first, then the primary)"
+echo "partitions on 15.3, from the StatefulSet's watch history: $seen"
+echo "partition=1: the replicas (orders-1, orders-2) updated while the primary (orders-0) waited"
+echo "partition=0: then the primary updated, last"
 k -n demo get database orders
 
 step "primary-replica: a downgrade is refused at admission"

@@ -3,7 +3,10 @@
 //!
 //! The project holds the reconciler skeleton (`src/lib.rs`), its build settings (`Cargo.toml`,
 //! `rust-toolchain.toml`), a fixture and its golden file (`fixtures/`), the cluster side (`k8s/`:
-//! a CRD from a small schema, RBAC, the WasmReconciler) and a README.
+//! a CRD from a small schema, RBAC, the WasmReconciler) and a README. Without `--sdk-path` it
+//! also holds the SDK this wasmop was built with (`wasmop-sdk/`, a path dependency, and the
+//! contract it is generated from, `wit/reconciler.wit`): the project builds on a machine with
+//! only the `wasmop` binary and the toolchains, with no checkout and no registry release.
 //!
 //! With `--lang python` the project is the Python equivalent: the reconciler (`NAME.py`, with
 //! the Python SDK), its build settings (`build.sh` and the pinned `requirements.txt`: the
@@ -47,8 +50,8 @@ pub struct Args {
     /// Where to write the project (default: ./NAME). It must not exist or be empty.
     #[arg(long)]
     pub dir: Option<PathBuf>,
-    /// Depend on the SDK at this path (a wasmop checkout's `guest-sdk`) instead of wasmop's git
-    /// repository (Rust only: a Python project carries its SDK).
+    /// Depend on the SDK at this path (a wasmop checkout's `guest-sdk`) instead of the copy of
+    /// this wasmop's SDK written into the project (Rust only: a Python project carries its SDK).
     #[arg(long)]
     pub sdk_path: Option<PathBuf>,
 }
@@ -105,6 +108,57 @@ const RUST: Template = &[
     (
         "k8s/wasmreconciler.yaml",
         include_str!("../../templates/new-rust/k8s/wasmreconciler.yaml"),
+    ),
+];
+
+/// The Rust SDK of this wasmop, written verbatim (no placeholders) into a project generated
+/// without `--sdk-path`: `wasmop-sdk/` (guest-sdk's sources and a manifest with the workspace's
+/// versions written out) and the contract its bindings are generated from (`wit/`, where
+/// guest-sdk's `generate!` looks: `../wit` from the crate).
+const RUST_SDK: Template = &[
+    (
+        "wasmop-sdk/Cargo.toml",
+        include_str!("../../templates/sdk/Cargo.toml"),
+    ),
+    (
+        "wasmop-sdk/src/lib.rs",
+        include_str!("../../../guest-sdk/src/lib.rs"),
+    ),
+    (
+        "wasmop-sdk/src/__glue.rs",
+        include_str!("../../../guest-sdk/src/__glue.rs"),
+    ),
+    (
+        "wasmop-sdk/src/error.rs",
+        include_str!("../../../guest-sdk/src/error.rs"),
+    ),
+    (
+        "wasmop-sdk/src/kinds.rs",
+        include_str!("../../../guest-sdk/src/kinds.rs"),
+    ),
+    (
+        "wasmop-sdk/src/log.rs",
+        include_str!("../../../guest-sdk/src/log.rs"),
+    ),
+    (
+        "wasmop-sdk/src/object.rs",
+        include_str!("../../../guest-sdk/src/object.rs"),
+    ),
+    (
+        "wasmop-sdk/src/request.rs",
+        include_str!("../../../guest-sdk/src/request.rs"),
+    ),
+    (
+        "wasmop-sdk/src/response.rs",
+        include_str!("../../../guest-sdk/src/response.rs"),
+    ),
+    (
+        "wasmop-sdk/src/testing.rs",
+        include_str!("../../../guest-sdk/src/testing.rs"),
+    ),
+    (
+        "wit/reconciler.wit",
+        include_str!("../../../wit/reconciler.wit"),
     ),
 ];
 
@@ -212,8 +266,8 @@ const PYTHON_KEYWORDS: &[&str] = &[
     "nonlocal", "not", "or", "pass", "raise", "return", "try", "while", "with", "yield",
 ];
 
-/// The SDK dependency a project gets without `--sdk-path`.
-const SDK_FROM_GIT: &str = r#"wasmop-sdk = { git = "https://github.com/wasmop/wasmop" }"#;
+/// The SDK dependency a project gets without `--sdk-path`: the copy in the project ([`RUST_SDK`]).
+const SDK_IN_PROJECT: &str = r#"wasmop-sdk = { path = "wasmop-sdk" }"#;
 
 impl Lang {
     fn template(self) -> Template {
@@ -293,7 +347,7 @@ impl Names {
                 "wasmop-sdk = {{ path = {:?} }}",
                 path.to_string_lossy().as_ref()
             ),
-            None => SDK_FROM_GIT.to_string(),
+            None => SDK_IN_PROJECT.to_string(),
         };
         Ok(Names {
             name: name.to_string(),
@@ -354,21 +408,37 @@ pub fn write_project(dir: &Path, template: Template, names: &Names) -> Result<()
         )));
     }
     for (relative, text) in template {
-        let path = dir.join(render(relative, names));
-        let write = |source| CliError::Io {
-            action: "cannot write",
-            path: path.clone(),
-            source,
-        };
-        if let Some(parent) = path.parent() {
-            std::fs::create_dir_all(parent).map_err(write)?;
-        }
-        std::fs::write(&path, render(text, names)).map_err(write)?;
-        if relative.ends_with(".sh") {
-            use std::os::unix::fs::PermissionsExt;
-            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755))
-                .map_err(write)?;
-        }
+        write_file(dir, &render(relative, names), &render(text, names))?;
+    }
+    Ok(())
+}
+
+/// Writes the copy of this wasmop's Rust SDK ([`RUST_SDK`]) under `dir`, verbatim.
+///
+/// # Errors
+/// [`CliError::Io`] if a file cannot be written.
+pub fn write_sdk(dir: &Path) -> Result<(), CliError> {
+    for (relative, text) in RUST_SDK {
+        write_file(dir, relative, text)?;
+    }
+    Ok(())
+}
+
+/// Writes one file under `dir` (its folders too); a `.sh` file is made executable.
+fn write_file(dir: &Path, relative: &str, text: &str) -> Result<(), CliError> {
+    let path = dir.join(relative);
+    let write = |source| CliError::Io {
+        action: "cannot write",
+        path: path.clone(),
+        source,
+    };
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent).map_err(write)?;
+    }
+    std::fs::write(&path, text).map_err(write)?;
+    if relative.ends_with(".sh") {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).map_err(write)?;
     }
     Ok(())
 }
@@ -380,6 +450,9 @@ pub(crate) fn run(args: Args) -> Result<ExitCode, CliError> {
         .clone()
         .unwrap_or_else(|| PathBuf::from(&names.name));
     write_project(&dir, args.lang.template(), &names)?;
+    if args.lang == Lang::Rust && args.sdk_path.is_none() {
+        write_sdk(&dir)?;
+    }
     let (build, wasm) = match args.lang {
         Lang::Rust => (
             "cargo build --release --target wasm32-wasip2\n  ".to_string(),
@@ -466,6 +539,94 @@ mod tests {
         assert!(Names::from_args(&keyword).is_err());
         a.sdk_path = Some(PathBuf::from("/x"));
         assert!(Names::from_args(&a).is_err());
+    }
+
+    /// The repository file at `relative` (from the host crate's parent).
+    fn repo_file(relative: &str) -> String {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("..")
+            .join(relative);
+        std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+    }
+
+    /// `name = spec` of a manifest line, `name.workspace = true` read as `name = workspace`.
+    fn dependency(line: &str) -> Option<(&str, &str)> {
+        let (name, spec) = line.split_once('=')?;
+        let name = name.trim().trim_end_matches(".workspace");
+        Some((name, spec.trim()))
+    }
+
+    #[test]
+    fn the_sdk_copy_has_every_source_file_of_guest_sdk() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../guest-sdk/src");
+        let mut on_disk: Vec<String> = std::fs::read_dir(&dir)
+            .map(|entries| {
+                entries
+                    .filter_map(|e| e.ok()?.file_name().into_string().ok())
+                    .map(|name| format!("wasmop-sdk/src/{name}"))
+                    .collect()
+            })
+            .unwrap_or_default();
+        on_disk.sort();
+        let mut copied: Vec<String> = RUST_SDK
+            .iter()
+            .map(|(path, _)| path.to_string())
+            .filter(|path| path.starts_with("wasmop-sdk/src/"))
+            .collect();
+        copied.sort();
+        assert_eq!(
+            copied, on_disk,
+            "RUST_SDK must list every file of guest-sdk/src"
+        );
+    }
+
+    #[test]
+    fn the_sdk_copy_s_manifest_has_the_workspace_s_versions() {
+        let copy = RUST_SDK
+            .iter()
+            .find(|(path, _)| *path == "wasmop-sdk/Cargo.toml")
+            .map(|(_, text)| *text)
+            .unwrap_or_default();
+        let workspace = repo_file("Cargo.toml");
+        for key in ["version", "edition", "rust-version", "license"] {
+            let line = workspace
+                .lines()
+                .skip_while(|l| *l != "[workspace.package]")
+                .find(|l| l.starts_with(&format!("{key} =")))
+                .unwrap_or_default();
+            assert!(copy.lines().any(|l| l == line), "the copy lacks {line:?}");
+        }
+        let in_workspace = |name: &str| {
+            workspace
+                .lines()
+                .skip_while(|l| *l != "[workspace.dependencies]")
+                .filter_map(dependency)
+                .find(|(n, _)| *n == name)
+                .map(|(_, spec)| match spec.strip_prefix('"') {
+                    Some(_) => format!("{{ version = {spec} }}"),
+                    None => spec.to_string(),
+                })
+                .unwrap_or_default()
+        };
+        let sdk = repo_file("guest-sdk/Cargo.toml");
+        let mut section = "";
+        let mut deps = Vec::new();
+        for line in sdk.lines() {
+            if line.starts_with('[') {
+                section = line;
+            } else if section.ends_with("dependencies]") {
+                deps.extend(dependency(line));
+            }
+        }
+        assert!(deps.len() >= 5, "guest-sdk's dependencies: {deps:?}");
+        for (name, spec) in deps {
+            let mut want = in_workspace(name);
+            if spec.contains("optional = true") {
+                want = want.replace(" }", ", optional = true }");
+            }
+            let line = format!("{name} = {want}");
+            assert!(copy.lines().any(|l| l == line), "the copy lacks {line:?}");
+        }
     }
 
     #[test]
