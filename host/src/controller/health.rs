@@ -23,7 +23,7 @@ use kube::runtime::watcher;
 use crate::contract::Gvk;
 
 /// The reason of the `Ready=False` condition a failing watch sets.
-pub const WATCH_FAILED: &str = "WatchFailed";
+pub use crate::reasons::WATCH_FAILED;
 
 /// The last error of every watched kind that currently fails, by `apiVersion/kind`.
 #[derive(Debug, Default)]

@@ -34,6 +34,7 @@ use crate::discovery::Discovery;
 use crate::modules::slot::{Active, ModuleSlot};
 use crate::object::ObjectKey;
 use crate::operations::metrics;
+use crate::{reasons, text};
 
 /// Whether reconciles may run: they wait while `Waiting`, and give up when `Stopping`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -203,7 +204,7 @@ impl Shared {
         let event = KubeEvent {
             type_: KubeEventType::Warning,
             reason: reason.to_string(),
-            note: Some(truncate(&message, intents::MAX_EVENT_NOTE)),
+            note: Some(text::cut(message, intents::MAX_EVENT_NOTE)),
             action: "Reconcile".into(),
             secondary: None,
         };
@@ -215,23 +216,6 @@ impl Shared {
             tracing::warn!(error = %e, reason, "cannot record a Warning Event");
         }
     }
-}
-
-/// `s` cut to at most `max` bytes (at a character boundary), `...` marking a cut.
-fn truncate(s: &str, max: usize) -> String {
-    if s.len() <= max {
-        return s.to_string();
-    }
-    let mut cut = max.saturating_sub(3);
-    while !s.is_char_boundary(cut) {
-        cut -= 1;
-    }
-    format!("{}...", &s[..cut])
-}
-
-/// The first 12 hex digits of a module's sha256.
-fn short_sha(sha: &str) -> &str {
-    &sha[..12.min(sha.len())]
 }
 
 fn now_unix_ms() -> u64 {
@@ -328,7 +312,7 @@ fn reconcile_span(
         object = %key,
         trigger = trigger.name(),
         attempt = i64::from(attempt),
-        module = %short_sha(sha),
+        module = %text::short_hex(sha),
         module.name = %active.module.metadata().name,
         module.sha256 = %sha,
         intents.children = Empty,
@@ -569,7 +553,7 @@ async fn answer(
         Ok(r) => r,
         Err(e) => {
             let recorded = failures.note(&e.to_string());
-            let (name, sha) = (&module.metadata().name, short_sha(module.sha256()));
+            let (name, sha) = (&module.metadata().name, text::short_hex(module.sha256()));
             let message = format!("module {name} ({sha}): {e}{recorded}");
             shared.warn(primary, e.reason(), message).await;
             return Err(e.into());
@@ -590,7 +574,9 @@ async fn answer(
         Err(rejected) => {
             let recorded = failures.note(&rejected.to_string());
             let message = format!("module {}: {rejected}{recorded}", module.metadata().name);
-            shared.warn(primary, "InvalidIntents", message).await;
+            shared
+                .warn(primary, reasons::INVALID_INTENTS, message)
+                .await;
             Err(rejected.into())
         }
     }
@@ -649,7 +635,9 @@ async fn write_failures(
             "{sa} is not allowed to: {} (grant it in the ServiceAccount's Role or ClusterRole)",
             forbidden.join("; ")
         );
-        shared.warn(primary, "Forbidden", message.clone()).await;
+        shared
+            .warn(primary, reasons::FORBIDDEN, message.clone())
+            .await;
         shared.states.set_forbidden(key, Some(message));
     }
     if let Some(c) = report.of(FailureKind::Conflict).next() {
@@ -662,7 +650,9 @@ async fn write_failures(
         .map(ToString::to_string)
         .collect();
     if !others.is_empty() {
-        shared.warn(primary, "ApplyFailed", others.join("; ")).await;
+        shared
+            .warn(primary, reasons::APPLY_FAILED, others.join("; "))
+            .await;
         return Err(ReconcileError::Apply(others.join("; ")));
     }
     Ok(())
@@ -740,7 +730,7 @@ async fn run_once(
             let failed: Vec<String> = report.failures.iter().map(ToString::to_string).collect();
             let message = finalizer::incomplete(&shared.settings.name, &failed);
             shared
-                .warn(primary, "FinalizeIncomplete", message.clone())
+                .warn(primary, reasons::FINALIZE_INCOMPLETE, message.clone())
                 .await;
             Err(ReconcileError::Apply(message))
         }
@@ -808,9 +798,9 @@ mod tests {
 
     #[test]
     fn a_truncated_note_ends_in_dots_at_a_character_boundary() {
-        assert_eq!(truncate("abc", 5), "abc");
-        assert_eq!(truncate("abcdefgh", 6), "abc...");
-        assert_eq!(truncate("ééééé", 6), "é...");
+        assert_eq!(text::cut("abc".into(), 5), "abc");
+        assert_eq!(text::cut("abcdefgh".into(), 6), "abc...");
+        assert_eq!(text::cut("ééééé".into(), 6), "é...");
     }
 
     #[test]

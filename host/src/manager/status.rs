@@ -213,13 +213,5 @@ impl Subject {
 
 /// `s` cut to what an Event note holds, with `...` when cut.
 pub(super) fn truncate(s: &str) -> String {
-    let max = intents::MAX_EVENT_NOTE;
-    if s.len() <= max {
-        return s.to_string();
-    }
-    let mut cut = max - 3;
-    while !s.is_char_boundary(cut) {
-        cut -= 1;
-    }
-    format!("{}...", &s[..cut])
+    crate::text::cut(s.to_string(), intents::MAX_EVENT_NOTE)
 }

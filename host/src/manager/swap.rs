@@ -27,8 +27,8 @@ use kube::{Resource, ResourceExt};
 use super::status::{SetupError, Subject, truncate};
 use crate::contract::Gvk;
 use crate::contract::{Context, KindObjects, ReconcileRequest, Trigger};
-use crate::controller::Settings;
 use crate::controller::intents::{self, Primary, Rejected};
+use crate::controller::{Settings, call};
 use crate::crd::{
     ActiveModule, MAX_DEADLINE, SourceKind, WasmReconciler, parse_bounded_duration, parse_quantity,
 };
@@ -622,59 +622,41 @@ async fn self_check(
         let Ok(info) = Primary::from_object(&value) else {
             continue;
         };
-        let request = ReconcileRequest {
-            primary: value.to_string(),
-            owned: candidate
-                .fit
-                .grant
-                .owned
-                .iter()
-                .map(|k| KindObjects {
-                    kind: k.clone(),
-                    objects: Vec::new(),
-                })
-                .collect(),
-            related: candidate
-                .fit
-                .related
-                .iter()
-                .map(|r| KindObjects {
-                    kind: r.kind.clone(),
-                    objects: Vec::new(),
-                })
-                .collect(),
-            context: Context {
-                reconciler: settings.name.clone(),
-                trigger: Trigger::DryRun,
-                attempt: 1,
-                config: settings.config.clone(),
-                now_unix_ms: 0,
-            },
-        };
-        let module = candidate.module.clone();
-        let limits = settings.limits;
-        let outcome =
-            tokio::task::spawn_blocking(move || module.reconcile(request, &limits).result)
-                .await
-                .map_err(|e| CheckFailure::Interrupted(e.to_string()))?;
-        let response = outcome.map_err(|error| CheckFailure::Call {
-            on: p.name_any(),
-            error,
-        })?;
-        // The dry run observes no children (its request lists none), so it may not patch
-        // or delete any.
-        intents::validate(
+        // The same path as a reconcile (controller::call): request, call off the async
+        // workers, validation. The dry run observes no children (its request lists none), so
+        // it may not patch or delete any.
+        let request = call::dry_run_request(
+            value.to_string(),
+            &candidate.fit,
             &settings.name,
-            &info,
-            &candidate.fit.grant,
-            &s.ctx.discovery,
-            &intents::ObservedChildren::default(),
-            response,
+            &settings.config,
+            0,
+        );
+        let children = intents::ObservedChildren::default();
+        let check = call::Check {
+            reconciler: &settings.name,
+            primary: &info,
+            grant: &candidate.fit.grant,
+            scopes: &s.ctx.discovery,
+            children: &children,
+        };
+        let on = p.name_any();
+        match call::run(
+            &candidate.module,
+            call::Export::Reconcile,
+            request,
+            settings.limits,
+            &check,
         )
-        .map_err(|rejected| CheckFailure::Intents {
-            on: p.name_any(),
-            rejected,
-        })?;
+        .await
+        {
+            Ok(_) => {}
+            Err(call::Failure::Join(e)) => return Err(CheckFailure::Interrupted(e)),
+            Err(call::Failure::Call(error)) => return Err(CheckFailure::Call { on, error }),
+            Err(call::Failure::Rejected(rejected)) => {
+                return Err(CheckFailure::Intents { on, rejected });
+            }
+        }
     }
     Ok(())
 }
@@ -810,7 +792,7 @@ async fn rolled_back(
 }
 
 pub(super) fn short(sha: &str) -> String {
-    format!("sha256:{}", &sha[..12.min(sha.len())])
+    crate::text::short_sha(sha)
 }
 
 #[cfg(test)]

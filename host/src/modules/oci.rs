@@ -31,6 +31,7 @@ use oci_client::{Reference, errors::OciDistributionError};
 use crate::crd::OciModule;
 pub use crate::modules::registry::{Access, Pinned};
 use crate::modules::signature::{self, SignatureError, TrustedKey};
+use crate::reasons;
 
 /// The config media type of a Wasm artifact.
 pub const WASM_CONFIG: &str = "application/vnd.wasm.config.v0+json";
@@ -169,14 +170,14 @@ impl OciError {
     /// The condition reason this failure is reported with.
     pub fn reason(&self) -> &'static str {
         match self {
-            OciError::InvalidSpec(_) => "InvalidSpec",
-            OciError::Credentials { .. } => "RegistryCredentialsInvalid",
-            OciError::Unreachable { .. } => "RegistryUnreachable",
-            OciError::Unauthorized { .. } => "RegistryUnauthorized",
-            OciError::NotFound { .. } => "ModuleNotFound",
-            OciError::DigestMismatch { .. } => "DigestMismatch",
-            OciError::NotWasm { .. } | OciError::TooLarge { .. } => "ModuleInvalid",
-            OciError::Registry { .. } => "RegistryError",
+            OciError::InvalidSpec(_) => reasons::INVALID_SPEC,
+            OciError::Credentials { .. } => reasons::REGISTRY_CREDENTIALS_INVALID,
+            OciError::Unreachable { .. } => reasons::REGISTRY_UNREACHABLE,
+            OciError::Unauthorized { .. } => reasons::REGISTRY_UNAUTHORIZED,
+            OciError::NotFound { .. } => reasons::MODULE_NOT_FOUND,
+            OciError::DigestMismatch { .. } => reasons::DIGEST_MISMATCH,
+            OciError::NotWasm { .. } | OciError::TooLarge { .. } => reasons::MODULE_INVALID,
+            OciError::Registry { .. } => reasons::REGISTRY_ERROR,
             OciError::Signature(e) => e.reason(),
         }
     }

@@ -43,14 +43,15 @@ use sigstore::registry::{Auth, Certificate, CertificateEncoding, ClientConfig, O
 
 use crate::crd::{LocalKey, OciModule, SignaturePolicy};
 use crate::modules::registry::{Access, Pinned};
+use crate::reasons;
 
 /// How long looking up and fetching a module's signatures may take.
 pub const LOOKUP_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// The condition reason of a module whose signatures do not satisfy the policy.
-pub const SIGNATURE_INVALID: &str = "SignatureInvalid";
+pub use crate::reasons::SIGNATURE_INVALID;
 /// The condition reason of a policy key that cannot be read or parsed.
-pub const KEY_INVALID: &str = "SignatureKeyInvalid";
+pub use crate::reasons::SIGNATURE_KEY_INVALID as KEY_INVALID;
 
 /// A module's signatures do not satisfy the policy, or the policy cannot be used.
 #[derive(Debug, thiserror::Error)]
@@ -123,7 +124,7 @@ impl SignatureError {
         match self {
             SignatureError::Key { .. } => KEY_INVALID,
             SignatureError::Unsigned { .. } | SignatureError::WrongKey { .. } => SIGNATURE_INVALID,
-            SignatureError::Lookup { .. } | SignatureError::Sign { .. } => "RegistryError",
+            SignatureError::Lookup { .. } | SignatureError::Sign { .. } => reasons::REGISTRY_ERROR,
         }
     }
 }
