@@ -26,7 +26,6 @@ use kube::{Resource, ResourceExt};
 
 use super::status::{SetupError, Subject, truncate};
 use crate::contract::Gvk;
-use crate::contract::{Context, KindObjects, ReconcileRequest, Trigger};
 use crate::controller::intents::{self, Primary, Rejected};
 use crate::controller::{Settings, call};
 use crate::crd::{
