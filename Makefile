@@ -12,7 +12,7 @@ export CARGO_TERM_COLOR ?= never
 # CARGO_INCREMENTAL=1 for quicker edit-and-rerun cycles in a working copy.
 export CARGO_INCREMENTAL ?= 0
 
-.PHONY: help test fmt-check clippy provision cluster demo testenv crds
+.PHONY: help test fmt-check imports clippy provision cluster demo testenv crds
 
 ## Print the targets and what they do (the `##` lines of Makefile and mk/*.mk).
 help:
@@ -49,7 +49,7 @@ test: export MAKE_PHASES := $(TARGET_DIR)/make-test-phases.tsv
 
 ## The test command (CI runs exactly this): formatting, lints, unit tests and end-to-end tests
 ## against a real local control plane. Ends with a table of its phases and their durations.
-test: phases-start prereqs fmt-check clippy provision
+test: phases-start prereqs fmt-check imports clippy provision
 	$(PHASES) cargo-test "cargo test --workspace (build + run)" $(CARGO) test --workspace
 	@$(PHASES) table
 	@echo "make test: all checks passed"
@@ -60,6 +60,10 @@ phases-start:
 
 fmt-check: prereqs-rust
 	$(PHASES) run fmt $(CARGO) fmt --all --check
+
+## No import circle in host/src (scripts/import-graph.py: rooms and files, exit 1 on a circle).
+imports:
+	$(PHASES) run imports python3 scripts/import-graph.py host/src
 
 clippy: prereqs-rust
 	$(PHASES) run clippy $(CARGO) clippy --workspace --all-targets -- -D warnings

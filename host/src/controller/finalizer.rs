@@ -18,8 +18,7 @@ use kube::ResourceExt;
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use serde_json::json;
 
-use super::ReconcileError;
-use super::reconcile::Shared;
+use super::{ReconcileError, Settings};
 use crate::crd::{finalizer_for, is_finalizer_of};
 
 /// What to do with the finalizer before the module is called.
@@ -90,25 +89,24 @@ pub fn incomplete(reconciler: &str, failures: &[String]) -> String {
 }
 
 /// Adds (`present`) or removes the reconciler's finalizer on `primary` (replacing the legacy
-/// shared one), with the module's identity; returns the primary as written.
+/// shared one), with the module's identity (`impersonated`); returns the primary as written.
 pub(super) async fn set(
-    shared: &Shared,
+    settings: &Settings,
+    impersonated: &kube::Client,
     primary: &DynamicObject,
     present: bool,
 ) -> Result<DynamicObject, ReconcileError> {
-    let reconciler = &shared.settings.name;
+    let reconciler = &settings.name;
     let mut finalizers: Vec<String> = primary.finalizers().to_vec();
     finalizers.retain(|f| !is_finalizer_of(f, reconciler));
     if present {
         finalizers.push(finalizer_for(reconciler));
     }
     let patch = json!({"metadata": {"finalizers": finalizers, "resourceVersion": primary.resource_version()}});
-    let resolved = &shared.settings.primary.resolved;
+    let resolved = &settings.primary.resolved;
     let api: Api<DynamicObject> = match (resolved.namespaced, primary.namespace()) {
-        (true, Some(ns)) => {
-            Api::namespaced_with(shared.impersonated.clone(), &ns, &resolved.resource)
-        }
-        _ => Api::all_with(shared.impersonated.clone(), &resolved.resource),
+        (true, Some(ns)) => Api::namespaced_with(impersonated.clone(), &ns, &resolved.resource),
+        _ => Api::all_with(impersonated.clone(), &resolved.resource),
     };
     api.patch(
         &primary.name_any(),

@@ -678,11 +678,13 @@ async fn finalizer_first(
             Ok(None)
         }
         Before::Release => {
-            finalizer::set(shared, primary, false).await?;
+            finalizer::set(&shared.settings, &shared.impersonated, primary, false).await?;
             shared.forget(key);
             Ok(None)
         }
-        Before::Set(present) => Ok(Some(finalizer::set(shared, primary, present).await?)),
+        Before::Set(present) => Ok(Some(
+            finalizer::set(&shared.settings, &shared.impersonated, primary, present).await?,
+        )),
         Before::Call => Ok(Some(primary.clone())),
     }
 }
@@ -735,7 +737,7 @@ async fn run_once(
             Err(ReconcileError::Apply(message))
         }
         After::Release => {
-            finalizer::set(shared, &current, false).await?;
+            finalizer::set(&shared.settings, &shared.impersonated, &current, false).await?;
             shared.forget(&key);
             Ok(Action::await_change())
         }
