@@ -49,8 +49,10 @@ test: export MAKE_PHASES := $(TARGET_DIR)/make-test-phases.tsv
 
 ## The test command (CI runs exactly this): formatting, lints, unit tests and end-to-end tests
 ## against a real local control plane. Ends with a table of its phases and their durations.
-test: phases-start prereqs fmt-check imports clippy provision
-	$(PHASES) cargo-test "cargo test --workspace (build + run)" $(CARGO) test --workspace
+## Provisioning runs beside clippy and the test build, the end-to-end binary beside the other
+## tests (scripts/test-run.sh).
+test: phases-start prereqs fmt-check imports testenv
+	@CARGO="$(CARGO)" TESTENV="$(TESTENV)" TARGET_DIR="$(TARGET_DIR)" bash scripts/test-run.sh
 	@$(PHASES) table
 	@echo "make test: all checks passed"
 

@@ -79,7 +79,7 @@ step "pushing the modules (wasmop push validates each one first)"
 "$WASMOP" push "$MODULES/configmap_propagator.wasm" --name configmap-propagator -n wasmop-examples
 
 step "starting the host (log: $work/host.log)"
-"$WASMOP" run --cache-dir "${WASMOP_CACHE:-$HOME/.cache/wasmop}/modules" \
+"$WASMOP" run --cache-dir "${WASMOP_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/wasmop}/modules" \
   --metrics-addr 127.0.0.1:0 --webhook-addr 127.0.0.1:0 \
   >"$work/host.log" 2>&1 &
 host_pid=$!

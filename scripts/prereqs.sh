@@ -15,7 +15,8 @@
 #   go        Go >= 1.26 (builds the control-plane binaries, crane, cosign, the Go contenders)
 #   binutils  readelf (checks that the image's binary is static)
 #   tar       GNU tar (the image's reproducible layer)
-#   flock     flock (serialises concurrent builds of the Python tools)
+#   flock     flock and setsid (util-linux: serialise the Python tools' builds; make test's
+#             background provisioning)
 #   all       every one of the above
 #
 # What rustup can add is added (it only touches ~/.rustup). Anything else is reported, one line
@@ -98,6 +99,7 @@ check_tar() {
 
 check_flock() {
   command -v flock >/dev/null || miss "flock: Debian: apt-get install util-linux"
+  command -v setsid >/dev/null || miss "setsid: Debian: apt-get install util-linux"
 }
 
 needs=("$@")

@@ -6,13 +6,15 @@
 #   scripts/python-module.sh tools                               install the tools, print their venv
 #
 # The tools (guest-sdk/python/requirements.txt: componentize-py 0.25.1, pytest, PyYAML) are
-# installed once into a venv under ~/.cache/wasmop (WASMOP_PYTHON_VENV overrides); later runs are
+# installed once into a venv in the cache (`$WASMOP_CACHE`, else `$XDG_CACHE_HOME/wasmop`, else
+# ~/.cache/wasmop, as for every other cached tool; WASMOP_PYTHON_VENV overrides); later runs are
 # offline. A build is skipped when OUT.wasm was built from the same inputs (WIT, SDK, app, tools).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 REQUIREMENTS="$ROOT/guest-sdk/python/requirements.txt"
-VENV=${WASMOP_PYTHON_VENV:-$HOME/.cache/wasmop/componentize-py-0.25.1}
+CACHE=${WASMOP_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/wasmop}
+VENV=${WASMOP_PYTHON_VENV:-$CACHE/componentize-py-0.25.1}
 PYTHON=${PYTHON:-python3}
 
 die() { echo "python-module: $*" >&2; exit 1; }

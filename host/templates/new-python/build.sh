@@ -8,7 +8,8 @@
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")"
-VENV=${WASMOP_PYTHON_VENV:-$HOME/.cache/wasmop/componentize-py-0.25.1}
+CACHE=${WASMOP_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/wasmop}
+VENV=${WASMOP_PYTHON_VENV:-$CACHE/componentize-py-0.25.1}
 PYTHON=${PYTHON:-python3}
 
 die() { echo "{{name}}: $*" >&2; exit 1; }

@@ -18,7 +18,8 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Cmd {
-    /// Find or build the binaries (into the cache), and print their paths.
+    /// Find or build every tool the tests use (into the cache), and print their paths: the
+    /// control plane, the registry, the collector, crane and cosign.
     Provision,
     /// Print the path of one provided binary (etcd, kube-apiserver, kubectl, kwok, registry,
     /// cosign, crane, ...), building it first if needed.
@@ -67,6 +68,10 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             // The deploy test assembles the host image with it (`make image`).
             let crane = tokio::task::spawn_blocking(wasmop_testenv::assets::crane_binary).await??;
             println!("crane: {}", crane.display());
+            // The module-signing tests check compatibility with it in both directions.
+            let cosign =
+                tokio::task::spawn_blocking(wasmop_testenv::assets::cosign_binary).await??;
+            println!("cosign: {}", cosign.display());
             eprintln!("provisioned in {:.1}s", start.elapsed().as_secs_f64());
         }
         Cmd::Which { binary } => {

@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# The heavy part of `make test` (after formatting and the import graph), arranged for a 2-core
+# machine, where the Rust builds leave a core idle in their serial stretches and the end-to-end
+# tests spend most of their time waiting on their control planes:
+#
+#   1. provisioning (Go builds of the control plane, registry, collector, crane and cosign into
+#      the cache; nothing to do when the cache is warm) runs beside clippy and the test build;
+#   2. the end-to-end binary (tests/e2e) runs beside every other test binary.
+#
+# Each step is a row of the phase table (scripts/phases.sh); overlapping rows say so. The
+# output of the steps that run beside another goes to $TARGET_DIR/make-test-logs/ and is
+# printed once they end (a failure says which log holds what).
+#
+#   CARGO=cargo TESTENV=target/debug/testenv TARGET_DIR=target bash scripts/test-run.sh
+set -uo pipefail
+cd "$(dirname "$0")/.."
+: "${CARGO:=cargo}" "${TESTENV:?the testenv binary}" "${TARGET_DIR:?cargo\'s target directory}"
+PHASES="bash scripts/phases.sh"
+LOGS=$TARGET_DIR/make-test-logs
+mkdir -p "$LOGS"
+
+say() { printf 'make test: %s\n' "$*" >&2; }
+# (A failed phase has printed the phase table already.)
+failed() { say "$*"; exit 1; }
+
+# A background step in a session of its own, so that it and its children (go build, control
+# planes) can be stopped together when make test stops early.
+background=()
+start_background() {
+  local log=$1; shift
+  setsid --wait "$@" >"$log" 2>&1 &
+  background+=("$!")
+}
+stop_background() {
+  local pid
+  for pid in "${background[@]}"; do kill -TERM -- "-$pid" 2>/dev/null; done
+}
+trap stop_background EXIT
+
+# 1. Provisioning beside the Rust builds.
+say "provisioning beside clippy and the test build (log: $LOGS/provision.log)"
+start_background "$LOGS/provision.log" \
+  $PHASES run "provision (beside clippy and the test build)" "$TESTENV" provision
+provision=${background[-1]}
+
+$PHASES run clippy $CARGO clippy --workspace --all-targets -- -D warnings ||
+  failed "clippy failed"
+$PHASES run "build tests" $CARGO test --workspace --no-run || failed "the test build failed"
+
+say "waiting for provisioning"
+wait "$provision"
+status=$?
+cat "$LOGS/provision.log"
+[ "$status" -eq 0 ] || $PHASES table
+[ "$status" -eq 0 ] || failed "provisioning failed (exit $status); its log is above and in $LOGS/provision.log"
+
+# 2. The end-to-end binary (its output streams here) beside the other tests (to a log).
+say "the end-to-end tests run beside the other tests (their output: $LOGS/other-tests.log)"
+$PHASES cargo-test "end-to-end tests (tests/e2e)" $CARGO test -p wasmop-testenv --test e2e &
+e2e=$!
+$PHASES cargo-test "other tests (beside the end-to-end tests)" bash -c "
+  $CARGO test --workspace --exclude wasmop-testenv &&
+  $CARGO test -p wasmop-testenv --lib --bins &&
+  $CARGO test -p wasmop-testenv --doc" >"$LOGS/other-tests.log" 2>&1
+other=$?
+wait "$e2e"
+e2e_status=$?
+
+say "output of the other tests ($LOGS/other-tests.log):"
+cat "$LOGS/other-tests.log"
+[ "$other" -eq 0 ] || failed "a test outside the end-to-end binary failed (exit $other); see the output just above"
+[ "$e2e_status" -eq 0 ] || failed "an end-to-end test failed (exit $e2e_status); its output is above the other tests' output"
