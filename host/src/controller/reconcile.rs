@@ -344,10 +344,14 @@ async fn admitted(
             let by =
                 crate::sharding::hash::Key::of_primary(shared.settings.primary.resolved.namespaced);
             match shards.admit(by.hash(&primary)) {
-                Some(a) => Some(a),
-                None => {
+                Ok(a) => Some(a),
+                Err(crate::sharding::Refused::NotHere) => {
                     shared.forget(&key);
                     return Ok(Action::await_change());
+                }
+                // Until the next renewal vouches for the member Lease (every retry period).
+                Err(crate::sharding::Refused::Lapsed) => {
+                    return Ok(Action::requeue(std::time::Duration::from_secs(2)));
                 }
             }
         }
