@@ -262,6 +262,8 @@ impl Host {
         let config = kube_config(options.kubeconfig.as_ref()).await?;
         let rate_limit = RateLimit::new(options.kube_qps, options.kube_burst)?;
         let client = ratelimit::client(config.clone(), rate_limit.as_ref())?;
+        // Lease renewals, shard membership and the API-server probe never wait behind work.
+        let liveness = ratelimit::liveness_client(config.clone())?;
         let reconcile_limit = ReconcileLimit::new(options.max_concurrent_reconciles);
         metrics::global().reconcile_limit(reconcile_limit.max());
         tracing::info!(
@@ -301,7 +303,7 @@ impl Host {
         });
         let (stop, stop_rx) = watch::channel(false);
         // `/readyz` is false while the API server does not answer (see `api_health`).
-        api_health::spawn(client.clone(), stopped(&stop_rx));
+        api_health::spawn(liveness.clone(), stopped(&stop_rx));
 
         let mut metrics_addr = None;
         if let Some(addr) = options.metrics_addr {
@@ -359,7 +361,7 @@ impl Host {
         let elector = options
             .leader
             .clone()
-            .map(|c| Arc::new(Elector::new(client.clone(), c)));
+            .map(|c| Arc::new(Elector::new(liveness.clone(), c)));
         if elector.is_none() {
             // Registered before `startup` is ready, so `/readyz` waits for the first list.
             readiness::global().pending("manager");
@@ -367,7 +369,7 @@ impl Host {
         let (leading_tx, membership, lost) = match (&options.shards, &ctx.shards) {
             (Some(config), Some(shards)) => {
                 let (membership, lost) =
-                    start_membership(client.clone(), config, shards.clone(), leading_tx);
+                    start_membership(liveness.clone(), config, shards.clone(), leading_tx);
                 // Webhook configurations are written by the coordinator (see `start_membership`).
                 (watch::channel(false).0, Some(membership), Some(lost))
             }

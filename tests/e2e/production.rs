@@ -565,3 +565,99 @@ async fn only_the_leader_reconciles_and_a_follower_takes_over() -> anyhow::Resul
     );
     env.passed()
 }
+
+/// Reliability item 3 (the QPS budget can starve liveness): with a request budget far below
+/// the work (`--kube-qps 1 --kube-burst 1`, 30 Apps of about eight requests each), the leader
+/// keeps renewing its Lease. Before the fix, renewals waited behind the work in the one
+/// budget's queue: past the 10 s renew deadline the host gave its leadership up and exited.
+/// What is counted is what the Lease records (its renewTime values, and its holder and
+/// transitions), not how fast anything happened.
+#[tokio::test]
+async fn a_request_storm_does_not_hold_back_the_leader_lease() -> anyhow::Result<()> {
+    let env = TestEnv::get("prod-liveness").await?;
+    image_updater(
+        &env,
+        "image-updater",
+        wasmop_test_modules::IMAGE_UPDATER,
+        true,
+        json!({}),
+    )
+    .await?;
+    let cache = tempfile::tempdir()?;
+    let args = [
+        "--leader-elect",
+        "--leader-election-namespace",
+        &env.namespace,
+        "--webhook-addr",
+        "off",
+        "--kube-qps",
+        "1",
+        "--kube-burst",
+        "1",
+    ];
+    let mut host = HostProcess::start(&env, cache.path(), &args).await?;
+    let id = host
+        .identity
+        .clone()
+        .ok_or_else(|| anyhow::anyhow!("no identity logged:\n{}", host.log_text()))?;
+    let leases: Api<Lease> = Api::namespaced(env.client.clone(), &env.namespace);
+    eventually("the host leads", Duration::from_secs(120), || async {
+        Ok((lease_holder(&env.client, &env.namespace).await? == Some(id.clone())).then_some(()))
+    })
+    .await
+    .map_err(|e| anyhow::anyhow!("{e}\nhost log:\n{}", host.log_text()))?;
+    let transitions = |l: &Lease| l.spec.as_ref().and_then(|s| s.lease_transitions);
+    let before = transitions(&leases.get("wasmop-leader").await?);
+
+    // The storm: every App queues its requests behind the others' in the work budget.
+    let apps = apps(&env.client, &env.namespace);
+    for i in 0..30 {
+        apps.create(&PostParams::default(), &app(&format!("storm-{i}"), "nginx:1.27")?)
+            .await?;
+    }
+    // Once the storm is under way (a first Deployment made: the other Apps' requests are
+    // queued), ten renewals (~20 s at one per 2 s retry period), the host alive throughout.
+    let deployments: Api<Deployment> = env.api();
+    let deadline = Instant::now() + Duration::from_secs(180);
+    while deployments.list(&Default::default()).await?.items.is_empty() {
+        if let Some(status) = host.child.try_wait()? {
+            anyhow::bail!("the host exited ({status}):\n{}", host.log_text());
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "no App reconciled within 180 s:\n{}",
+            host.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let deadline = Instant::now() + Duration::from_secs(180);
+    let mut renewals = std::collections::BTreeSet::new();
+    while renewals.len() < 10 {
+        if let Some(status) = host.child.try_wait()? {
+            anyhow::bail!(
+                "the host exited during the storm ({status}) after {} renewals:\n{}",
+                renewals.len(),
+                host.log_text()
+            );
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "only {} Lease renewals within 180 s of the storm:\n{}",
+            renewals.len(),
+            host.log_text()
+        );
+        let lease = leases.get("wasmop-leader").await?;
+        if let Some(t) = lease.spec.and_then(|s| s.renew_time) {
+            renewals.insert(t.0.as_microsecond());
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let lease = leases.get("wasmop-leader").await?;
+    assert_eq!(
+        lease.spec.as_ref().and_then(|s| s.holder_identity.clone()),
+        Some(id),
+        "the same host holds the Lease"
+    );
+    assert_eq!(transitions(&lease), before, "the Lease never changed hands");
+    env.passed()
+}

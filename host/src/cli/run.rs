@@ -256,6 +256,12 @@ fn shard_config(
                 .into(),
         ));
     }
+    if member.lease_duration > crate::sharding::membership::MAX_LEASE_DURATION {
+        return Err(CliError::Other(format!(
+            "--shard-lease-duration: at most {:?} (other members would not wait longer)",
+            crate::sharding::membership::MAX_LEASE_DURATION
+        )));
+    }
     tracing::info!(identity = %member.identity, group = %member.group, namespace = %member.namespace, "sharding on");
     Ok(Some(crate::sharding::ShardConfig {
         member,

@@ -344,17 +344,21 @@ async fn admitted(
             let by =
                 crate::sharding::hash::Key::of_primary(shared.settings.primary.resolved.namespaced);
             match shards.admit(by.hash(&primary)) {
-                Some(a) => Some(a),
-                None => {
+                Ok(a) => Some(a),
+                Err(crate::sharding::Refused::NotHere) => {
                     shared.forget(&key);
                     return Ok(Action::await_change());
+                }
+                // Until the next renewal vouches for the member Lease (every retry period).
+                Err(crate::sharding::Refused::Lapsed) => {
+                    return Ok(Action::requeue(std::time::Duration::from_secs(2)));
                 }
             }
         }
     };
     let started_ms = now_unix_ms();
     // The host-wide bound: held until this reconcile's writes are done.
-    let _permit = shared.settings.reconcile_limit.admit().await;
+    let _permit = shared.settings.reconcile_limit.admit(&shared.settings.name).await;
     let active = shared.slot.active();
     let sha = active.module.sha256().to_string();
     let rv = primary.resource_version();

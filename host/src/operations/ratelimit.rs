@@ -16,6 +16,13 @@
 //!   client's buffer hands them over; nothing is dropped or failed by the limit.
 //! - `qps` 0 (the flag `--kube-qps 0`) turns the limit off.
 //!
+//! Liveness traffic (the leader Lease's renewals, the shard membership Leases, the API-server
+//! readiness probe) does not share that budget: it goes through [`liveness_client`], with a
+//! small budget of its own and its own connections, so that no amount of work waiting for
+//! tokens can hold back a Lease renewal or `/readyz` (a replica that stops renewing loses its
+//! Lease and its shards; a replica whose probe waits reports 503 and its webhook loses its
+//! endpoints).
+//!
 //! # Errors
 //! [`RateLimitError`] for a `qps` or `burst` that cannot make a bucket; [`client`] fails as
 //! `kube::Client::try_from` does.
@@ -35,6 +42,12 @@ use kube::client::ClientBuilder;
 pub const DEFAULT_QPS: f64 = 500.0;
 /// The default `--kube-burst`.
 pub const DEFAULT_BURST: u32 = 1000;
+
+/// The budget of the liveness client: a Lease renewal every 2 s, shard membership and a probe
+/// every 2 s need a few requests a second; this is ten times that, and a bound if they loop.
+pub const LIVENESS_QPS: f64 = 20.0;
+/// The liveness client's burst.
+pub const LIVENESS_BURST: u32 = 40;
 
 /// A `qps` or `burst` that cannot make a bucket.
 #[derive(Debug, thiserror::Error)]
@@ -107,6 +120,18 @@ pub fn client(config: kube::Config, limit: Option<&RateLimit>) -> Result<Client,
         Some(limit) => builder.with_layer(&limit.layer()).build(),
         None => builder.build(),
     })
+}
+
+/// The client for liveness traffic only (Lease renewals, shard membership, the API-server
+/// probe): its own budget ([`LIVENESS_QPS`], [`LIVENESS_BURST`]) and its own connections,
+/// whatever `--kube-qps` says and however much work waits for its tokens.
+///
+/// # Errors
+/// As `kube::Client::try_from`.
+pub fn liveness_client(config: kube::Config) -> Result<Client, kube::Error> {
+    // Valid constants (`the_liveness_budget_is_valid`): the `None` arm is never taken.
+    let limit = RateLimit::new(LIVENESS_QPS, LIVENESS_BURST).ok().flatten();
+    client(config, limit.as_ref())
 }
 
 /// Makes a service take a token of a shared [`RateLimit`] before each request.
@@ -222,6 +247,14 @@ mod tests {
         ));
         assert!(matches!(RateLimit::new(5.0, 0), Err(RateLimitError::Burst)));
         assert!(matches!(RateLimit::new(5.0, 10), Ok(Some(_))));
+    }
+
+    #[test]
+    fn the_liveness_budget_is_valid() {
+        assert!(matches!(
+            RateLimit::new(LIVENESS_QPS, LIVENESS_BURST),
+            Ok(Some(_))
+        ));
     }
 
     /// Two services (two clients) built with the same budget admit `burst` requests together,

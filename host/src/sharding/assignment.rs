@@ -11,12 +11,17 @@
 //!   [`Shards::running_in`] counts every admitted one still running there.
 //! - Watchers see every change of the active ranges ([`Shards::subscribe`]); the latest value
 //!   wins.
+//! - Nothing is admitted once the member Lease may have lapsed ([`Shards::renewed`]: the time a
+//!   successful renewal was sent, plus the renew deadline), whatever the handover loop is doing:
+//!   a replica stuck in an API call stops admitting on time, before another member may take its
+//!   ranges (after the lease duration, which is longer).
 //!
 //! # Errors
 //! Nothing here fails; a poisoned lock admits nothing.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use tokio::sync::watch;
 
@@ -28,6 +33,8 @@ struct State {
     active: Ranges,
     /// Admitted reconciles still running, by hash.
     running: HashMap<u64, usize>,
+    /// Until when the member Lease is surely valid (None: never renewed, nothing admitted).
+    valid_until: Option<Instant>,
 }
 
 /// The ranges this replica reconciles, shared by the handover loop and every controller.
@@ -39,6 +46,15 @@ pub struct Shards {
     identity: String,
     /// Whether to try server-side filtering (`--shard-filter auto`) before filtering here.
     server_side: bool,
+}
+
+/// Why a reconcile was not admitted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refused {
+    /// Its range is not active here (another member's, or being released).
+    NotHere,
+    /// The member Lease may have lapsed: no renewal vouches for it now.
+    Lapsed,
 }
 
 /// A reconcile admitted in an active range; dropping it marks the reconcile finished.
@@ -106,14 +122,30 @@ impl Shards {
         self.changed.send_replace(ranges);
     }
 
-    /// Admits a reconcile of an object with `hash` if its range is active.
-    pub fn admit(self: &Arc<Self>, hash: u64) -> Option<Admitted> {
-        let mut s = self.state.lock().ok()?;
+    /// Records a successful renewal of the member Lease: reconciles may be admitted until
+    /// `valid_until` (the renewal's send time plus the renew deadline).
+    pub fn renewed(&self, valid_until: Instant) {
+        if let Ok(mut s) = self.state.lock() {
+            s.valid_until = Some(s.valid_until.map_or(valid_until, |v| v.max(valid_until)));
+        }
+    }
+
+    /// Admits a reconcile of an object with `hash` if its range is active and the member
+    /// Lease is surely still valid.
+    ///
+    /// # Errors
+    /// [`Refused::NotHere`] outside the active ranges; [`Refused::Lapsed`] while no renewal
+    /// vouches for the Lease (try again after the next renewal).
+    pub fn admit(self: &Arc<Self>, hash: u64) -> Result<Admitted, Refused> {
+        let mut s = self.state.lock().map_err(|_| Refused::NotHere)?;
         if !s.active.contains(hash) {
-            return None;
+            return Err(Refused::NotHere);
+        }
+        if s.valid_until.is_none_or(|v| Instant::now() >= v) {
+            return Err(Refused::Lapsed);
         }
         *s.running.entry(hash).or_default() += 1;
-        Some(Admitted {
+        Ok(Admitted {
             shards: self.clone(),
             hash,
         })
@@ -138,19 +170,36 @@ impl Shards {
 mod tests {
     use super::*;
 
+    /// Reliability item 5: the fence held only between iterations of the handover loop; a
+    /// replica stuck in an API call kept admitting reconciles after its Lease lapsed.
+    #[test]
+    fn nothing_is_admitted_once_the_lease_may_have_lapsed() {
+        let shards = Shards::new("me", false);
+        shards.set_active(Ranges::all());
+        assert_eq!(shards.admit(5).err(), Some(Refused::Lapsed), "never renewed");
+        let now = Instant::now();
+        shards.renewed(now + std::time::Duration::from_secs(3600));
+        assert!(shards.admit(5).is_ok(), "renewed: admitted");
+        let lapsed = Shards::new("me", false);
+        lapsed.set_active(Ranges::all());
+        lapsed.renewed(now);
+        assert_eq!(lapsed.admit(5).err(), Some(Refused::Lapsed), "past the renew deadline");
+    }
+
     #[test]
     fn admission_follows_the_active_ranges_and_counts_running_reconciles() {
         let shards = Shards::new("me", false);
-        assert!(shards.admit(5).is_none(), "nothing is active at first");
+        shards.renewed(Instant::now() + std::time::Duration::from_secs(3600));
+        assert_eq!(shards.admit(5).err(), Some(Refused::NotHere), "nothing is active at first");
         let low = Ranges::from_ranges([(0, 100)]);
         shards.set_active(low.clone());
-        let a = shards.admit(5);
+        let a = shards.admit(5).ok();
         assert!(a.is_some());
-        assert!(shards.admit(500).is_none());
+        assert!(shards.admit(500).is_err());
         assert_eq!(shards.running_in(&low), 1);
         // Deactivated: no new admission, the running one is still counted until it ends.
         shards.set_active(Ranges::empty());
-        assert!(shards.admit(6).is_none());
+        assert!(shards.admit(6).is_err());
         assert_eq!(shards.running_in(&low), 1);
         drop(a);
         assert_eq!(shards.running_in(&low), 0);

@@ -21,6 +21,9 @@
 //! shorter than the lease duration.
 //!
 //! # Guarantees
+//! - Every membership call (renewal, list, publish) is bounded by the time left to the renew
+//!   deadline, and [`Shards::admit`] refuses once a renewal's send time plus the renew deadline
+//!   has passed, whatever this loop is doing.
 //! - Never two members admitting reconciles in one range, provided renew deadline < lease
 //!   duration and a process pauses no longer than their difference plus one retry period.
 //! - A handover costs at most: the loser's running reconciles (drain) + two retry periods when
@@ -100,8 +103,12 @@ impl Handover {
         tokio::pin!(leave);
         loop {
             let left = config.renew_deadline.saturating_sub(last_renewed.elapsed());
+            let sent = Instant::now();
             match tokio::time::timeout(left, self.membership.publish(&self.held)).await {
-                Ok(Ok(())) => last_renewed = Instant::now(),
+                Ok(Ok(())) => {
+                    last_renewed = sent;
+                    self.shards.renewed(sent + config.renew_deadline);
+                }
                 Ok(Err(e @ ShardError::Lost(_))) => return Err(self.fence(e)),
                 Ok(Err(e)) => tracing::warn!(error = %e, "renewing the member Lease"),
                 Err(_) => {}
@@ -113,11 +120,14 @@ impl Handover {
                 ));
                 return Err(self.fence(e));
             }
-            if let Err(e) = self.rebalance().await {
-                match e {
-                    ShardError::Lost(_) => return Err(self.fence(e)),
-                    e => tracing::warn!(error = %e, "rebalancing shard ranges"),
-                }
+            // Bounded like the renewal: a stalled list or publish never holds the loop (and
+            // its next renewal) past the renew deadline.
+            let left = config.renew_deadline.saturating_sub(last_renewed.elapsed());
+            match tokio::time::timeout(left, self.rebalance()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e @ ShardError::Lost(_))) => return Err(self.fence(e)),
+                Ok(Err(e)) => tracing::warn!(error = %e, "rebalancing shard ranges"),
+                Err(_) => tracing::warn!("rebalancing shard ranges did not finish within the renew deadline"),
             }
             tokio::select! {
                 _ = &mut leave => break,

@@ -37,6 +37,12 @@ pub const GROUP_LABEL: &str = "wasmop.dev/shard-group";
 /// The annotation with the ranges a member holds (may be reconciling in).
 pub const HELD_ANNOTATION: &str = "wasmop.dev/shard-held";
 
+/// The longest validity a member Lease may claim (`leaseDurationSeconds`). Others judge a
+/// member by the duration its Lease claims; without a bound, one Lease claiming years would hold
+/// its ranges unserved for that long after its replica died. `--shard-lease-duration` is
+/// refused above it, so no live member claims more.
+pub const MAX_LEASE_DURATION: Duration = Duration::from_secs(300);
+
 /// How a replica takes part.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MemberConfig {
@@ -66,6 +72,15 @@ pub struct Member {
     pub live: bool,
     /// The Lease's name and resourceVersion.
     lease: (String, String),
+}
+
+/// How long a member Lease is valid after its last change: the duration it claims, within
+/// 1 s and [`MAX_LEASE_DURATION`]; `own` when it claims none.
+fn validity(spec: &LeaseSpec, own: Duration) -> Duration {
+    spec.lease_duration_seconds
+        .and_then(|s| u64::try_from(s).ok())
+        .map_or(own, Duration::from_secs)
+        .clamp(Duration::from_secs(1), MAX_LEASE_DURATION)
 }
 
 /// A member Lease name for `identity`: a DNS subdomain (lowercase, `-` for anything else).
@@ -220,10 +235,7 @@ impl Membership {
         let rv = lease.resource_version().unwrap_or_default();
         let spec = lease.spec.clone().unwrap_or_default();
         let identity = spec.holder_identity.filter(|h| !h.is_empty());
-        let duration = spec
-            .lease_duration_seconds
-            .and_then(|s| u64::try_from(s).ok())
-            .map_or(self.config.lease_duration, Duration::from_secs);
+        let duration = validity(&spec, self.config.lease_duration);
         let unchanged = self.unchanged_for(&name, &rv);
         let identity = identity?;
         let held = match lease.annotations().get(HELD_ANNOTATION) {
@@ -318,6 +330,22 @@ impl Member {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Reliability item 24: a member Lease claiming `leaseDurationSeconds: 2147483647` was
+    /// trusted, so its ranges stayed unserved for 68 years after its replica died.
+    #[test]
+    fn a_member_lease_claims_at_most_the_maximum_validity() {
+        let own = Duration::from_secs(15);
+        let claiming = |seconds: Option<i32>| LeaseSpec {
+            lease_duration_seconds: seconds,
+            ..LeaseSpec::default()
+        };
+        assert_eq!(validity(&claiming(Some(i32::MAX)), own), MAX_LEASE_DURATION);
+        assert_eq!(validity(&claiming(Some(20)), own), Duration::from_secs(20));
+        assert_eq!(validity(&claiming(None), own), own);
+        assert_eq!(validity(&claiming(Some(-5)), own), own);
+        assert_eq!(validity(&claiming(Some(0)), own), Duration::from_secs(1));
+    }
 
     #[test]
     fn lease_names_are_dns_subdomains() {

@@ -32,7 +32,7 @@ pub mod ranges;
 pub mod ring;
 pub mod watch;
 
-pub use assignment::{Admitted, Shards};
+pub use assignment::{Admitted, Refused, Shards};
 pub use handover::Handover;
 pub use membership::{MemberConfig, Membership};
 pub use ranges::Ranges;
