@@ -157,9 +157,9 @@ impl Supervisor {
     async fn setup(&mut self) -> Result<(Settings, Candidate, (Gvk, Resolved)), SetupError> {
         let spec = &self.s.wr.spec;
         let discovery = &self.s.ctx.discovery;
-        discovery.forget();
+        // Fresh answers (a CRD may have changed), without clearing what other reconcilers use.
         let primary = spec.primary.gvk();
-        let primary_resolved = discovery.resolve(&primary).await.map_err(not_served)?;
+        let primary_resolved = discovery.refresh(&primary).await.map_err(not_served)?;
         if !primary_resolved.namespaced && !spec.namespaces.is_empty() {
             return Err(SetupError {
                 reason: reasons::INVALID_SPEC,
@@ -170,8 +170,9 @@ impl Supervisor {
             });
         }
         let kinds = self.resolve_kinds().await?;
-        self.check_reads(&kinds, primary_resolved.namespaced)
-            .await?;
+        let primary = (primary, primary_resolved);
+        self.check_reads(&primary, &kinds).await?;
+        let (primary, primary_resolved) = primary;
         let candidate = swap::candidate(&self.s, None).await?;
         let settings = self.settings((primary.clone(), primary_resolved.clone()), kinds)?;
         Ok((settings, candidate, (primary, primary_resolved)))
@@ -185,14 +186,14 @@ impl Supervisor {
         for k in &spec.owns {
             owned.push((
                 k.gvk(),
-                discovery.resolve(&k.gvk()).await.map_err(not_served)?,
+                discovery.refresh(&k.gvk()).await.map_err(not_served)?,
             ));
         }
         let mut related = Vec::new();
         for r in &spec.related {
             related.push((
                 r.gvk(),
-                discovery.resolve(&r.gvk()).await.map_err(not_served)?,
+                discovery.refresh(&r.gvk()).await.map_err(not_served)?,
                 r.selector.clone(),
             ));
         }
@@ -200,14 +201,18 @@ impl Supervisor {
     }
 
     /// The module reads through the host's watches: its own identity must be allowed them.
-    async fn check_reads(&self, kinds: &Kinds, namespaced: bool) -> Result<(), SetupError> {
+    async fn check_reads(
+        &self,
+        primary: &(Gvk, Resolved),
+        kinds: &Kinds,
+    ) -> Result<(), SetupError> {
         let spec = &self.s.wr.spec;
         let related_kinds: Vec<(Gvk, Resolved)> = kinds
             .related
             .iter()
             .map(|(k, r, _)| (k.clone(), r.clone()))
             .collect();
-        let reads = access::reads(&kinds.owned, &related_kinds, &spec.namespaces, namespaced);
+        let reads = access::reads(primary, &kinds.owned, &related_kinds, &spec.namespaces);
         access::check_reads(&self.s.ctx.client, &spec.service_account, &reads)
             .await
             .map_err(|e| SetupError {
