@@ -78,7 +78,28 @@ def test_a_failing_reconcile_is_a_reconcile_error_not_a_trap(glue):
     with pytest.raises(Err) as failure:
         guest.reconcile(request(wit, {"apiVersion": "example.wasmop.dev/v1", "kind": "Greeting",
                                       "metadata": {"name": "hi"}, "spec": {}}))
-    assert failure.value.value.message == "KeyError: 'message'"
+    message = failure.value.value.message
+    assert message.startswith("KeyError at test_sdk.py:"), message
+    assert "'message'" not in message, message
+
+
+def test_an_exceptions_text_does_not_reach_the_host_it_may_carry_values(glue):
+    _glue, wit = glue
+    from componentize_py_types import Err
+    from wasmop_sdk import Reconciler
+
+    class Leaky(Reconciler):
+        def reconcile(self, request):
+            password = request.primary.spec["password"]
+            return int(password)  # ValueError: invalid literal for int() ...: 'hunter2'
+
+    guest = _glue.export(Leaky)()
+    with pytest.raises(Err) as failure:
+        guest.reconcile(request(wit, {"apiVersion": "example.wasmop.dev/v1", "kind": "Greeting",
+                                      "metadata": {"name": "hi"}, "spec": {"password": "hunter2"}}))
+    message = failure.value.value.message
+    assert "hunter2" not in message, message
+    assert message.startswith("ValueError at test_glue.py:"), message
 
 
 def test_validate_verdicts_cross_as_variants(glue):

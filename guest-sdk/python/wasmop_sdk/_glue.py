@@ -7,6 +7,8 @@ Imported only inside a component (``wit_world`` exists only there, generated fro
 from __future__ import annotations
 
 import json
+import os
+import traceback
 from datetime import timedelta
 
 from componentize_py_types import Err
@@ -156,8 +158,20 @@ def response_to(response: Response) -> "wit.ReconcileResponse":
 
 
 def _failure(e: BaseException) -> Err:
-    message = e.message if isinstance(e, Error) else f"{type(e).__name__}: {e}"
+    """The reconcile-error for ``e``: an ``Error``'s message; any other exception by its type and
+    where it was raised, not its text, which often carries values (a Secret's data in a
+    ``ValueError``) and would reach Events and logs."""
+    message = e.message if isinstance(e, Error) else _described(e)
     return Err(wit.ReconcileError(message=message))
+
+
+def _described(e: BaseException) -> str:
+    frames = traceback.extract_tb(e.__traceback__)
+    where = f" at {os.path.basename(frames[-1].filename)}:{frames[-1].lineno}" if frames else ""
+    return (
+        f"{type(e).__name__}{where} (its text is not shown, it may carry values: "
+        "raise wasmop_sdk.Error to say more)"
+    )
 
 
 def export(reconciler: type) -> type:

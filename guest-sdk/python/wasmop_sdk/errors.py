@@ -5,7 +5,8 @@ class Error(Exception):
     """A module's own failure.
 
     Raise it (or any exception) from ``reconcile`` or ``finalize``: the host records the message
-    as a Warning Event on the primary and retries with backoff.
+    as a Warning Event on the primary and retries with backoff. Another exception is recorded by
+    its type and where it was raised only: its text may carry values (Secret data).
     """
 
     def __init__(self, message: str):
