@@ -234,8 +234,8 @@ impl Membership {
         let name = lease.name_any();
         let rv = lease.resource_version().unwrap_or_default();
         let spec = lease.spec.clone().unwrap_or_default();
-        let identity = spec.holder_identity.filter(|h| !h.is_empty());
         let duration = validity(&spec, self.config.lease_duration);
+        let identity = spec.holder_identity.filter(|h| !h.is_empty());
         let unchanged = self.unchanged_for(&name, &rv);
         let identity = identity?;
         let held = match lease.annotations().get(HELD_ANNOTATION) {
