@@ -612,14 +612,22 @@ async fn a_request_storm_does_not_hold_back_the_leader_lease() -> anyhow::Result
     // The storm: every App queues its requests behind the others' in the work budget.
     let apps = apps(&env.client, &env.namespace);
     for i in 0..30 {
-        apps.create(&PostParams::default(), &app(&format!("storm-{i}"), "nginx:1.27")?)
-            .await?;
+        apps.create(
+            &PostParams::default(),
+            &app(&format!("storm-{i}"), "nginx:1.27")?,
+        )
+        .await?;
     }
     // Once the storm is under way (a first Deployment made: the other Apps' requests are
     // queued), ten renewals (~20 s at one per 2 s retry period), the host alive throughout.
     let deployments: Api<Deployment> = env.api();
     let deadline = Instant::now() + Duration::from_secs(180);
-    while deployments.list(&Default::default()).await?.items.is_empty() {
+    while deployments
+        .list(&Default::default())
+        .await?
+        .items
+        .is_empty()
+    {
         if let Some(status) = host.child.try_wait()? {
             anyhow::bail!("the host exited ({status}):\n{}", host.log_text());
         }

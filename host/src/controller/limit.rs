@@ -253,10 +253,18 @@ mod tests {
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
         let _busy = start(&limit, "busy", 20, &tx);
         settle().await;
-        assert_eq!(drain(&mut rx).len(), 6, "the busy reconciler holds its share, 6 of 8");
+        assert_eq!(
+            drain(&mut rx).len(),
+            6,
+            "the busy reconciler holds its share, 6 of 8"
+        );
         let _other = start(&limit, "other", 1, &tx);
         settle().await;
-        assert_eq!(drain(&mut rx), vec![("other", 0)], "admitted with no permit returned");
+        assert_eq!(
+            drain(&mut rx),
+            vec![("other", 0)],
+            "admitted with no permit returned"
+        );
         assert_eq!(limit.running(), 7);
     }
 

@@ -358,7 +358,11 @@ async fn admitted(
     };
     let started_ms = now_unix_ms();
     // The host-wide bound: held until this reconcile's writes are done.
-    let _permit = shared.settings.reconcile_limit.admit(&shared.settings.name).await;
+    let _permit = shared
+        .settings
+        .reconcile_limit
+        .admit(&shared.settings.name)
+        .await;
     let active = shared.slot.active();
     let sha = active.module.sha256().to_string();
     let rv = primary.resource_version();

@@ -176,21 +176,33 @@ mod tests {
     fn nothing_is_admitted_once_the_lease_may_have_lapsed() {
         let shards = Shards::new("me", false);
         shards.set_active(Ranges::all());
-        assert_eq!(shards.admit(5).err(), Some(Refused::Lapsed), "never renewed");
+        assert_eq!(
+            shards.admit(5).err(),
+            Some(Refused::Lapsed),
+            "never renewed"
+        );
         let now = Instant::now();
         shards.renewed(now + std::time::Duration::from_secs(3600));
         assert!(shards.admit(5).is_ok(), "renewed: admitted");
         let lapsed = Shards::new("me", false);
         lapsed.set_active(Ranges::all());
         lapsed.renewed(now);
-        assert_eq!(lapsed.admit(5).err(), Some(Refused::Lapsed), "past the renew deadline");
+        assert_eq!(
+            lapsed.admit(5).err(),
+            Some(Refused::Lapsed),
+            "past the renew deadline"
+        );
     }
 
     #[test]
     fn admission_follows_the_active_ranges_and_counts_running_reconciles() {
         let shards = Shards::new("me", false);
         shards.renewed(Instant::now() + std::time::Duration::from_secs(3600));
-        assert_eq!(shards.admit(5).err(), Some(Refused::NotHere), "nothing is active at first");
+        assert_eq!(
+            shards.admit(5).err(),
+            Some(Refused::NotHere),
+            "nothing is active at first"
+        );
         let low = Ranges::from_ranges([(0, 100)]);
         shards.set_active(low.clone());
         let a = shards.admit(5).ok();

@@ -127,7 +127,9 @@ impl Handover {
                 Ok(Ok(())) => {}
                 Ok(Err(e @ ShardError::Lost(_))) => return Err(self.fence(e)),
                 Ok(Err(e)) => tracing::warn!(error = %e, "rebalancing shard ranges"),
-                Err(_) => tracing::warn!("rebalancing shard ranges did not finish within the renew deadline"),
+                Err(_) => tracing::warn!(
+                    "rebalancing shard ranges did not finish within the renew deadline"
+                ),
             }
             tokio::select! {
                 _ = &mut leave => break,
