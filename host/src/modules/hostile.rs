@@ -8,7 +8,7 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpListener;
 
-use crate::admission::tls::ServingCert;
+use crate::tls::ServingCert;
 
 /// What the server sends after the status line and headers.
 #[derive(Clone)]
