@@ -168,6 +168,14 @@ pub enum CallError {
         /// Why.
         detail: String,
     },
+    /// The module's exports have the names of the contract but not its types (found when a
+    /// sandbox is made; [`Engine::load`](crate::Engine::load) reports it as
+    /// [`LoadError::TypeMismatch`]). The module's fault, unlike [`CallError::Sandbox`].
+    #[error("the module's exports do not have the types of the contract: {detail}")]
+    Interface {
+        /// The type checker's message.
+        detail: String,
+    },
     /// The call waited in the host's call queue until its deadline passed: every sandbox slot
     /// was busy. The host was overloaded; the module did nothing wrong.
     #[error(
@@ -193,6 +201,7 @@ impl CallError {
             CallError::OutputTooLarge { .. } => "ModuleOutputTooLarge",
             CallError::Module { .. } => "ModuleError",
             CallError::Sandbox { .. } => "SandboxUnavailable",
+            CallError::Interface { .. } => "ModuleInvalid",
             CallError::Queued { .. } => "SandboxBusy",
         }
     }

@@ -480,12 +480,13 @@ impl Engine {
                 g.call_metadata(s).await.map(Ok)
             })
             .result
-            .map_err(|e| {
-                if e.is_module_fault() {
-                    LoadError::Metadata(format!("failed: {e}"))
-                } else {
-                    LoadError::Busy(e)
-                }
+            .map_err(|e| match e {
+                CallError::Interface { detail } => LoadError::TypeMismatch {
+                    detail,
+                    supported: WIT_VERSION,
+                },
+                e if e.is_module_fault() => LoadError::Metadata(format!("failed: {e}")),
+                e => LoadError::Busy(e),
             })?;
         let metadata = convert::metadata_out(metadata);
         check_metadata_size(&metadata)?;
@@ -951,13 +952,17 @@ impl Module {
         let mut instantiated = None;
         let run = async {
             let instance = pre
+                .instance_pre()
                 .instantiate_async(&mut store)
                 .await
-                .map_err(|e| (e, true))?;
+                .map_err(|e| (e, Stage::Instantiate))?;
+            // Type-checks the exports: names were checked at load, types only show here.
+            let module =
+                bindings::Module::new(&mut store, &instance).map_err(|e| (e, Stage::Exports))?;
             instantiated = Some(Instant::now());
-            f(instance.wasmop_reconciler_guest(), &mut store)
+            f(module.wasmop_reconciler_guest(), &mut store)
                 .await
-                .map_err(|e| (e, false))
+                .map_err(|e| (e, Stage::Call))
         };
         // Dropping `run` at the deadline abandons the guest wherever it is (in a WASI sleep,
         // too) and frees its instance.
@@ -1003,10 +1008,25 @@ impl Module {
     }
 }
 
-/// What a guest call ran to: the module's own result, or a wasmtime error and whether it came
-/// while instantiating.
-type Ran<T> =
-    Result<Result<T, bindings::wasmop::reconciler::types::ReconcileError>, (wasmtime::Error, bool)>;
+/// Where a wasmtime error of a call came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stage {
+    /// Making the sandbox: a failure is the host's (the pool is full, the system refused
+    /// memory), unless the module's start function trapped.
+    Instantiate,
+    /// Type-checking the module's exports against the contract (their names were checked at
+    /// load): a failure is the module's.
+    Exports,
+    /// The call itself.
+    Call,
+}
+
+/// What a guest call ran to: the module's own result, or a wasmtime error and where it came
+/// from.
+type Ran<T> = Result<
+    Result<T, bindings::wasmop::reconciler::types::ReconcileError>,
+    (wasmtime::Error, Stage),
+>;
 
 /// A call's result as the host sees it: past the deadline, the module's value or its error
 /// (made inert), or a failure classified ([`classify`]).
@@ -1024,7 +1044,7 @@ fn settle<T>(
         Ok(Ok(Err(e))) => Err(CallError::Module {
             message: text::inert(&e.message).into_owned(),
         }),
-        Ok(Err((e, instantiating))) => Err(classify(&e, store, limits, output_cap, instantiating)),
+        Ok(Err((e, stage))) => Err(classify(&e, store, limits, output_cap, stage)),
     }
 }
 
@@ -1077,7 +1097,7 @@ fn classify(
     store: &Store<State>,
     limits: &Limits,
     output_cap: usize,
-    instantiating: bool,
+    stage: Stage,
 ) -> CallError {
     let state = store.data();
     // wasmtime's hostcall fuel ran out: the guest handed the host more bytes in one transfer
@@ -1114,7 +1134,11 @@ fn classify(
             trap: trap.to_string(),
             stderr,
         },
-        None if instantiating => CallError::Sandbox {
+        None if stage == Stage::Exports => CallError::Interface {
+            detail: format!("{e:#}"),
+        },
+        // Pool limits and system resources (the module's sizes were checked when it compiled).
+        None if stage == Stage::Instantiate => CallError::Sandbox {
             detail: format!("{e:#}"),
         },
         None => CallError::Trap {
@@ -1157,6 +1181,35 @@ mod tests {
         let report = "thread '<unnamed>' panicked at src/lib.rs:10:5:\nboom: 42\nnote: run with `RUST_BACKTRACE=1` environment variable to display a backtrace";
         assert_eq!(panic_message(report), "boom: 42 (at src/lib.rs:10:5)");
         assert_eq!(panic_message("abort: oops"), "abort: oops");
+    }
+
+    /// A component exporting the guest interface with every function of it named right and
+    /// typed `func()`: it compiles and links, and its exports fail their type check.
+    const WRONG_TYPES: &str = r#"(component
+        (core module $m (func (export "f")))
+        (core instance $i (instantiate $m))
+        (func $f (canon lift (core func $i "f")))
+        (instance $guest
+            (export "metadata" (func $f))
+            (export "reconcile" (func $f))
+            (export "finalize" (func $f))
+            (export "validate" (func $f)))
+        (export "wasmop:reconciler/guest@0.1.0" (instance $guest)))"#;
+
+    #[test]
+    fn a_module_with_the_right_names_but_wrong_types_is_refused_not_deferred() {
+        let engine = Engine::new(&EngineConfig {
+            max_instances: 2,
+            max_calls: 2,
+            ..EngineConfig::default()
+        })
+        .expect("engine");
+        let bytes = wat::parse_str(WRONG_TYPES).expect("the component text parses");
+        let err = engine
+            .load(&bytes, &Limits::default())
+            .expect_err("the module must be refused");
+        assert!(err.is_module_fault(), "blamed on the host: {err}");
+        assert!(matches!(err, LoadError::TypeMismatch { .. }), "{err}");
     }
 
     #[test]

@@ -70,27 +70,34 @@ impl Discovery {
         if let Some(r) = self.cached(kind) {
             return Ok(r);
         }
-        let (resource, caps) = kube::discovery::pinned_kind(&self.client, &gvk_of(kind))
-            .await
-            .map_err(|e| DiscoveryError {
-                kind: kind.clone(),
-                detail: e.to_string(),
-            })?;
-        let resolved = Resolved {
-            resource,
-            namespaced: matches!(caps.scope, Scope::Namespaced),
-        };
+        self.refresh(kind).await
+    }
+
+    /// Asks the API server again (a CRD may have changed) and replaces the cached answer for
+    /// `kind`. The cache is shared by every reconciler: an answer is replaced, never dropped, so
+    /// another reconciler never finds the scope of one of its kinds unknown.
+    ///
+    /// # Errors
+    /// [`DiscoveryError`] when it is not served (the cached answer, if any, is kept).
+    pub async fn refresh(&self, kind: &Gvk) -> Result<Resolved, DiscoveryError> {
+        let resolved = self.ask(kind).await?;
         if let Ok(mut cache) = self.cache.lock() {
             cache.insert(kind.clone(), resolved.clone());
         }
         Ok(resolved)
     }
 
-    /// Forgets everything (after CRDs change).
-    pub fn forget(&self) {
-        if let Ok(mut cache) = self.cache.lock() {
-            cache.clear();
-        }
+    async fn ask(&self, kind: &Gvk) -> Result<Resolved, DiscoveryError> {
+        let (resource, caps) = kube::discovery::pinned_kind(&self.client, &gvk_of(kind))
+            .await
+            .map_err(|e| DiscoveryError {
+                kind: kind.clone(),
+                detail: e.to_string(),
+            })?;
+        Ok(Resolved {
+            resource,
+            namespaced: matches!(caps.scope, Scope::Namespaced),
+        })
     }
 
     fn cached(&self, kind: &Gvk) -> Option<Resolved> {
@@ -101,5 +108,29 @@ impl Discovery {
 impl Scopes for Discovery {
     fn namespaced(&self, kind: &Gvk) -> Option<bool> {
         self.cached(kind).map(|r| r.namespaced)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_refresh_that_fails_keeps_every_answer_other_reconcilers_use() {
+        crate::install_crypto_provider();
+        // Nothing listens on port 9: every question fails at once.
+        let config = kube::Config::new("http://127.0.0.1:9".parse().expect("a URL"));
+        let discovery = Discovery::new(Client::try_from(config).expect("a client"));
+        let role = Gvk::new("rbac.authorization.k8s.io/v1", "ClusterRole");
+        let resolved = Resolved {
+            resource: ApiResource::from_gvk_with_plural(&gvk_of(&role), "clusterroles"),
+            namespaced: false,
+        };
+        if let Ok(mut cache) = discovery.cache.lock() {
+            cache.insert(role.clone(), resolved);
+        }
+        assert!(discovery.refresh(&Gvk::new("v1", "Missing")).await.is_err());
+        assert!(discovery.refresh(&role).await.is_err());
+        assert_eq!(discovery.namespaced(&role), Some(false));
     }
 }

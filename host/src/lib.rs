@@ -40,6 +40,7 @@ pub mod operations;
 pub mod reasons;
 pub mod sharding;
 pub mod text;
+pub mod tls;
 
 /// The sandbox, its own crate ([`wasmop_engine`]): the only one that depends on wasmtime.
 pub use wasmop_engine as engine;

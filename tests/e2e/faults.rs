@@ -490,6 +490,7 @@ async fn configmap_propagator(env: &TestEnv) -> anyhow::Result<String> {
         "metadata": {"name": name},
         "rules": [
             {"apiGroups": [""], "resources": ["configmaps", "namespaces"], "verbs": ["list", "watch"]},
+            {"apiGroups": ["example.wasmop.dev"], "resources": ["configmappropagations"], "verbs": ["list", "watch"]},
             {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["create", "patch", "delete"]},
             {"apiGroups": ["example.wasmop.dev"], "resources": ["configmappropagations/status"], "verbs": ["update", "patch"]},
             {"apiGroups": ["example.wasmop.dev"], "resources": ["configmappropagations/finalizers"], "verbs": ["update"]}

@@ -40,7 +40,8 @@
 //! Its parts: [`config`] (the ValidatingWebhookConfigurations) and [`tls`] (the serving certificate).
 
 pub mod config;
-pub mod tls;
+/// The serving certificate (kept at the crate root, where the test registry uses it too).
+pub use crate::tls;
 
 use std::collections::HashMap;
 use std::convert::Infallible;

@@ -41,7 +41,7 @@ pub struct Args {
     pub ca_bundle: Option<PathBuf>,
     /// Sign the pushed module with this private key (cosign's, from `cosign generate-key-pair`,
     /// or a PKCS#8 PEM ECDSA P-256 key), as `cosign sign --key` does: the signature goes to
-    /// the `sha256-<digest>.sig` tag, replacing any signatures there.
+    /// the `sha256-<digest>.sig` tag, beside the signatures already there (other keys').
     #[arg(long, value_name = "KEYFILE", requires = "oci")]
     pub sign: Option<PathBuf>,
     /// The password of an encrypted --sign key (cosign's variable).

@@ -377,6 +377,7 @@ pub(crate) async fn run(args: Args) -> Result<ExitCode, CliError> {
                 Some(path) => Some(required_key(path)?),
                 None => None,
             },
+            ..crate::modules::oci::OciOptions::default()
         },
         ..HostOptions::default()
     };

@@ -223,11 +223,21 @@ impl Checker<'_> {
         });
     }
 
-    fn namespaced(&self, kind: &Gvk) -> bool {
+    /// Whether `kind` is namespaced; None (recorded as a violation of `intent`) when the host
+    /// does not know: taking it as namespaced would let a namespaced primary's intents reach a
+    /// cluster-scoped kind.
+    fn namespaced(&mut self, intent: &str, kind: &Gvk) -> Option<bool> {
         if *kind == self.primary.kind {
-            return self.primary.namespace.is_some();
+            return Some(self.primary.namespace.is_some());
         }
-        self.scopes.namespaced(kind).unwrap_or(true)
+        let known = self.scopes.namespaced(kind);
+        if known.is_none() {
+            self.bad(
+                intent,
+                format!("the host does not know whether {kind} is namespaced (discovery has not answered for it); nothing of this response is written"),
+            );
+        }
+        known
     }
 
     /// Resolves the namespace of a target per the scope rules.
@@ -238,7 +248,7 @@ impl Checker<'_> {
         namespace: Option<&str>,
     ) -> Option<Option<String>> {
         let namespace = namespace.filter(|n| !n.is_empty());
-        if !self.namespaced(kind) {
+        if !self.namespaced(intent, kind)? {
             if let Some(primary) = &self.primary.namespace {
                 self.bad(
                     intent,
@@ -304,7 +314,9 @@ impl Checker<'_> {
                 self.bad(&base, format!("{kind} is not an owned kind of this reconciler (declare it in the module's metadata.owns and grant it in the WasmReconciler's spec.owns)"));
                 continue;
             }
-            let namespaced = self.namespaced(&kind);
+            let Some(namespaced) = self.namespaced(&base, &kind) else {
+                continue;
+            };
             if self.primary.namespace.is_some() && !namespaced {
                 self.bad(&base, format!("{kind} is cluster-scoped and cannot be owned by the namespaced primary {} (garbage collection forbids it)", self.primary.object_ref()));
                 continue;
@@ -990,6 +1002,44 @@ mod tests {
         r.err()
             .map(|e| e.violations.iter().map(ToString::to_string).collect())
             .unwrap_or_default()
+    }
+
+    /// Knows the scope of no kind (discovery has not answered for them).
+    struct NoScopes;
+
+    impl Scopes for NoScopes {
+        fn namespaced(&self, _: &Gvk) -> Option<bool> {
+            None
+        }
+    }
+
+    #[test]
+    fn a_kind_of_unknown_scope_is_refused_not_taken_as_namespaced() {
+        let role = Gvk::new("rbac.authorization.k8s.io/v1", "ClusterRole");
+        let grant = Grant {
+            owned: [role.clone()].into(),
+            ..Grant::default()
+        };
+        let object = json!({"apiVersion": role.api_version, "kind": role.kind, "metadata": {"name": "admin-2"}});
+        let r = validate(
+            "r1",
+            &primary(),
+            &grant,
+            &NoScopes,
+            &observed(),
+            ReconcileResponse {
+                children: vec![ChildSet {
+                    kind: role.clone(),
+                    objects: vec![object],
+                }],
+                ..Default::default()
+            },
+        );
+        let p = problems(r);
+        assert!(
+            p.iter().any(|p| p.contains("does not know whether")),
+            "a ClusterRole of unknown scope was accepted as namespaced: {p:?}"
+        );
     }
 
     #[test]

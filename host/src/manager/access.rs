@@ -5,13 +5,14 @@
 //! `related: v1/Secret` grant works as soon as any other module's install lets the host read
 //! Secrets. So before a reconciler starts, the host asks the API server (SubjectAccessReviews,
 //! `authorization.k8s.io/v1`) whether the module's ServiceAccount itself may `list` and `watch`
-//! every owned and related kind in the reconciler's scope, and refuses the WasmReconciler
-//! otherwise (reason [`crate::reasons::READ_NOT_ALLOWED`]).
+//! the primary kind and every owned and related kind in the reconciler's scope, and refuses the
+//! WasmReconciler otherwise (reason [`crate::reasons::READ_NOT_ALLOWED`]).
 //!
 //! # Guarantees
-//! - A reconciler only starts when its ServiceAccount may list and watch each owned and related
-//!   kind in every namespace of its scope (cluster-wide when it has none, or when the primary is
-//!   cluster-scoped for related kinds, as the host watches them).
+//! - A reconciler only starts when its ServiceAccount may list and watch the primary kind and
+//!   each owned and related kind in every namespace of its scope (cluster-wide when it has none,
+//!   or when the primary is cluster-scoped for related kinds, as the host watches them):
+//!   `primary: v1/ConfigMap` does not hand a module every ConfigMap the host may read.
 //! - The check asks as the ServiceAccount with its groups (`system:serviceaccounts`,
 //!   `system:serviceaccounts:<ns>`, `system:authenticated`), so group bindings count as they do
 //!   for the real requests.
@@ -83,15 +84,16 @@ pub struct Read {
     pub namespace: Option<String>,
 }
 
-/// The reads of a reconciler: owned kinds in its namespaces (every namespace when it has none),
-/// related kinds in its namespaces when the primary is namespaced, cluster-wide otherwise;
-/// cluster-scoped kinds cluster-wide.
+/// The reads of a reconciler: the primary and owned kinds in its namespaces (every namespace
+/// when it has none), related kinds in its namespaces when the primary is namespaced,
+/// cluster-wide otherwise; cluster-scoped kinds cluster-wide.
 pub fn reads(
+    primary: &(Gvk, Resolved),
     owned: &[(Gvk, Resolved)],
     related: &[(Gvk, Resolved)],
     namespaces: &[String],
-    primary_namespaced: bool,
 ) -> Vec<Read> {
+    let primary_namespaced = primary.1.namespaced;
     let scoped = |kind: &Gvk, resolved: &Resolved, in_namespaces: bool| -> Vec<Read> {
         if resolved.namespaced && in_namespaces && !namespaces.is_empty() {
             namespaces
@@ -110,7 +112,8 @@ pub fn reads(
             }]
         }
     };
-    let mut out: Vec<Read> = Vec::new();
+    // The primary too: the host hands the module every primary it watches.
+    let mut out: Vec<Read> = scoped(&primary.0, &primary.1, true);
     for (k, r) in owned {
         out.extend(scoped(k, r, true));
     }
@@ -221,12 +224,16 @@ mod tests {
             Gvk::new("v1", "Namespace"),
             resolved("", "Namespace", "namespaces", false),
         );
+        let app = (
+            Gvk::new("example.com/v1", "App"),
+            resolved("example.com", "App", "apps", true),
+        );
         let scope = vec!["a".to_string(), "b".to_string()];
         let r = reads(
+            &app,
             std::slice::from_ref(&cm),
             &[cm.clone(), ns.clone()],
             &scope,
-            true,
         );
         let places: Vec<(String, Option<String>)> = r
             .iter()
@@ -235,6 +242,8 @@ mod tests {
         assert_eq!(
             places,
             [
+                ("App".into(), Some("a".into())),
+                ("App".into(), Some("b".into())),
                 ("ConfigMap".into(), Some("a".into())),
                 ("ConfigMap".into(), Some("b".into())),
                 ("ConfigMap".into(), Some("a".into())),
@@ -243,9 +252,28 @@ mod tests {
             ]
         );
         // A cluster-scoped primary's related kinds are watched cluster-wide.
-        let r = reads(&[], &[cm], &[], false);
-        assert_eq!(r.len(), 1);
-        assert_eq!(r[0].namespace, None);
+        let r = reads(&ns, &[], std::slice::from_ref(&cm), &[]);
+        let places: Vec<(String, Option<String>)> = r
+            .iter()
+            .map(|r| (r.kind.kind.clone(), r.namespace.clone()))
+            .collect();
+        assert_eq!(
+            places,
+            [("Namespace".into(), None), ("ConfigMap".into(), None)]
+        );
+    }
+
+    /// `primary: v1/ConfigMap` must not hand the module every ConfigMap the host may read.
+    #[test]
+    fn the_primary_kind_is_checked_like_the_others() {
+        let cm = (
+            Gvk::new("v1", "ConfigMap"),
+            resolved("", "ConfigMap", "configmaps", true),
+        );
+        let r = reads(&cm, &[], &[], &[]);
+        assert_eq!(r.len(), 1, "the primary is not checked: {r:?}");
+        assert_eq!(r[0].kind, cm.0);
+        assert_eq!(r[0].namespace, None, "every namespace");
     }
 
     #[test]

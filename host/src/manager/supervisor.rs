@@ -5,6 +5,8 @@
 //! # Guarantees
 //! - A set-up that fails is reported (`Ready=False` with the reason, a Warning Event) and
 //!   retried with backoff (1 s doubling to 60 s); a new module reference retries at once.
+//! - `stop` ends every set-up and swap step at once, even one waiting on a registry: the
+//!   manager's loop, which waits for a stopped supervisor, is never held by one.
 //! - A reconciler that loses a conflict ([`super::conflict`]) or whose ServiceAccount may not
 //!   read its kinds ([`super::access`]) never starts its controller.
 
@@ -70,14 +72,9 @@ impl Supervisor {
             while let Ok(wr) = updates.try_recv() {
                 self.s.wr = wr;
             }
-            let ready = match self.refuse_if_conflicting().await {
-                Ok(()) => {
-                    if !self.narrowed {
-                        self.narrowed = release::outside_namespaces(&self.s).await;
-                    }
-                    self.setup().await
-                }
-                Err(e) => Err(e),
+            // A set-up can wait on a slow registry: `stop` ends it (the manager waits on this).
+            let Some(ready) = unless_stopped(&mut stop, self.prepare()).await else {
+                return;
             };
             match ready {
                 Ok((settings, candidate, resolved)) => {
@@ -98,6 +95,15 @@ impl Supervisor {
             }
             delay = (delay * 2).min(Duration::from_secs(60));
         }
+    }
+
+    /// Checks for a conflict, releases the primaries outside the namespaces once, and sets up.
+    async fn prepare(&mut self) -> Result<(Settings, Candidate, (Gvk, Resolved)), SetupError> {
+        self.refuse_if_conflicting().await?;
+        if !self.narrowed {
+            self.narrowed = release::outside_namespaces(&self.s).await;
+        }
+        self.setup().await
     }
 
     /// Reports a set-up that failed: `Ready=False`, and `ModuleLoaded=False` when the module
@@ -157,9 +163,9 @@ impl Supervisor {
     async fn setup(&mut self) -> Result<(Settings, Candidate, (Gvk, Resolved)), SetupError> {
         let spec = &self.s.wr.spec;
         let discovery = &self.s.ctx.discovery;
-        discovery.forget();
+        // Fresh answers (a CRD may have changed), without clearing what other reconcilers use.
         let primary = spec.primary.gvk();
-        let primary_resolved = discovery.resolve(&primary).await.map_err(not_served)?;
+        let primary_resolved = discovery.refresh(&primary).await.map_err(not_served)?;
         if !primary_resolved.namespaced && !spec.namespaces.is_empty() {
             return Err(SetupError {
                 reason: reasons::INVALID_SPEC,
@@ -170,8 +176,9 @@ impl Supervisor {
             });
         }
         let kinds = self.resolve_kinds().await?;
-        self.check_reads(&kinds, primary_resolved.namespaced)
-            .await?;
+        let primary = (primary, primary_resolved);
+        self.check_reads(&primary, &kinds).await?;
+        let (primary, primary_resolved) = primary;
         let candidate = swap::candidate(&self.s, None).await?;
         let settings = self.settings((primary.clone(), primary_resolved.clone()), kinds)?;
         Ok((settings, candidate, (primary, primary_resolved)))
@@ -185,14 +192,14 @@ impl Supervisor {
         for k in &spec.owns {
             owned.push((
                 k.gvk(),
-                discovery.resolve(&k.gvk()).await.map_err(not_served)?,
+                discovery.refresh(&k.gvk()).await.map_err(not_served)?,
             ));
         }
         let mut related = Vec::new();
         for r in &spec.related {
             related.push((
                 r.gvk(),
-                discovery.resolve(&r.gvk()).await.map_err(not_served)?,
+                discovery.refresh(&r.gvk()).await.map_err(not_served)?,
                 r.selector.clone(),
             ));
         }
@@ -200,14 +207,18 @@ impl Supervisor {
     }
 
     /// The module reads through the host's watches: its own identity must be allowed them.
-    async fn check_reads(&self, kinds: &Kinds, namespaced: bool) -> Result<(), SetupError> {
+    async fn check_reads(
+        &self,
+        primary: &(Gvk, Resolved),
+        kinds: &Kinds,
+    ) -> Result<(), SetupError> {
         let spec = &self.s.wr.spec;
         let related_kinds: Vec<(Gvk, Resolved)> = kinds
             .related
             .iter()
             .map(|(k, r, _)| (k.clone(), r.clone()))
             .collect();
-        let reads = access::reads(&kinds.owned, &related_kinds, &spec.namespaces, namespaced);
+        let reads = access::reads(primary, &kinds.owned, &related_kinds, &spec.namespaces);
         access::check_reads(&self.s.ctx.client, &spec.service_account, &reads)
             .await
             .map_err(|e| SetupError {
@@ -413,25 +424,49 @@ impl Supervisor {
                     };
                     // A newer ConfigMap replaces a deferred one.
                     state.deferred = None;
-                    swap::offer(s, kept, Some(cm), 0, serving, &mut state).await;
+                    let offer = swap::offer(s, kept, Some(cm), 0, serving, &mut state);
+                    if unless_stopped(stop, offer).await.is_none() {
+                        break;
+                    }
                 }
                 Some(wr) = updates.next() => {
                     // A new OCI reference replaces a deferred one.
                     s.wr = wr;
                     state.deferred = None;
                     state.refused_version = None;
-                    swap::offer(s, kept, None, 0, serving, &mut state).await;
+                    let offer = swap::offer(s, kept, None, 0, serving, &mut state);
+                    if unless_stopped(stop, offer).await.is_none() {
+                        break;
+                    }
                     // Records the generation seen even when the module is unchanged.
                     s.write_status().await;
                 }
                 _ = tick.tick() => {
                     if let Some(d) = state.deferred.take_if(|d| d.at <= tokio::time::Instant::now()) {
-                        swap::offer(s, kept, d.cm, d.attempts, serving, &mut state).await;
+                        let offer = swap::offer(s, kept, d.cm, d.attempts, serving, &mut state);
+                        if unless_stopped(stop, offer).await.is_none() {
+                            break;
+                        }
                     }
-                    swap::watch_rollout(s, kept, serving, &mut state).await;
+                    let watch = swap::watch_rollout(s, kept, serving, &mut state);
+                    if unless_stopped(stop, watch).await.is_none() {
+                        break;
+                    }
                 }
             }
         }
+    }
+}
+
+/// `work`'s output, or `None` as soon as `stop` fires (or its sender is gone): a set-up or a
+/// swap waiting on a slow registry or API server never holds a stop back.
+async fn unless_stopped<T>(
+    stop: &mut oneshot::Receiver<()>,
+    work: impl std::future::Future<Output = T>,
+) -> Option<T> {
+    tokio::select! {
+        _ = stop => None,
+        out = work => Some(out),
     }
 }
 
@@ -439,5 +474,95 @@ fn not_served(e: crate::discovery::DiscoveryError) -> SetupError {
     SetupError {
         reason: reasons::KIND_NOT_SERVED,
         message: e.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::{Engine, EngineConfig};
+    use crate::modules::hostile::{self, Answer, Body};
+    use rustls_pki_types::CertificateDer;
+    use rustls_pki_types::pem::PemObject;
+
+    /// A host context whose API server is `h`.
+    fn context(h: &hostile::Hostile) -> Arc<HostContext> {
+        crate::install_crypto_provider();
+        let Ok(uri) = format!("https://{}", h.addr).parse() else {
+            panic!("a URI")
+        };
+        let mut config = kube::Config::new(uri);
+        let ca = CertificateDer::from_pem_slice(h.ca_pem.as_bytes());
+        config.root_cert = Some(ca.into_iter().map(|c| c.to_vec()).collect());
+        let Ok(client) = kube::Client::try_from(config.clone()) else {
+            panic!("a client")
+        };
+        let Ok(engine) = Engine::new(&EngineConfig::default()) else {
+            panic!("an engine")
+        };
+        Arc::new(HostContext {
+            engine,
+            discovery: crate::discovery::Discovery::new(client.clone()),
+            client,
+            config,
+            instance: "test".into(),
+            default_resync: Duration::from_secs(60),
+            selector: None,
+            failures: None,
+            oci: crate::modules::oci::OciOptions::default(),
+            shards: None,
+            reconcile_limit: crate::controller::limit::ReconcileLimit::new(1),
+            rate_limit: None,
+            slots: crate::admission::Slots::default(),
+        })
+    }
+
+    fn wr() -> WasmReconciler {
+        let value = json!({
+            "apiVersion": "wasmop.dev/v1alpha1", "kind": "WasmReconciler",
+            "metadata": {"name": "slow", "uid": "u"},
+            "spec": {
+                "module": {"oci": {"reference": format!("127.0.0.1:9/m@sha256:{}", "ab".repeat(32))}},
+                "primary": {"apiVersion": "example.com/v1", "kind": "App"},
+                "serviceAccount": {"namespace": "m", "name": "m"},
+            }
+        });
+        match serde_json::from_value(value) {
+            Ok(w) => w,
+            Err(e) => panic!("test WasmReconciler: {e}"),
+        }
+    }
+
+    /// Item 1 of the reliability issue: a set-up waiting on a server that trickles bytes (here the API server; a registry is the same wait) must not hold `stop` back, as
+    /// the manager's loop waits for a stopped supervisor.
+    #[tokio::test]
+    async fn a_stop_ends_a_set_up_stuck_on_a_slow_server() {
+        let h = hostile::start(|_| {
+            Answer::with(
+                200,
+                Body::Trickle {
+                    every: Duration::from_millis(500),
+                    count: 1000,
+                },
+            )
+        })
+        .await;
+        let mut supervisor = Supervisor::new(context(&h), wr());
+        let (stop, stop_rx) = oneshot::channel();
+        let (_updates, updates_rx) = futures::channel::mpsc::unbounded();
+        let run = supervisor.run(stop_rx, updates_rx);
+        tokio::pin!(run);
+        tokio::select! {
+            _ = &mut run => panic!("the set-up ended before the server answered"),
+            _ = h.requested.notified() => {}
+        }
+        let _ = stop.send(());
+        // The stuck set-up would take 1000 x 0.5 s; a stop ends it at once (60 s: generous).
+        let ended = tokio::time::timeout(Duration::from_secs(60), run).await;
+        assert!(
+            ended.is_ok(),
+            "the stopped supervisor still waits on the server ({} bytes trickled)",
+            h.sent()
+        );
     }
 }

@@ -19,9 +19,9 @@
 //! reason the WasmReconciler reports ([`OciError::reason`]).
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use base64::Engine as _;
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::{Api, Client};
 use oci_client::client::{Config, ImageLayer};
@@ -29,6 +29,7 @@ use oci_client::manifest::{OciDescriptor, OciImageManifest, OciManifest};
 use oci_client::{Reference, errors::OciDistributionError};
 
 use crate::crd::OciModule;
+use crate::modules::reader::{ReadError, Reader, registry_text};
 pub use crate::modules::registry::{Access, Pinned};
 use crate::modules::signature::{self, SignatureError, TrustedKey};
 use crate::reasons;
@@ -43,6 +44,8 @@ const LEGACY_CONFIG: &str = oci_client::manifest::WASM_CONFIG_MEDIA_TYPE;
 
 /// The default cap on a module pulled from a registry.
 pub const DEFAULT_MAX_MODULE_BYTES: u64 = 64 << 20;
+/// The default deadline of a whole pull (tag, signatures, manifest and layer).
+pub const DEFAULT_PULL_DEADLINE: Duration = Duration::from_secs(180);
 
 /// The host-wide settings of OCI module sources.
 #[derive(Debug, Clone)]
@@ -55,6 +58,8 @@ pub struct OciOptions {
     /// The key every module must be signed with (`--require-signed-modules`), besides the one
     /// a WasmReconciler's `spec.module.oci.verify` names.
     pub required_key: Option<TrustedKey>,
+    /// How long a whole pull may take ([`fetch`]).
+    pub pull_deadline: Duration,
 }
 
 impl Default for OciOptions {
@@ -63,6 +68,7 @@ impl Default for OciOptions {
             namespace: None,
             max_module_bytes: DEFAULT_MAX_MODULE_BYTES,
             required_key: None,
+            pull_deadline: DEFAULT_PULL_DEADLINE,
         }
     }
 }
@@ -396,6 +402,25 @@ pub async fn fetch(
     options: &OciOptions,
     spec: &OciModule,
 ) -> Result<Pulled, OciError> {
+    let deadline = options.pull_deadline;
+    match tokio::time::timeout(deadline, fetch_within(client, options, spec)).await {
+        Ok(pulled) => pulled,
+        Err(_) => {
+            let reference = spec.reference.clone();
+            Err(OciError::Unreachable {
+                registry: reference.split('/').next().unwrap_or_default().to_string(),
+                reference,
+                detail: format!("the pull did not finish within its deadline of {deadline:?}"),
+            })
+        }
+    }
+}
+
+async fn fetch_within(
+    client: &Client,
+    options: &OciOptions,
+    spec: &OciModule,
+) -> Result<Pulled, OciError> {
     let pinned = pin(spec)?;
     let registry = pinned.reference.resolve_registry().to_string();
     let access = access(client, &options.namespace(), spec, &registry).await?;
@@ -418,13 +443,12 @@ pub async fn fetch(
         } else {
             &pinned.reference
         };
-        Some(
-            access
-                .client()
-                .fetch_manifest_digest(asked, &access.registry_auth())
-                .await
-                .map_err(|e| classify(asked, e))?,
-        )
+        let mut reader = Reader::new(&access).map_err(|e| read_error(asked, e))?;
+        let (_, digest) = reader
+            .manifest(asked)
+            .await
+            .map_err(|e| read_error(asked, e))?;
+        Some(digest)
     } else {
         None
     };
@@ -448,12 +472,12 @@ pub async fn fetch(
 /// # Errors
 /// See [`OciError`].
 pub async fn pull(pinned: &Pinned, access: &Access, cap: u64) -> Result<Pulled, OciError> {
-    let client = access.client();
     let reference = &pinned.reference;
-    let (manifest, digest) = client
-        .pull_manifest(reference, &access.registry_auth())
+    let mut reader = Reader::new(access).map_err(|e| read_error(reference, e))?;
+    let (body, digest) = reader
+        .manifest(reference)
         .await
-        .map_err(|e| classify(reference, e))?;
+        .map_err(|e| read_error(reference, e))?;
     if digest != pinned.digest {
         return Err(OciError::DigestMismatch {
             reference: reference.whole(),
@@ -463,6 +487,10 @@ pub async fn pull(pinned: &Pinned, access: &Access, cap: u64) -> Result<Pulled, 
             ),
         });
     }
+    let manifest: OciManifest = serde_json::from_slice(&body).map_err(|e| OciError::NotWasm {
+        reference: reference.whole(),
+        detail: format!("its manifest cannot be parsed: {e}"),
+    })?;
     let layer = wasm_layer(reference, &manifest)?;
     if layer.size < 0 || layer.size as u64 > cap {
         return Err(OciError::TooLarge {
@@ -471,24 +499,19 @@ pub async fn pull(pinned: &Pinned, access: &Access, cap: u64) -> Result<Pulled, 
             cap,
         });
     }
-    let mut stream = client
-        .pull_blob_stream(reference, &layer)
+    let bytes = reader
+        .blob(reference, &layer.digest, layer.size as u64)
         .await
-        .map_err(|e| classify(reference, e))?;
-    let mut bytes = Vec::with_capacity(layer.size as usize);
-    while let Some(chunk) = stream.next().await {
-        let chunk = chunk.map_err(|e| stream_error(reference, &layer, e))?;
-        if (bytes.len() + chunk.len()) as u64 > cap.min(layer.size as u64) {
-            return Err(OciError::DigestMismatch {
+        .map_err(|e| match e {
+            ReadError::TooLarge { .. } => OciError::DigestMismatch {
                 reference: reference.whole(),
                 detail: format!(
                     "layer {} is longer than the {} bytes its manifest declares",
                     layer.digest, layer.size
                 ),
-            });
-        }
-        bytes.extend_from_slice(&chunk);
-    }
+            },
+            e => read_error(reference, e),
+        })?;
     let found = format!("sha256:{}", crate::engine::sha256_hex(&bytes));
     if found != layer.digest {
         return Err(OciError::DigestMismatch {
@@ -502,6 +525,49 @@ pub async fn pull(pinned: &Pinned, access: &Access, cap: u64) -> Result<Pulled, 
         manifest_digest: digest,
         origin: pinned.origin(),
     })
+}
+
+/// Maps a bounded read's failure onto what the user can act on.
+fn read_error(reference: &Reference, e: ReadError) -> OciError {
+    let registry = reference.resolve_registry().to_string();
+    let whole = reference.whole();
+    let detail = e.to_string();
+    match &e {
+        ReadError::Status { status, codes, .. }
+            if *status == 401
+                || *status == 403
+                || codes.iter().any(|c| c == "UNAUTHORIZED" || c == "DENIED") =>
+        {
+            OciError::Unauthorized {
+                registry,
+                reference: whole,
+                detail,
+            }
+        }
+        _ if e.is_not_found() => OciError::NotFound {
+            reference: whole,
+            detail,
+        },
+        ReadError::Status { status, .. } if *status >= 500 => OciError::Unreachable {
+            registry,
+            reference: whole,
+            detail,
+        },
+        ReadError::Transport(_) => OciError::Unreachable {
+            registry,
+            reference: whole,
+            detail,
+        },
+        ReadError::Auth(_) => OciError::Unauthorized {
+            registry,
+            reference: whole,
+            detail,
+        },
+        ReadError::Status { .. } | ReadError::TooLarge { .. } => OciError::Registry {
+            reference: whole,
+            detail,
+        },
+    }
 }
 
 /// The manifest's one Wasm layer.
@@ -533,22 +599,6 @@ fn wasm_layer(reference: &Reference, manifest: &OciManifest) -> Result<OciDescri
     }
 }
 
-fn stream_error(reference: &Reference, layer: &OciDescriptor, e: std::io::Error) -> OciError {
-    let text = e.to_string();
-    if text.to_ascii_lowercase().contains("digest") {
-        OciError::DigestMismatch {
-            reference: reference.whole(),
-            detail: format!("layer {}: {text}", layer.digest),
-        }
-    } else {
-        OciError::Unreachable {
-            registry: reference.resolve_registry().to_string(),
-            reference: reference.whole(),
-            detail: format!("reading layer {}: {text}", layer.digest),
-        }
-    }
-}
-
 /// Maps an oci-client error onto what the user can act on.
 fn classify(reference: &Reference, e: OciDistributionError) -> OciError {
     let registry = reference.resolve_registry().to_string();
@@ -558,24 +608,24 @@ fn classify(reference: &Reference, e: OciDistributionError) -> OciError {
         | OciDistributionError::AuthenticationFailure(_) => OciError::Unauthorized {
             registry,
             reference: whole,
-            detail: e.to_string(),
+            detail: registry_text(&e.to_string()),
         },
         OciDistributionError::ServerError { code, .. } if code == 401 || code == 403 => {
             OciError::Unauthorized {
                 registry,
                 reference: whole,
-                detail: e.to_string(),
+                detail: registry_text(&e.to_string()),
             }
         }
         OciDistributionError::ServerError { code, .. } if code >= 500 => OciError::Unreachable {
             registry,
             reference: whole,
-            detail: e.to_string(),
+            detail: registry_text(&e.to_string()),
         },
         OciDistributionError::ServerError { code: 404, .. }
         | OciDistributionError::ImageManifestNotFoundError(_) => OciError::NotFound {
             reference: whole,
-            detail: e.to_string(),
+            detail: registry_text(&e.to_string()),
         },
         OciDistributionError::RegistryError { ref envelope, .. } => {
             let codes: Vec<String> = envelope
@@ -583,7 +633,7 @@ fn classify(reference: &Reference, e: OciDistributionError) -> OciError {
                 .iter()
                 .map(|x| format!("{:?}", x.code))
                 .collect();
-            let text = e.to_string();
+            let text = registry_text(&e.to_string());
             if codes.iter().any(|c| c == "Unauthorized" || c == "Denied") {
                 OciError::Unauthorized {
                     registry,
@@ -604,16 +654,16 @@ fn classify(reference: &Reference, e: OciDistributionError) -> OciError {
         }
         OciDistributionError::DigestError(_) => OciError::DigestMismatch {
             reference: whole,
-            detail: e.to_string(),
+            detail: registry_text(&e.to_string()),
         },
         OciDistributionError::RequestError(ref r) => OciError::Unreachable {
             registry,
             reference: whole,
-            detail: format!("{e}{}", source_chain(r)),
+            detail: registry_text(&format!("{e}{}", source_chain(r))),
         },
         other => OciError::Registry {
             reference: whole,
-            detail: other.to_string(),
+            detail: registry_text(&other.to_string()),
         },
     }
 }
@@ -737,5 +787,107 @@ mod tests {
         );
         assert!(docker_config_auth(json, "missing").is_err());
         assert!(docker_config_auth(b"nope", "x").is_err());
+    }
+
+    use crate::modules::hostile::{self, Answer, Body};
+
+    fn hostile_access(h: &hostile::Hostile) -> Access {
+        Access {
+            auth: None,
+            ca_pem: Some(h.ca_pem.clone()),
+        }
+    }
+
+    fn hostile_pin(h: &hostile::Hostile) -> Pinned {
+        let Ok(pinned) = pin(&spec(&format!("{}/mods/a@{D}", h.addr), None)) else {
+            panic!("a pinned reference")
+        };
+        pinned
+    }
+
+    /// Item 2 of the reliability issue: a registry serving an endless manifest or error body.
+    #[tokio::test]
+    async fn a_hostile_registry_cannot_make_the_host_read_without_end() {
+        const LIMIT: u64 = 64 << 20;
+        const BOUND: u64 = 32 << 20;
+        let bodies = [(200, Some(2 << 30)), (200, None), (404, None)];
+        for (status, declared) in bodies {
+            let h = hostile::start(move |_| {
+                Answer::with(
+                    status,
+                    Body::Endless {
+                        declared,
+                        limit: LIMIT,
+                    },
+                )
+            })
+            .await;
+            let got = pull(
+                &hostile_pin(&h),
+                &hostile_access(&h),
+                DEFAULT_MAX_MODULE_BYTES,
+            )
+            .await;
+            let Err(e) = got else {
+                panic!("a pull of an endless manifest fails")
+            };
+            let message = e.to_string();
+            assert!(
+                message.len() < 2048,
+                "{status} {declared:?}: the message is {} bytes",
+                message.len()
+            );
+            if status == 200 {
+                assert_eq!(e.reason(), reasons::REGISTRY_ERROR, "{message}");
+                assert!(
+                    message.contains(&crate::modules::reader::MAX_MANIFEST_BYTES.to_string()),
+                    "{message}"
+                );
+            } else {
+                assert_eq!(e.reason(), reasons::MODULE_NOT_FOUND, "{message}");
+            }
+            assert!(
+                h.sent() < BOUND,
+                "{status} {declared:?}: the registry sent {} bytes",
+                h.sent()
+            );
+        }
+    }
+
+    /// Item 1 of the reliability issue: a registry trickling bytes (under the per-read timeout)
+    /// keeps a pull alive until its deadline (here 2 s; the trickle lasts 60 s).
+    #[tokio::test]
+    async fn a_trickling_registry_meets_the_pull_deadline() {
+        crate::install_crypto_provider();
+        let h = hostile::start(|_| {
+            Answer::with(
+                200,
+                Body::Trickle {
+                    every: Duration::from_secs(25),
+                    count: 200,
+                },
+            )
+        })
+        .await;
+        let Ok(uri) = "http://127.0.0.1:9".parse() else {
+            panic!("a URI")
+        };
+        let Ok(client) = Client::try_from(kube::Config::new(uri)) else {
+            panic!("a client")
+        };
+        let options = OciOptions {
+            namespace: Some("default".into()),
+            pull_deadline: Duration::from_secs(2),
+            ..OciOptions::default()
+        };
+        let mut module = spec(&format!("{}/mods/a@{D}", h.addr), None);
+        module.ca_bundle = Some(h.ca_pem.clone());
+        let got = fetch(&client, &options, &module).await;
+        let Err(e) = got else {
+            panic!("a trickled pull fails")
+        };
+        assert_eq!(e.reason(), reasons::REGISTRY_UNREACHABLE, "{e}");
+        assert!(e.to_string().contains("deadline"), "{e}");
+        assert!(h.sent() < 120, "the registry trickled {} bytes", h.sent());
     }
 }

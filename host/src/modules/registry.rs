@@ -16,8 +16,8 @@ use oci_client::client::{ClientConfig, ClientProtocol};
 use oci_client::secrets::RegistryAuth;
 
 /// How long a registry may take to accept a connection, and to send the next bytes.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
-const READ_TIMEOUT: Duration = Duration::from_secs(30);
+pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const READ_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// A reference resolved against its digest policy: the repository and the manifest digest to
 /// pull.

@@ -2,8 +2,8 @@
 //! keys a policy requires before the module is pulled, and signing one (`wasmop push --oci
 //! --sign`).
 //!
-//! The format is cosign's key-based one, read and written with the sigstore crate
-//! (`sigstore::cosign`): next to the module, the tag `sha256-<manifest digest>.sig` holds an
+//! The format is cosign's key-based one, signed and verified with the sigstore crate
+//! (`sigstore::cosign`), read with the host's bounded reads and pushed with oci-client: next to the module, the tag `sha256-<manifest digest>.sig` holds an
 //! image manifest whose layers (`application/vnd.dev.cosign.simplesigning.v1+json`) are
 //! simple-signing payloads naming the signed manifest digest, each with its signature in the
 //! `dev.cosignproject.cosign/signature` annotation. `cosign sign --key` writes exactly this
@@ -20,33 +20,51 @@
 //!   and a signature of that payload that verifies with the key.
 //! - The signatures are checked before the module's layer is pulled: an unsigned module is
 //!   never downloaded.
+//! - Signing ([`sign`]) adds a signature: the ones already at the `.sig` tag (other keys',
+//!   cosign's) are kept, byte for byte, with their annotations.
 //! - The look-up is bounded by [`LOOKUP_TIMEOUT`]; a registry that stops answering fails the
 //!   check, it never hangs the reconciler.
+//! - The `.sig` manifest and its layers are read with bounded reads ([`Reader`]): at most
+//!   [`MAX_SIGNATURES`] layers of at most [`MAX_SIGNATURE_BYTES`] each; OCI referrers are not
+//!   read.
 //!
 //! # Errors
 //! [`SignatureError`]: each variant names the key (its fingerprint and where it came from) and
 //! the digest, and maps to the condition reason the WasmReconciler reports
 //! ([`SignatureError::reason`]).
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::{Api, Client};
+use oci_client::client::{Config, ImageLayer};
+use oci_client::manifest::{OciDescriptor, OciImageManifest};
 use rustls_pki_types::SubjectPublicKeyInfoDer;
 use rustls_pki_types::pem::PemObject;
+use sigstore::cosign::SignatureLayer;
 use sigstore::cosign::constraint::{Constraint, PrivateKeySigner};
+use sigstore::cosign::payload::SimpleSigning;
 use sigstore::cosign::verification_constraint::{PublicKeyVerifier, VerificationConstraint};
-use sigstore::cosign::{ClientBuilder, CosignCapabilities, SignatureLayer};
 use sigstore::crypto::signing_key::SigStoreKeyPair;
 use sigstore::crypto::{CosignVerificationKey, SigningScheme};
-use sigstore::registry::{Auth, Certificate, CertificateEncoding, ClientConfig, OciReference};
+use sigstore::registry::OciReference;
 
 use crate::crd::{LocalKey, OciModule, SignaturePolicy};
+use crate::modules::reader::{Reader, registry_text};
 use crate::modules::registry::{Access, Pinned};
 use crate::reasons;
 
 /// How long looking up and fetching a module's signatures may take.
 pub const LOOKUP_TIMEOUT: Duration = Duration::from_secs(60);
+/// The most signature layers a `.sig` manifest may list.
+pub const MAX_SIGNATURES: usize = 64;
+/// The largest signature layer read (a simple-signing payload is a few hundred bytes).
+pub const MAX_SIGNATURE_BYTES: u64 = 64 << 10;
+/// The media type of a cosign signature layer.
+const SIMPLE_SIGNING: &str = "application/vnd.dev.cosign.simplesigning.v1+json";
+/// The annotation holding a layer's signature.
+const SIGNATURE_ANNOTATION: &str = "dev.cosignproject.cosign/signature";
 
 /// The condition reason of a module whose signatures do not satisfy the policy.
 pub use crate::reasons::SIGNATURE_INVALID;
@@ -254,33 +272,6 @@ fn lookup<K>(
     pick(&object).ok_or_else(|| bad("has no such key (or it is not UTF-8 text)".into()))
 }
 
-fn client(access: &Access) -> Result<sigstore::cosign::Client, String> {
-    // sigstore's registry client shares the host's reqwest build (two rustls providers).
-    crate::install_crypto_provider();
-    let config = ClientConfig {
-        extra_root_certificates: access
-            .ca_pem
-            .iter()
-            .map(|pem| Certificate {
-                encoding: CertificateEncoding::Pem,
-                data: pem.as_bytes().to_vec(),
-            })
-            .collect(),
-        ..ClientConfig::default()
-    };
-    ClientBuilder::default()
-        .with_oci_client_config(config)
-        .build()
-        .map_err(|e| e.to_string())
-}
-
-fn auth(access: &Access) -> Auth {
-    match &access.auth {
-        Some((user, password)) => Auth::Basic(user.clone(), password.clone()),
-        None => Auth::Anonymous,
-    }
-}
-
 fn repository(pinned: &Pinned) -> String {
     format!(
         "{}/{}",
@@ -314,19 +305,11 @@ pub async fn verify(
         digest: pinned.digest.clone(),
         detail,
     };
-    let image = OciReference::with_digest(
-        pinned.reference.registry().to_string(),
-        pinned.reference.repository().to_string(),
-        pinned.digest.clone(),
-    );
-    let mut client = client(access).map_err(lookup)?;
-    let layers = tokio::time::timeout(
-        LOOKUP_TIMEOUT,
-        client.trusted_signature_layers(&auth(access), &image),
-    )
-    .await
-    .map_err(|_| lookup(format!("no answer within {LOOKUP_TIMEOUT:?}")))?
-    .map_err(|e| lookup(e.to_string()))?;
+    let mut reader = Reader::new(access).map_err(|e| lookup(e.to_string()))?;
+    let layers = tokio::time::timeout(LOOKUP_TIMEOUT, signature_layers(&mut reader, pinned))
+        .await
+        .map_err(|_| lookup(format!("no answer within {LOOKUP_TIMEOUT:?}")))?
+        .map_err(lookup)?;
     if layers.is_empty() {
         return Err(SignatureError::Unsigned {
             tag: format!("{reference}:{}", signature_tag(&pinned.digest)),
@@ -355,6 +338,99 @@ fn signed_by(layers: &[SignatureLayer], key: &TrustedKey) -> Result<bool, Signat
     Ok(layers
         .iter()
         .any(|layer| verifier.verify(layer).unwrap_or(false)))
+}
+
+/// The `.sig` tag of the module `pinned` names.
+fn signature_reference(pinned: &Pinned) -> oci_client::Reference {
+    oci_client::Reference::with_tag(
+        pinned.reference.registry().to_string(),
+        pinned.reference.repository().to_string(),
+        signature_tag(&pinned.digest),
+    )
+}
+
+/// The simple-signing layers stored at the `.sig` tag of the module `pinned` names (descriptor
+/// and content, the content's digest checked), read with bounded reads: none when the tag does
+/// not exist.
+///
+/// # Errors
+/// What failed, naming the cap when the manifest, the number of layers or a layer is over it.
+async fn stored_signatures(
+    reader: &mut Reader,
+    pinned: &Pinned,
+) -> Result<Vec<(OciDescriptor, Vec<u8>)>, String> {
+    let tag = signature_reference(pinned);
+    let body = match reader.manifest(&tag).await {
+        Ok((body, _)) => body,
+        Err(e) if e.is_not_found() => return Ok(Vec::new()),
+        Err(e) => return Err(e.to_string()),
+    };
+    let manifest: OciImageManifest = serde_json::from_slice(&body)
+        .map_err(|e| format!("the signature manifest {tag} is not an image manifest: {e}"))?;
+    if manifest.layers.len() > MAX_SIGNATURES {
+        return Err(format!(
+            "the signature manifest {tag} lists {} layers, more than the cap of {MAX_SIGNATURES} signatures",
+            manifest.layers.len()
+        ));
+    }
+    let mut stored = Vec::new();
+    for descriptor in manifest.layers {
+        if descriptor.media_type != SIMPLE_SIGNING {
+            continue;
+        }
+        if descriptor.size < 0 || descriptor.size as u64 > MAX_SIGNATURE_BYTES {
+            return Err(format!(
+                "signature layer {} declares {} bytes, more than the cap of {MAX_SIGNATURE_BYTES} bytes",
+                descriptor.digest, descriptor.size
+            ));
+        }
+        let data = reader
+            .blob(&tag, &descriptor.digest, MAX_SIGNATURE_BYTES)
+            .await
+            .map_err(|e| e.to_string())?;
+        if format!("sha256:{}", crate::engine::sha256_hex(&data)) == descriptor.digest {
+            stored.push((descriptor, data));
+        }
+    }
+    Ok(stored)
+}
+
+/// The signature layers of the module `pinned` names ([`stored_signatures`]); layers whose
+/// payload does not name the module's digest, or that carry no signature, are skipped.
+///
+/// # Errors
+/// See [`stored_signatures`].
+async fn signature_layers(
+    reader: &mut Reader,
+    pinned: &Pinned,
+) -> Result<Vec<SignatureLayer>, String> {
+    let stored = stored_signatures(reader, pinned).await?;
+    Ok(stored
+        .into_iter()
+        .filter_map(|(descriptor, data)| signature_layer(&descriptor, data, &pinned.digest))
+        .collect())
+}
+
+/// The layer `descriptor` names, when `data` is its content, a simple-signing payload naming
+/// `digest`, with a signature annotation.
+fn signature_layer(
+    descriptor: &OciDescriptor,
+    data: Vec<u8>,
+    digest: &str,
+) -> Option<SignatureLayer> {
+    let simple_signing: SimpleSigning = serde_json::from_slice(&data).ok()?;
+    if !simple_signing.satisfies_manifest_digest(digest) {
+        return None;
+    }
+    let signature = descriptor.annotations.as_ref()?.get(SIGNATURE_ANNOTATION)?;
+    Some(SignatureLayer {
+        simple_signing,
+        oci_digest: descriptor.digest.clone(),
+        certificate_signature: None,
+        bundle: None,
+        signature: Some(signature.clone()),
+        raw_data: data,
+    })
 }
 
 /// A private key to sign with: cosign's encrypted format (`cosign generate-key-pair`, opened
@@ -400,11 +476,12 @@ impl SigningKey {
     }
 }
 
-/// Signs the module `pinned` names with `key` and pushes the signature to its `.sig` tag (which
-/// it replaces); returns that tag's reference.
+/// Signs the module `pinned` names with `key` and adds the signature to its `.sig` tag, keeping
+/// the signatures already there (of other keys, or cosign's); returns that tag's reference.
 ///
 /// # Errors
-/// [`SignatureError::Sign`] when signing or pushing fails.
+/// [`SignatureError::Sign`] when signing, reading the signatures there or pushing fails, or
+/// when the tag already holds [`MAX_SIGNATURES`] signatures.
 pub async fn sign(
     pinned: &Pinned,
     key: &SigningKey,
@@ -426,27 +503,64 @@ pub async fn sign(
         .signer
         .add_constraint(&mut layer)
         .map_err(|e| failed(e.to_string()))?;
-    if !signed {
+    let Some(signature) = layer.signature.filter(|_| signed) else {
         return Err(failed("the signer produced no signature".into()));
-    }
-    let target = OciReference::with_tag(
-        pinned.reference.registry().to_string(),
-        pinned.reference.repository().to_string(),
-        signature_tag(&pinned.digest),
+    };
+    let new = ImageLayer::new(
+        layer.raw_data,
+        SIMPLE_SIGNING.to_string(),
+        Some(BTreeMap::from([(
+            SIGNATURE_ANNOTATION.to_string(),
+            signature,
+        )])),
     );
-    let mut client = client(access).map_err(&failed)?;
-    tokio::time::timeout(
-        LOOKUP_TIMEOUT,
-        client.push_signature(None, &auth(access), &target, vec![layer]),
-    )
-    .await
-    .map_err(|_| {
-        failed(format!(
-            "the registry did not answer within {LOOKUP_TIMEOUT:?}"
-        ))
-    })?
-    .map_err(|e| failed(format!("pushing {target}: {e}")))?;
+    let target = signature_reference(pinned);
+    tokio::time::timeout(LOOKUP_TIMEOUT, add_signature(pinned, access, &target, new))
+        .await
+        .map_err(|_| {
+            failed(format!(
+                "the registry did not answer within {LOOKUP_TIMEOUT:?}"
+            ))
+        })?
+        .map_err(failed)?;
     Ok(target.to_string())
+}
+
+/// Pushes the `.sig` manifest `target` with the simple-signing layers stored there and `new`.
+async fn add_signature(
+    pinned: &Pinned,
+    access: &Access,
+    target: &oci_client::Reference,
+    new: ImageLayer,
+) -> Result<(), String> {
+    let mut reader = Reader::new(access).map_err(|e| e.to_string())?;
+    let stored = stored_signatures(&mut reader, pinned).await?;
+    if stored.len() >= MAX_SIGNATURES {
+        return Err(format!(
+            "{target} holds {} signatures already: hosts read at most {MAX_SIGNATURES}",
+            stored.len()
+        ));
+    }
+    let mut layers: Vec<ImageLayer> = stored
+        .into_iter()
+        .map(|(d, data)| ImageLayer::new(data, SIMPLE_SIGNING.to_string(), d.annotations))
+        .collect();
+    layers.push(new);
+    let config = Config::oci_v1(b"{}".to_vec(), None);
+    let mut manifest = OciImageManifest::build(&layers, &config, None);
+    manifest.media_type = Some(oci_client::manifest::OCI_IMAGE_MEDIA_TYPE.to_string());
+    access
+        .client()
+        .push(
+            target,
+            &layers,
+            config,
+            &access.registry_auth(),
+            Some(manifest),
+        )
+        .await
+        .map_err(|e| format!("pushing {target}: {}", registry_text(&e.to_string())))?;
+    Ok(())
 }
 
 #[cfg(test)]
@@ -520,5 +634,113 @@ mod tests {
             panic!("another key")
         };
         assert_eq!(signed_by(&layers, &other).ok(), Some(false));
+    }
+
+    /// Item 2 of the reliability issue: a `.sig` manifest with too many layers, or a layer
+    /// without end.
+    #[tokio::test]
+    async fn signature_layers_are_capped_in_count_and_size() {
+        use crate::modules::hostile::{self, Answer, Body};
+        let Ok(pair) = rcgen::KeyPair::generate() else {
+            panic!("a key pair")
+        };
+        let Ok(trusted) = TrustedKey::from_pem(&pair.public_key_pem(), "test") else {
+            panic!("a key")
+        };
+        let digest = format!("sha256:{}", "ab".repeat(32));
+        let layer = serde_json::json!({
+            "mediaType": "application/vnd.dev.cosign.simplesigning.v1+json",
+            "digest": format!("sha256:{}", "cd".repeat(32)),
+            "size": 300,
+            "annotations": {"dev.cosignproject.cosign/signature": "c2ln"},
+        });
+        for (count, want) in [(1000, "cap of 64 signatures"), (1, "cap of 65536 bytes")] {
+            let manifest = serde_json::json!({
+                "schemaVersion": 2,
+                "mediaType": "application/vnd.oci.image.manifest.v1+json",
+                "config": {"mediaType": "application/vnd.oci.image.config.v1+json",
+                    "digest": format!("sha256:{}", "ef".repeat(32)), "size": 2},
+                "layers": vec![layer.clone(); count],
+            })
+            .to_string();
+            let h = hostile::start(move |request| {
+                if request.path.ends_with(".sig") {
+                    Answer::ok(manifest.as_bytes())
+                } else {
+                    Answer::with(
+                        200,
+                        Body::Endless {
+                            declared: None,
+                            limit: 64 << 20,
+                        },
+                    )
+                }
+            })
+            .await;
+            let Ok(reference) =
+                format!("{}/mods/a@{digest}", h.addr).parse::<oci_client::Reference>()
+            else {
+                panic!("a reference")
+            };
+            let pinned = Pinned {
+                reference,
+                digest: digest.clone(),
+            };
+            let access = Access {
+                auth: None,
+                ca_pem: Some(h.ca_pem.clone()),
+            };
+            let got = verify(&pinned, &access, std::slice::from_ref(&trusted)).await;
+            let message = got
+                .map(|()| String::new())
+                .unwrap_or_else(|e| e.to_string());
+            assert!(message.contains(want), "{count} layers: {message:?}");
+            let blobs = h.paths().iter().filter(|p| p.contains("/blobs/")).count();
+            assert!(blobs <= 1, "{count} layers: {blobs} blobs asked for");
+            assert!(
+                h.sent() < 32 << 20,
+                "{count} layers: {} bytes sent",
+                h.sent()
+            );
+        }
+    }
+
+    /// Item 24 of the reliability issue: `push --sign` erased other keys' signatures.
+    #[tokio::test]
+    async fn signing_keeps_the_signatures_of_other_keys() {
+        use crate::modules::hostile::{self, Registry};
+        let registry = Registry::default();
+        let served = registry.clone();
+        let h = hostile::start(move |request| served.answer(request)).await;
+        let image = br#"{"schemaVersion":2,"mediaType":"application/vnd.oci.image.manifest.v1+json","config":{"mediaType":"application/vnd.wasm.config.v0+json","digest":"sha256:44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a","size":2},"layers":[]}"#;
+        let digest = registry.put_manifest("mods/a", image);
+        let Ok(reference) = format!("{}/mods/a@{digest}", h.addr).parse::<oci_client::Reference>()
+        else {
+            panic!("a reference")
+        };
+        let pinned = Pinned {
+            reference,
+            digest: digest.clone(),
+        };
+        let access = Access {
+            auth: None,
+            ca_pem: Some(h.ca_pem.clone()),
+        };
+        let mut trusted = Vec::new();
+        for name in ["first", "second"] {
+            let Ok(pair) = rcgen::KeyPair::generate() else {
+                panic!("a key pair")
+            };
+            let key = SigningKey::from_pem(pair.serialize_pem().as_bytes(), b"", name);
+            let public = TrustedKey::from_pem(&pair.public_key_pem(), name);
+            let (Ok(key), Ok(public)) = (key, public) else {
+                panic!("the key pair opens")
+            };
+            let signed = sign(&pinned, &key, &access).await;
+            assert!(signed.is_ok(), "signing with the {name} key: {signed:?}");
+            trusted.push(public);
+        }
+        let verified = verify(&pinned, &access, &trusted).await;
+        assert!(verified.is_ok(), "both keys' signatures: {verified:?}");
     }
 }
