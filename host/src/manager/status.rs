@@ -7,6 +7,8 @@
 //!   `status.observedGeneration`.
 //! - A failure to write the status or an Event is logged, never fatal: the next change writes
 //!   again.
+//! - A field the host cleared (`rejectedSha256`, `ungranted`, `activeModule.origin`) is
+//!   cleared on the object too: the merge patch names it with `null`.
 
 use std::sync::Arc;
 
@@ -188,7 +190,7 @@ impl Subject {
     pub async fn write_status(&mut self) {
         self.status.observed_generation = self.wr.metadata.generation;
         let api: Api<WasmReconciler> = Api::all(self.ctx.client.clone());
-        let patch = json!({ "status": self.status });
+        let patch = status_patch(&self.status);
         if let Err(e) = api
             .patch_status(&self.name(), &PatchParams::default(), &Patch::Merge(&patch))
             .await
@@ -211,7 +213,75 @@ impl Subject {
     }
 }
 
+/// The merge patch that writes `status`, with `null` for each field the host clears. A merge
+/// keeps every field a patch omits, and a stale `rejectedSha256` refused the module again after
+/// a restart.
+///
+/// Caveats: `moduleCopy` is only ever replaced, never cleared: a copy is checked against
+/// `activeModule.sha256` before it is used, and a status read before the copy was written
+/// (a supervisor restarted from a watch event) must not erase it.
+fn status_patch(status: &WasmReconcilerStatus) -> serde_json::Value {
+    let mut value = json!(status);
+    let fields = value.as_object_mut().expect("a status is an object");
+    for cleared in ["rejectedSha256", "ungranted"] {
+        fields.entry(cleared).or_insert(serde_json::Value::Null);
+    }
+    if let Some(active) = fields.get_mut("activeModule").and_then(|a| a.as_object_mut()) {
+        active.entry("origin").or_insert(serde_json::Value::Null);
+    }
+    json!({ "status": value })
+}
+
 /// `s` cut to what an Event note holds, with `...` when cut.
 pub(super) fn truncate(s: &str) -> String {
     crate::text::cut(s.to_string(), intents::MAX_EVENT_NOTE)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::crd::{ActiveModule, ConfigMapKey};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+    fn active(origin: Option<&str>) -> ActiveModule {
+        ActiveModule {
+            sha256: "y".into(),
+            name: "m".into(),
+            version: "1".into(),
+            loaded_at: Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
+            source: "compiled".into(),
+            origin: origin.map(str::to_string),
+        }
+    }
+
+    #[test]
+    fn a_status_write_clears_the_fields_the_host_cleared() {
+        let copy = ConfigMapKey {
+            namespace: "wasmop-system".into(),
+            name: "copy".into(),
+            key: None,
+        };
+        let before = WasmReconcilerStatus {
+            observed_generation: Some(1),
+            active_module: Some(active(Some("oci r@sha256:1"))),
+            rejected_sha256: Some("x".into()),
+            ungranted: vec!["watch v1/Secret".into()],
+            module_copy: Some(copy.clone()),
+            ..WasmReconcilerStatus::default()
+        };
+        let mut live = json!({"metadata": {"name": "r"}, "status": before});
+        // Rolled back X, then pushed Y from a ConfigMap: nothing is rejected or ungranted.
+        let after = WasmReconcilerStatus {
+            observed_generation: Some(2),
+            active_module: Some(active(None)),
+            ..WasmReconcilerStatus::default()
+        };
+        json_patch::merge(&mut live, &status_patch(&after));
+        let expected = WasmReconcilerStatus {
+            module_copy: Some(copy),
+            ..after
+        };
+        assert_eq!(live["status"], json!(expected));
+        assert_eq!(live["metadata"]["name"], "r");
+    }
 }
