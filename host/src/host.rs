@@ -11,7 +11,7 @@ use kube::Config;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use tokio::sync::watch;
 
-use crate::admission::config::{WebhookConfigs, WebhookTarget};
+use crate::admission::config::{BuiltinKinds, WebhookConfigs, WebhookTarget};
 use crate::admission::tls::ServingCert;
 use crate::controller::limit::ReconcileLimit;
 use crate::discovery::Discovery;
@@ -41,6 +41,10 @@ pub struct WebhookOptions {
     pub limits: ServerLimits,
     /// Reviews read, parsed and judged at once.
     pub max_reviews: usize,
+    /// Bytes of review bodies held at once (`admission::budget`).
+    pub max_review_bytes: usize,
+    /// The Kubernetes built-in kinds modules may validate (none by default).
+    pub builtin_kinds: BuiltinKinds,
 }
 
 impl WebhookOptions {
@@ -53,6 +57,8 @@ impl WebhookOptions {
             host_namespace: None,
             limits: ServerLimits::ADMISSION,
             max_reviews: admission::MAX_REVIEWS,
+            max_review_bytes: admission::budget::DEFAULT_BYTES,
+            builtin_kinds: BuiltinKinds::default(),
         }
     }
 }
@@ -334,6 +340,7 @@ impl Host {
                     t,
                     cert.ca_pem.clone(),
                     w.host_namespace.clone(),
+                    w.builtin_kinds.clone(),
                 )),
                 None => {
                     tracing::warn!(
@@ -350,6 +357,7 @@ impl Host {
                 configs,
                 limits: w.limits,
                 max_reviews: w.max_reviews,
+                max_review_bytes: w.max_review_bytes,
                 slots: ctx.slots.clone(),
             };
             let serve = admission::serve(bound, setup, leading_rx, stopped(&stop_rx)).await?;

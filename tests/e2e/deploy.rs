@@ -19,7 +19,10 @@ use anyhow::Context;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::authentication::v1::TokenRequest;
 use k8s_openapi::api::core::v1::{Pod, Secret, Service, ServiceAccount};
-use k8s_openapi::api::networking::v1::NetworkPolicy;
+use k8s_openapi::api::networking::v1::{
+    NetworkPolicy, NetworkPolicyIngressRule, NetworkPolicySpec,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::api::{
     Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams, PostParams,
@@ -78,6 +81,57 @@ async fn service_account_kubeconfig(
     Ok(())
 }
 
+/// The sources `policy` admits to the port named `name` (number `number`): CIDRs, labelled
+/// namespaces or pods, or `every source` (a rule without `from`, or a peer matching all).
+fn admitted(policy: &NetworkPolicySpec, name: &str, number: i32) -> Vec<String> {
+    let covers = |rule: &NetworkPolicyIngressRule| match rule.ports.as_deref() {
+        None | Some([]) => true,
+        Some(ports) => ports.iter().any(|p| match &p.port {
+            None => true,
+            Some(IntOrString::String(n)) => n == name,
+            Some(IntOrString::Int(n)) => *n == number,
+        }),
+    };
+    let labels = |s: &Option<LabelSelector>| {
+        s.as_ref().map(|s| {
+            let labels = s.match_labels.clone().unwrap_or_default();
+            let exprs = s.match_expressions.clone().unwrap_or_default();
+            if labels.is_empty() && exprs.is_empty() {
+                return "every source".to_string();
+            }
+            let mut text: Vec<String> = labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            text.extend(exprs.iter().map(|e| format!("{e:?}")));
+            text.join(",")
+        })
+    };
+    let mut sources = Vec::new();
+    for rule in policy.ingress.iter().flatten().filter(|r| covers(r)) {
+        let peers = rule.from.clone().unwrap_or_default();
+        if peers.is_empty() {
+            sources.push("every source".to_string());
+        }
+        for peer in peers {
+            match (
+                &peer.ip_block,
+                labels(&peer.namespace_selector),
+                labels(&peer.pod_selector),
+            ) {
+                (Some(b), _, _) => sources.push(match b.except.as_deref() {
+                    None | Some([]) => b.cidr.clone(),
+                    Some(except) => format!("{} except {}", b.cidr, except.join(",")),
+                }),
+                (None, Some(ns), Some(pods)) => {
+                    sources.push(format!("pods {pods} in namespaces {ns}"))
+                }
+                (None, Some(ns), None) => sources.push(format!("namespaces {ns}")),
+                (None, None, Some(pods)) => sources.push(format!("pods {pods} in wasmop-system")),
+                (None, None, None) => sources.push("every source".to_string()),
+            }
+        }
+    }
+    sources
+}
+
 /// Runs the tests of this suite one at a time: each runs a host serving every WasmReconciler
 /// and installs the same example (on the suite's own control plane, `Plane::Own("deploy")`:
 /// a host serving every WasmReconciler would serve the other suites' ones too).
@@ -124,21 +178,57 @@ async fn deploy_applies_and_its_rbac_is_enough_to_run_an_example() -> anyhow::Re
         "the host Deployment's args {args:?} do not parse: {:?}",
         parsed.err().map(|e| e.to_string())
     );
-    // Only the webhook and metrics ports are open, each to its own clients.
+    // What the policy admits, port by port: the webhook port to nobody until the API server's
+    // addresses are set (docs/operating.md, "Network policy"), the metrics port to scrapers.
     let policies: Api<NetworkPolicy> = Api::namespaced(env.client.clone(), "wasmop-system");
     let policy = policies.get("wasmop").await?.spec.unwrap_or_default();
     assert_eq!(policy.policy_types, Some(vec!["Ingress".to_string()]));
-    let ports: Vec<String> = policy
-        .ingress
-        .unwrap_or_default()
-        .iter()
-        .flat_map(|r| r.ports.clone().unwrap_or_default())
-        .filter_map(|p| match p.port {
-            Some(IntOrString::String(name)) => Some(name),
-            _ => None,
-        })
+    assert_eq!(
+        admitted(&policy, "webhook", 9443),
+        Vec::<String>::new(),
+        "the shipped policy admits these sources to the webhook port"
+    );
+    assert_eq!(
+        admitted(&policy, "metrics", 8080),
+        ["namespaces wasmop.dev/scrape-metrics=true"]
+    );
+    // The documented `apiServerCIDR` patch (kustomization.yaml's comment, uncommented) admits
+    // exactly its CIDR to the webhook port and changes nothing else.
+    let overlay = tempfile::tempdir()?;
+    let base = std::fs::read_to_string(repo().join("deploy/kustomization.yaml"))?;
+    let patch: String = base
+        .lines()
+        .skip_while(|l| *l != "# patches:")
+        .take_while(|l| l.starts_with('#'))
+        .map(|l| format!("{}\n", l.strip_prefix("# ").unwrap_or("")))
         .collect();
-    assert_eq!(ports, ["webhook", "metrics"]);
+    assert!(patch.contains("cidr: 10.0.0.0/24"), "{patch}");
+    std::fs::write(
+        overlay.path().join("kustomization.yaml"),
+        format!(
+            "resources:\n- {}\n{patch}",
+            relative_to(overlay.path(), &repo().join("deploy"))?
+        ),
+    )?;
+    let dir = overlay.path().display().to_string();
+    let rendered = kubectl(
+        &env,
+        &["apply", "-k", &dir, "--dry-run=server", "-o", "json"],
+    )?;
+    let rendered: serde_json::Value = serde_json::from_str(&rendered)?;
+    let set = rendered["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|o| o["kind"] == "NetworkPolicy")
+        .ok_or_else(|| anyhow::anyhow!("no NetworkPolicy in the overlay"))?;
+    let set: NetworkPolicy = serde_json::from_value(set.clone())?;
+    let set = set.spec.unwrap_or_default();
+    assert_eq!(admitted(&set, "webhook", 9443), ["10.0.0.0/24"]);
+    assert_eq!(
+        admitted(&set, "metrics", 8080),
+        ["namespaces wasmop.dev/scrape-metrics=true"]
+    );
     // The shared serving certificate the replicas mount (cert-manager's job in production).
     kubectl(
         &env,

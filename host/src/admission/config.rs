@@ -5,10 +5,15 @@
 //! `<name>.validate.wasmop.dev`: CREATE and UPDATE of the primary kind's resource, the admission
 //! policy of `spec.admission` (timeout, failure policy), `sideEffects: None`,
 //! `admissionReviewVersions: [v1]`, and a namespace selector that leaves out the host's own
-//! namespace (so a broken module cannot lock the host out) and keeps only `spec.namespaces` when
-//! set.
+//! namespace (so a broken module cannot lock the host out), `kube-system` and `kube-node-lease`
+//! (node heartbeats, leader elections), and keeps only `spec.namespaces` when set.
 //!
 //! # Guarantees
+//! - No webhook covers Leases (`coordination.k8s.io`), whatever the WasmReconciler asks: a slow
+//!   module must not stall heartbeats and leader elections.
+//! - No webhook covers a Kubernetes built-in kind (the core group, groups without a dot such as
+//!   `apps`, and `*.k8s.io`) unless the cluster administrator allowed that kind
+//!   (`--webhook-builtin-kinds`); a refused configuration is removed if it existed.
 //! - The configuration is owned by its WasmReconciler (ownerReference), so Kubernetes' garbage
 //!   collector deletes it with the WasmReconciler even when no host runs.
 //! - Writes are server-side applies with the host's field manager: re-applying is idempotent.
@@ -40,6 +45,61 @@ pub enum WebhookTarget {
     },
 }
 
+/// Namespaces no webhook of the host covers: the cluster's own machinery.
+pub const EXCLUDED_NAMESPACES: [&str; 2] = ["kube-system", "kube-node-lease"];
+
+/// The Kubernetes built-in kinds the cluster administrator lets modules validate
+/// (`--webhook-builtin-kinds`); every other built-in kind gets no webhook.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BuiltinKinds {
+    /// (group, kind), the core group as "".
+    allowed: Vec<(String, String)>,
+}
+
+impl BuiltinKinds {
+    /// Parses a comma-separated list of `Kind` (core group) or `group/Kind`, e.g.
+    /// `ConfigMap,apps/Deployment`.
+    ///
+    /// # Errors
+    /// An entry that is empty or names no kind.
+    pub fn parse(list: &str) -> Result<Self, String> {
+        let mut allowed = Vec::new();
+        for entry in list.split(',').map(str::trim).filter(|e| !e.is_empty()) {
+            let (group, kind) = entry.rsplit_once('/').unwrap_or(("", entry));
+            if kind.is_empty() || group.contains('/') {
+                return Err(format!(
+                    "{entry:?} is not `Kind` or `group/Kind` (e.g. ConfigMap, apps/Deployment)"
+                ));
+            }
+            allowed.push((group.to_string(), kind.to_string()));
+        }
+        Ok(BuiltinKinds { allowed })
+    }
+
+    fn allows(&self, group: &str, kind: &str) -> bool {
+        self.allowed.iter().any(|(g, k)| g == group && k == kind)
+    }
+}
+
+/// Whether `group` is Kubernetes' own: the core group, a group without a dot (`apps`, `batch`,
+/// `policy`), or one under `k8s.io`.
+fn builtin_group(group: &str) -> bool {
+    group.is_empty() || !group.contains('.') || group == "k8s.io" || group.ends_with(".k8s.io")
+}
+
+/// Why `group`/`kind` gets no webhook, if it does not.
+fn refusal(group: &str, kind: &str, builtin: &BuiltinKinds) -> Option<String> {
+    if group == "coordination.k8s.io" && kind == "Lease" {
+        return Some(
+            "Leases never get a webhook: node heartbeats and leader elections must not wait for a module".into(),
+        );
+    }
+    (builtin_group(group) && !builtin.allows(group, kind)).then(|| {
+        let name = if group.is_empty() { kind.to_string() } else { format!("{group}/{kind}") };
+        format!("{name} is a Kubernetes built-in kind: it gets a webhook only if the cluster administrator lists it in --webhook-builtin-kinds")
+    })
+}
+
 /// A failure to keep a configuration in sync.
 #[derive(Debug, thiserror::Error)]
 pub enum WebhookConfigError {
@@ -53,6 +113,14 @@ pub enum WebhookConfigError {
         name: String,
         /// The error.
         source: kube::Error,
+    },
+    /// The primary kind may not get a webhook (see [`BuiltinKinds`]).
+    #[error("no webhook for WasmReconciler {name}: {reason}")]
+    Refused {
+        /// The WasmReconciler.
+        name: String,
+        /// Why.
+        reason: String,
     },
     /// The built configuration does not deserialize (a bug).
     #[error("building ValidatingWebhookConfiguration {name}: {source}")]
@@ -74,21 +142,44 @@ pub fn path(name: &str) -> String {
     format!("/validate/{name}")
 }
 
+/// Where the host's webhooks point and what they spare.
+#[derive(Debug, Clone, Copy)]
+pub struct Scope<'a> {
+    /// Where the API server reaches the host.
+    pub target: &'a WebhookTarget,
+    /// The serving certificate's CA.
+    pub ca_bundle_pem: &'a str,
+    /// The host's own namespace.
+    pub host_namespace: Option<&'a str>,
+    /// The built-in kinds the administrator allowed.
+    pub builtin: &'a BuiltinKinds,
+}
+
 /// Builds the configuration (pure).
+///
+/// # Errors
+/// [`WebhookConfigError::Refused`] for Leases and built-in kinds not allowed.
 pub fn build(
     wr: &WasmReconciler,
     resolved: &Resolved,
-    target: &WebhookTarget,
-    ca_bundle_pem: &str,
-    host_namespace: Option<&str>,
-) -> Value {
+    scope: Scope<'_>,
+) -> Result<Value, WebhookConfigError> {
     use base64::Engine as _;
+    let Scope {
+        target,
+        ca_bundle_pem,
+        host_namespace,
+        builtin,
+    } = scope;
     let name = wr.name_any();
     let gvk = wr.spec.primary.gvk();
     let (group, version) = match gvk.api_version.split_once('/') {
         Some((g, v)) => (g.to_string(), v.to_string()),
         None => (String::new(), gvk.api_version.clone()),
     };
+    if let Some(reason) = refusal(&group, &gvk.kind, builtin) {
+        return Err(WebhookConfigError::Refused { name, reason });
+    }
     let ca = base64::engine::general_purpose::STANDARD.encode(ca_bundle_pem.as_bytes());
     let client_config = match target {
         WebhookTarget::Url(base) => json!({
@@ -120,19 +211,18 @@ pub fn build(
         "timeoutSeconds": wr.spec.admission.timeout_seconds.clamp(1, 30),
         "matchPolicy": "Equivalent",
     });
-    if resolved.namespaced {
-        let mut expressions = Vec::new();
-        if let Some(ns) = host_namespace {
-            expressions.push(
-                json!({"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": [ns]}),
-            );
-        }
-        if !wr.spec.namespaces.is_empty() {
-            expressions.push(json!({"key": "kubernetes.io/metadata.name", "operator": "In", "values": wr.spec.namespaces}));
-        }
-        webhook["namespaceSelector"] = json!({"matchExpressions": expressions});
+    // Also on cluster-scoped kinds: there it spares the excluded Namespace objects themselves.
+    let spared: Vec<&str> = host_namespace
+        .into_iter()
+        .chain(EXCLUDED_NAMESPACES)
+        .collect();
+    let mut expressions =
+        vec![json!({"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": spared})];
+    if resolved.namespaced && !wr.spec.namespaces.is_empty() {
+        expressions.push(json!({"key": "kubernetes.io/metadata.name", "operator": "In", "values": wr.spec.namespaces}));
     }
-    json!({
+    webhook["namespaceSelector"] = json!({"matchExpressions": expressions});
+    Ok(json!({
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "ValidatingWebhookConfiguration",
         "metadata": {
@@ -144,7 +234,7 @@ pub fn build(
             }],
         },
         "webhooks": [webhook],
-    })
+    }))
 }
 
 /// Applies and removes configurations.
@@ -155,6 +245,7 @@ pub struct WebhookConfigs {
     target: WebhookTarget,
     ca_bundle_pem: String,
     host_namespace: Option<String>,
+    builtin: BuiltinKinds,
 }
 
 impl std::fmt::Debug for WebhookConfigs {
@@ -173,6 +264,7 @@ impl WebhookConfigs {
         target: WebhookTarget,
         ca_bundle_pem: String,
         host_namespace: Option<String>,
+        builtin: BuiltinKinds,
     ) -> Self {
         WebhookConfigs {
             api: Api::all(client),
@@ -180,23 +272,31 @@ impl WebhookConfigs {
             target,
             ca_bundle_pem,
             host_namespace,
+            builtin,
         }
     }
 
-    /// Applies `wr`'s configuration (its module validates).
+    /// Applies `wr`'s configuration (its module validates); removes it when its kind may not
+    /// have one.
     ///
     /// # Errors
     /// [`WebhookConfigError`].
     pub async fn apply(&self, wr: &WasmReconciler) -> Result<(), WebhookConfigError> {
         let resolved = self.discovery.resolve(&wr.spec.primary.gvk()).await?;
         let name = config_name(&wr.name_any());
-        let value = build(
-            wr,
-            &resolved,
-            &self.target,
-            &self.ca_bundle_pem,
-            self.host_namespace.as_deref(),
-        );
+        let scope = Scope {
+            target: &self.target,
+            ca_bundle_pem: &self.ca_bundle_pem,
+            host_namespace: self.host_namespace.as_deref(),
+            builtin: &self.builtin,
+        };
+        let value = match build(wr, &resolved, scope) {
+            Ok(v) => v,
+            Err(refused) => {
+                self.remove(&wr.name_any()).await?;
+                return Err(refused);
+            }
+        };
         let vwc: ValidatingWebhookConfiguration =
             serde_json::from_value(value).map_err(|source| WebhookConfigError::Build {
                 name: name.clone(),
@@ -259,13 +359,14 @@ mod tests {
             ),
             namespaced: true,
         };
-        let v = build(
-            &wr(),
-            &resolved,
-            &WebhookTarget::Url("https://127.0.0.1:9443/".into()),
-            "PEM",
-            Some("wasmop-system"),
-        );
+        let target = WebhookTarget::Url("https://127.0.0.1:9443/".into());
+        let scope = Scope {
+            target: &target,
+            ca_bundle_pem: "PEM",
+            host_namespace: Some("wasmop-system"),
+            builtin: &BuiltinKinds::default(),
+        };
+        let v = build(&wr(), &resolved, scope).unwrap_or_else(|e| panic!("{e}"));
         let w = &v["webhooks"][0];
         assert_eq!(v["metadata"]["name"], "wasmop-apps");
         assert_eq!(
@@ -280,10 +381,114 @@ mod tests {
         assert_eq!(w["sideEffects"], "None");
         let exprs = &w["namespaceSelector"]["matchExpressions"];
         assert_eq!(exprs[0]["operator"], "NotIn");
-        assert_eq!(exprs[0]["values"], json!(["wasmop-system"]));
+        assert_eq!(
+            exprs[0]["values"],
+            json!(["wasmop-system", "kube-system", "kube-node-lease"])
+        );
         assert_eq!(exprs[1]["values"], json!(["team-a"]));
         assert_eq!(v["metadata"]["ownerReferences"][0]["uid"], "u-1");
         let typed: Result<ValidatingWebhookConfiguration, _> = serde_json::from_value(v);
         assert!(typed.is_ok(), "{typed:?}");
+    }
+
+    /// The configuration built for a primary `api_version`/`kind` when the administrator allowed
+    /// the built-in kinds `allowed`; None when refused.
+    fn built(
+        api_version: &str,
+        kind: &str,
+        namespaced: bool,
+        allowed: &str,
+        host_ns: Option<&str>,
+    ) -> Option<Value> {
+        let mut wr = wr();
+        wr.spec.primary = serde_json::from_value(json!({"apiVersion": api_version, "kind": kind}))
+            .unwrap_or_else(|e| panic!("{e}"));
+        let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
+        let resolved = Resolved {
+            resource: ApiResource::from_gvk_with_plural(
+                &GroupVersionKind::gvk(group, version, kind),
+                &format!("{}s", kind.to_lowercase()),
+            ),
+            namespaced,
+        };
+        let target = WebhookTarget::Url("https://127.0.0.1:9443".into());
+        build_with(&wr, &resolved, &target, allowed, host_ns)
+    }
+
+    fn spared(v: &Value) -> Vec<String> {
+        let exprs = v["webhooks"][0]["namespaceSelector"]["matchExpressions"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        exprs
+            .iter()
+            .filter(|e| e["operator"] == "NotIn")
+            .flat_map(|e| e["values"].as_array().cloned().unwrap_or_default())
+            .filter_map(|v| v.as_str().map(str::to_string))
+            .collect()
+    }
+
+    #[test]
+    fn every_webhook_spares_kube_system_kube_node_lease_and_the_host_namespace() {
+        for (namespaced, host_ns) in [(true, Some("wasmop-system")), (true, None), (false, None)] {
+            let v = built("example.wasmop.dev/v1", "App", namespaced, "", host_ns)
+                .unwrap_or_else(|| panic!("a custom kind gets a webhook"));
+            let spared = spared(&v);
+            for ns in ["kube-system", "kube-node-lease"]
+                .into_iter()
+                .chain(host_ns)
+            {
+                assert!(
+                    spared.iter().any(|s| s == ns),
+                    "namespaced {namespaced}, host namespace {host_ns:?}: {ns} is not spared: {}",
+                    v["webhooks"][0]["namespaceSelector"]
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn leases_never_get_a_webhook_and_built_in_kinds_only_when_the_administrator_allows_them() {
+        let cases = [
+            (
+                "coordination.k8s.io/v1",
+                "Lease",
+                "coordination.k8s.io/Lease",
+                false,
+            ),
+            ("v1", "ConfigMap", "", false),
+            ("v1", "ConfigMap", "apps/Deployment", false),
+            ("v1", "ConfigMap", "ConfigMap", true),
+            ("apps/v1", "Deployment", "ConfigMap", false),
+            ("apps/v1", "Deployment", "ConfigMap, apps/Deployment", true),
+            ("networking.k8s.io/v1", "Ingress", "", false),
+            ("example.wasmop.dev/v1", "App", "", true),
+        ];
+        for (api_version, kind, allowed, expected) in cases {
+            let got = built(api_version, kind, true, allowed, None).is_some();
+            assert_eq!(
+                got,
+                expected,
+                "{api_version} {kind} with --webhook-builtin-kinds={allowed:?}: a webhook {}",
+                if got { "was built" } else { "was refused" }
+            );
+        }
+    }
+
+    fn build_with(
+        wr: &WasmReconciler,
+        resolved: &Resolved,
+        target: &WebhookTarget,
+        allowed: &str,
+        host_ns: Option<&str>,
+    ) -> Option<Value> {
+        let builtin = BuiltinKinds::parse(allowed).unwrap_or_else(|e| panic!("{e}"));
+        let scope = Scope {
+            target,
+            ca_bundle_pem: "PEM",
+            host_namespace: host_ns,
+            builtin: &builtin,
+        };
+        build(wr, resolved, scope).ok()
     }
 }

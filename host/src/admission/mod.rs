@@ -27,21 +27,30 @@
 //! - A request is refused before its body is read when its path is not `/validate/<name>`
 //!   (404), `<name>` is not a WasmReconciler this host serves (404: a stale webhook, the API
 //!   server applies its failure policy), the WasmReconciler cache has not synced yet (503), its
-//!   `Content-Length` exceeds 8 MiB (413), or more than `--webhook-max-reviews` reviews are in
-//!   flight for longer than [`REVIEW_QUEUE_WAIT`] (429). Each refusal is counted in
+//!   `Content-Length` exceeds 8 MiB (413), or a slot of `--webhook-max-reviews` or the body's
+//!   bytes of `--webhook-max-review-bytes` ([`budget`]) cannot be had within
+//!   [`REVIEW_QUEUE_WAIT`] (429). Each refusal is counted in
 //!   `wasmop_server_rejected_total{server="admission",reason}`.
-//! - At most `--webhook-max-reviews` bodies are read and parsed at a time, each capped at 8 MiB
-//!   and read within `--webhook-read-timeout` (408 otherwise); parsing runs on the blocking pool,
-//!   not on the async workers. Connections are capped and timed out as [`crate::operations::serving`] says.
+//! - At most `--webhook-max-reviews` bodies, and at most `--webhook-max-review-bytes` of them,
+//!   are held at a time, each capped at 8 MiB and read within `--webhook-read-timeout` (408
+//!   otherwise); parsing runs on the blocking pool, not on the async workers. Connections are
+//!   capped and timed out as [`crate::operations::serving`] says.
+//! - A review's objects are handed to the module as the text the API server sent (see `review`):
+//!   a review holds its body and one copy of its objects, not a parsed tree.
 //!
 //! # Errors
 //! [`AdmissionError`] when the server cannot start; per-review failures become verdicts.
 //!
 //! Its parts: [`config`] (the ValidatingWebhookConfigurations) and [`tls`] (the serving certificate).
 
+pub mod budget;
 pub mod config;
+mod review;
 /// The serving certificate (kept at the crate root, where the test registry uses it too).
 pub use crate::tls;
+
+#[cfg(test)]
+mod tests;
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -51,12 +60,12 @@ use std::time::Duration;
 
 use futures::{FutureExt, StreamExt};
 use http::{Method, Request, Response, StatusCode};
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::{BodyExt, Full};
 use hyper::body::{Bytes, Incoming};
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
-use kube::api::{Api, DynamicObject};
-use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
+use kube::api::Api;
+use kube::core::admission::{AdmissionResponse, Operation};
 use kube::core::response::{StatusCause, StatusDetails, StatusSummary};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -65,7 +74,9 @@ use tokio::net::TcpListener;
 use tokio::sync::{Semaphore, watch};
 use tracing::Instrument;
 
+use self::budget::ByteBudget;
 use self::config::WebhookConfigs;
+use self::review::Review;
 use self::tls::ServingCert;
 use crate::contract::{self, ValidateRequest, ValidateResponse};
 use crate::crd::{FailurePolicy, WasmReconciler, parse_duration, parse_quantity};
@@ -76,7 +87,7 @@ use crate::operations::serving::{self, ServerLimits};
 use crate::{modules::source, operations::metrics, operations::readiness};
 
 /// The largest AdmissionReview accepted.
-const MAX_BODY: usize = 8 << 20;
+pub const MAX_BODY: usize = 8 << 20;
 
 /// How long a review waits for one of the `--webhook-max-reviews` slots before it is answered
 /// 429 (the API server then applies the webhook's failure policy).
@@ -242,20 +253,12 @@ impl Webhook {
         Ok(module)
     }
 
-    async fn review(
-        &self,
-        name: &str,
-        review: Result<AdmissionReview<DynamicObject>, serde_json::Error>,
-    ) -> AdmissionResponse {
-        let review = match review {
+    async fn review(&self, name: &str, review: Result<Review, String>) -> AdmissionResponse {
+        let request = match review {
             Ok(r) => r,
             Err(e) => return AdmissionResponse::invalid(format!("not an AdmissionReview: {e}")),
         };
-        let request: AdmissionRequest<DynamicObject> = match review.try_into() {
-            Ok(r) => r,
-            Err(e) => return AdmissionResponse::invalid(e.to_string()),
-        };
-        let response = AdmissionResponse::from(&request);
+        let response = allowed(&request);
         let operation = match request.operation {
             Operation::Create => contract::Operation::Create,
             Operation::Update => contract::Operation::Update,
@@ -316,7 +319,7 @@ impl Webhook {
     async fn judge(
         &self,
         wr: &WasmReconciler,
-        request: &AdmissionRequest<DynamicObject>,
+        request: &Review,
         operation: contract::Operation,
     ) -> Result<ValidateResponse, String> {
         let module = self.module(wr).await.map_err(|e| e.to_string())?;
@@ -326,14 +329,10 @@ impl Webhook {
             });
         }
         let new = request
-            .object
-            .as_ref()
-            .ok_or("the review has no object")
-            .and_then(|o| serde_json::to_string(o).map_err(|_| "the object does not serialize"))?;
-        let old = match &request.old_object {
-            Some(o) => Some(serde_json::to_string(o).map_err(|e| e.to_string())?),
-            None => None,
-        };
+            .object()
+            .ok_or("the review has no object")?
+            .to_string();
+        let old = request.old_object().map(str::to_string);
         let call = ValidateRequest {
             operation,
             old,
@@ -359,11 +358,21 @@ impl Webhook {
     }
 }
 
+/// The answer allowing `request` (what a verdict starts from).
+fn allowed(request: &Review) -> AdmissionResponse {
+    let mut r = AdmissionResponse::invalid("");
+    r.types = request.types.clone();
+    r.uid = request.uid.clone();
+    r.allowed = true;
+    r.result = Default::default();
+    r
+}
+
 /// A denial as kubectl shows it: `field: message` (even when the message names the field too:
 /// the prefix is what tools parse), with the field in the details too.
 fn deny(
     response: AdmissionResponse,
-    request: &AdmissionRequest<DynamicObject>,
+    request: &Review,
     message: String,
     field: Option<String>,
 ) -> AdmissionResponse {
@@ -406,6 +415,8 @@ pub struct Setup {
     pub limits: ServerLimits,
     /// Reviews read, parsed and judged at once (at least 1).
     pub max_reviews: usize,
+    /// Bytes of review bodies held at once ([`budget`]).
+    pub max_review_bytes: usize,
     /// The modules serving reconcilers in this process (the manager's).
     pub slots: Slots,
 }
@@ -417,6 +428,7 @@ impl std::fmt::Debug for Setup {
             .field("configs", &self.configs)
             .field("limits", &self.limits)
             .field("max_reviews", &self.max_reviews)
+            .field("max_review_bytes", &self.max_review_bytes)
             .finish_non_exhaustive()
     }
 }
@@ -467,6 +479,7 @@ pub async fn serve(
         configs,
         limits,
         max_reviews,
+        max_review_bytes,
         slots,
     } = setup;
     let acceptor = tokio_rustls::TlsAcceptor::from(cert.server_config()?);
@@ -490,6 +503,7 @@ pub async fn serve(
     let server = Arc::new(Server {
         webhook: webhook.clone(),
         reviews: Semaphore::new(max_reviews.max(1)),
+        budget: ByteBudget::new(max_review_bytes),
         read_timeout: limits.read_timeout,
     });
     let http = serving::http1(&limits);
@@ -538,6 +552,8 @@ struct Server {
     webhook: Arc<Webhook>,
     /// Slots for reviews being read, parsed and judged.
     reviews: Semaphore,
+    /// Bytes of review bodies held at once.
+    budget: ByteBudget,
     read_timeout: Duration,
 }
 
@@ -554,7 +570,11 @@ fn refuse(status: StatusCode, reason: &str, message: String) -> Response<Full<By
 }
 
 /// Routes one request: everything that can be refused is refused before the body is read.
-async fn handle(server: &Server, req: Request<Incoming>) -> Response<Full<Bytes>> {
+async fn handle<B>(server: &Server, req: Request<B>) -> Response<Full<Bytes>>
+where
+    B: hyper::body::Body<Data = Bytes>,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
     let path = req.uri().path().to_string();
     let Some(name) = path.strip_prefix("/validate/").filter(|n| !n.is_empty()) else {
         return refuse(StatusCode::NOT_FOUND, "unknown", "not found\n".into());
@@ -586,18 +606,22 @@ async fn handle(server: &Server, req: Request<Incoming>) -> Response<Full<Bytes>
             format!("wasmop: no WasmReconciler {name} is served here\n"),
         );
     }
-    if content_length(&req).is_some_and(|n| n > MAX_BODY as u64) {
-        return refuse(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "too_large",
-            format!("wasmop: an AdmissionReview is at most {MAX_BODY} bytes\n"),
-        );
+    let cap = MAX_BODY.min(server.budget.total());
+    let declared = content_length(&req);
+    if declared.is_some_and(|n| n > cap as u64) {
+        return too_large(cap);
     }
-    let Ok(Ok(_slot)) = tokio::time::timeout(REVIEW_QUEUE_WAIT, server.reviews.acquire()).await
-    else {
+    // A slot and the body's bytes, both within the queue wait: a review that cannot have them
+    // is answered at once, not queued.
+    let want = declared.map_or(budget::STEP.min(cap), |n| n as usize);
+    let admitted = tokio::time::timeout(REVIEW_QUEUE_WAIT, async {
+        let slot = server.reviews.acquire().await.ok()?;
+        Some((slot, server.budget.reserve(want).await?))
+    });
+    let Ok(Some((_slot, mut reserved))) = admitted.await else {
         tracing::warn!(
             reconciler = name,
-            "too many admission reviews in flight; answering 429"
+            "too many admission reviews or review bytes in flight; answering 429"
         );
         return refuse(
             StatusCode::TOO_MANY_REQUESTS,
@@ -605,20 +629,18 @@ async fn handle(server: &Server, req: Request<Incoming>) -> Response<Full<Bytes>
             "wasmop: too many reviews in flight\n".into(),
         );
     };
-    let body = Limited::new(req.into_body(), MAX_BODY).collect();
+    let body = read_body(req.into_body(), &mut reserved, cap);
     let body = match tokio::time::timeout(server.read_timeout, body).await {
-        Ok(Ok(b)) => b.to_bytes(),
-        Ok(Err(e)) => {
-            let too_large = e
-                .downcast_ref::<http_body_util::LengthLimitError>()
-                .is_some();
-            if too_large {
-                return refuse(
-                    StatusCode::PAYLOAD_TOO_LARGE,
-                    "too_large",
-                    format!("wasmop: an AdmissionReview is at most {MAX_BODY} bytes\n"),
-                );
-            }
+        Ok(Ok(b)) => b,
+        Ok(Err(ReadError::TooLarge)) => return too_large(cap),
+        Ok(Err(ReadError::OverBudget)) => {
+            return refuse(
+                StatusCode::TOO_MANY_REQUESTS,
+                "reviews",
+                "wasmop: too many review bytes in flight\n".into(),
+            );
+        }
+        Ok(Err(ReadError::Body(e))) => {
             return text(
                 StatusCode::BAD_REQUEST,
                 "text/plain",
@@ -636,11 +658,7 @@ async fn handle(server: &Server, req: Request<Incoming>) -> Response<Full<Bytes>
             );
         }
     };
-    let parsed = tokio::task::spawn_blocking(move || {
-        serde_json::from_slice::<AdmissionReview<DynamicObject>>(&body)
-    })
-    .await;
-    let parsed = match parsed {
+    let parsed = match tokio::task::spawn_blocking(move || review::parse(body)).await {
         Ok(p) => p,
         Err(e) => {
             return text(
@@ -664,8 +682,65 @@ async fn handle(server: &Server, req: Request<Incoming>) -> Response<Full<Bytes>
     }
 }
 
+fn too_large(cap: usize) -> Response<Full<Bytes>> {
+    refuse(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "too_large",
+        format!("wasmop: an AdmissionReview is at most {cap} bytes\n"),
+    )
+}
+
+/// Why a body was not read.
+enum ReadError {
+    /// Over the body cap.
+    TooLarge,
+    /// Longer than declared and the budget has no more bytes now.
+    OverBudget,
+    /// The connection failed.
+    Body(String),
+}
+
+/// Reads a body into one buffer no larger than `reserved` (grown [`budget::STEP`] at a time for
+/// a body longer than reserved, while the budget allows) and `cap`.
+async fn read_body<B>(
+    body: B,
+    reserved: &mut budget::Reservation<'_>,
+    cap: usize,
+) -> Result<Vec<u8>, ReadError>
+where
+    B: hyper::body::Body<Data = Bytes>,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let mut body = std::pin::pin!(body);
+    let mut buf = Vec::with_capacity(reserved.bytes());
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| {
+            let e: Box<dyn std::error::Error + Send + Sync> = e.into();
+            ReadError::Body(e.to_string())
+        })?;
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        let len = buf.len() + data.len();
+        if len > cap {
+            return Err(ReadError::TooLarge);
+        }
+        if len > reserved.bytes() {
+            // At least what this frame needs (len <= cap), a step ahead when the cap allows.
+            let more = (len - reserved.bytes())
+                .max(budget::STEP)
+                .min(cap.saturating_sub(reserved.bytes()));
+            if !reserved.grow(more) {
+                return Err(ReadError::OverBudget);
+            }
+        }
+        buf.extend_from_slice(&data);
+    }
+    Ok(buf)
+}
+
 /// The request's declared body length, if any.
-fn content_length(req: &Request<Incoming>) -> Option<u64> {
+fn content_length<B>(req: &Request<B>) -> Option<u64> {
     req.headers()
         .get(http::header::CONTENT_LENGTH)?
         .to_str()

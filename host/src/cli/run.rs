@@ -47,6 +47,14 @@ pub struct Args {
     /// Admission reviews read, parsed and judged at once; more wait up to 1 s, then get 429.
     #[arg(long, env = "WASMOP_WEBHOOK_MAX_REVIEWS", default_value_t = crate::admission::MAX_REVIEWS)]
     pub webhook_max_reviews: usize,
+    /// Bytes of admission review bodies held at once, over all reviews (a quantity: `64Mi`); a
+    /// review whose bytes are not free within 1 s gets 429.
+    #[arg(long, env = "WASMOP_WEBHOOK_MAX_REVIEW_BYTES", default_value = "64Mi")]
+    pub webhook_max_review_bytes: String,
+    /// Kubernetes built-in kinds that modules may validate, comma-separated `Kind` (core group)
+    /// or `group/Kind` (e.g. `ConfigMap,apps/Deployment`); others get no webhook. Leases never.
+    #[arg(long, env = "WASMOP_WEBHOOK_BUILTIN_KINDS", default_value = "")]
+    pub webhook_builtin_kinds: String,
     /// How long a webhook client may take for the TLS handshake, a request head and a body;
     /// idle connections close after it.
     #[arg(long, env = "WASMOP_WEBHOOK_READ_TIMEOUT", default_value = "10s")]
@@ -231,6 +239,19 @@ fn limits(
     .map_err(|e| CliError::Other(e.to_string()))
 }
 
+/// `--webhook-max-review-bytes`: at least one largest review (8 MiB), below 4 GiB.
+fn review_bytes(text: &str) -> Result<usize, CliError> {
+    let bytes = crate::crd::parse_quantity(text)
+        .map_err(|e| CliError::Other(format!("--webhook-max-review-bytes: {e}")))?;
+    let range = (crate::admission::MAX_BODY as u64)..(4u64 << 30);
+    if !range.contains(&bytes) {
+        return Err(CliError::Other(format!(
+            "--webhook-max-review-bytes must be at least 8Mi (one largest review) and below 4Gi, not {text}"
+        )));
+    }
+    usize::try_from(bytes).map_err(|e| CliError::Other(e.to_string()))
+}
+
 /// The sharding configuration from the flags (None with `--shards off`).
 fn shard_config(
     args: &Args,
@@ -306,6 +327,11 @@ pub(crate) async fn run(args: Args) -> Result<ExitCode, CliError> {
                 }
                 n => n,
             },
+            max_review_bytes: review_bytes(&args.webhook_max_review_bytes)?,
+            builtin_kinds: crate::admission::config::BuiltinKinds::parse(
+                &args.webhook_builtin_kinds,
+            )
+            .map_err(|e| CliError::Other(format!("--webhook-builtin-kinds: {e}")))?,
         }),
     };
     let leader = if args.leader_elect {

@@ -1,0 +1,296 @@
+//! The review path in process: a real module judges reviews handed to [`super::handle`] as
+//! in-memory bodies, so what the server holds can be counted exactly (no sockets, no RSS).
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+use http::{Request, StatusCode};
+use http_body_util::BodyExt;
+use hyper::body::{Body, Bytes, Frame, SizeHint};
+use kube::runtime::{reflector, watcher};
+use serde_json::json;
+
+use super::*;
+use crate::engine::EngineConfig;
+use crate::modules::slot::{Active, Fit};
+
+const RECONCILER: &str = "widgets";
+
+fn reconciler() -> WasmReconciler {
+    serde_json::from_value(json!({
+        "apiVersion": "wasmop.dev/v1alpha1", "kind": "WasmReconciler",
+        "metadata": {"name": RECONCILER, "uid": "u-1"},
+        "spec": {
+            "module": {"configMap": {"namespace": "ops", "name": "m"}},
+            "primary": {"apiVersion": "test.wasmop.dev/v1", "kind": "Widget"},
+            "serviceAccount": {"namespace": "ops", "name": "sa"},
+            "admission": {"timeoutSeconds": 10, "failurePolicy": "Fail"},
+            "limits": {"deadline": "5s"}
+        }
+    }))
+    .unwrap_or_else(|e| panic!("literal: {e}"))
+}
+
+/// A webhook serving [`RECONCILER`] with the misbehave test module (it denies `spec.mode:
+/// forbidden`), its WasmReconcilers listed, its API server unreachable (nothing here calls it).
+async fn webhook() -> Arc<Webhook> {
+    // The engine blocks on its own runtime while loading: off the test's workers.
+    let (engine, module) = tokio::task::spawn_blocking(|| {
+        let engine =
+            Engine::new(&EngineConfig::default()).unwrap_or_else(|e| panic!("engine: {e}"));
+        let bytes = wasmop_test_modules::bytes(wasmop_test_modules::MISBEHAVE);
+        let module = engine
+            .load(&bytes, &Limits::default())
+            .unwrap_or_else(|e| panic!("module: {e}"));
+        (engine, module)
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    let fit = Fit {
+        grant: crate::grant::Grant::default(),
+        related: Vec::new(),
+        ungranted: Vec::new(),
+    };
+    let slots = Slots::default();
+    slots.publish(
+        RECONCILER,
+        ModuleSlot::new(Active::new(module, fit, "1".into())),
+    );
+    let (reconcilers, mut writer) = reflector::store();
+    writer.apply_watcher_event(&watcher::Event::Init);
+    writer.apply_watcher_event(&watcher::Event::InitApply(reconciler()));
+    writer.apply_watcher_event(&watcher::Event::InitDone);
+    // The kube client's TLS stack wants a process-wide provider (the host installs ring).
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let url = "http://127.0.0.1:9"
+        .parse()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let client = Client::try_from(kube::Config::new(url)).unwrap_or_else(|e| panic!("{e}"));
+    Arc::new(Webhook {
+        client,
+        engine,
+        reconcilers,
+        slots,
+        loaded: Mutex::default(),
+    })
+}
+
+/// An AdmissionReview creating a Widget in `mode`, padded to at least `size` bytes.
+fn review(uid: &str, mode: &str, size: usize) -> String {
+    let mut r = json!({
+        "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+        "request": {
+            "uid": uid,
+            "kind": {"group": "test.wasmop.dev", "version": "v1", "kind": "Widget"},
+            "resource": {"group": "test.wasmop.dev", "version": "v1", "resource": "widgets"},
+            "name": "w", "namespace": "team-a", "operation": "CREATE",
+            "userInfo": {"username": "someone"},
+            "object": {
+                "apiVersion": "test.wasmop.dev/v1", "kind": "Widget",
+                "metadata": {"name": "w", "namespace": "team-a"},
+                "spec": {"mode": mode, "pad": ""}
+            },
+            "oldObject": null, "dryRun": false
+        }
+    });
+    let len = r.to_string().len();
+    r["request"]["object"]["spec"]["pad"] = json!("p".repeat(size.saturating_sub(len)));
+    r.to_string()
+}
+
+/// Bytes that bodies handed to the server and the server has not answered yet, and their peak.
+#[derive(Default)]
+struct InFlight {
+    now: AtomicUsize,
+    peak: AtomicUsize,
+}
+
+/// Opens once every offered review was either started (its body polled) or answered unread:
+/// until then, started bodies hold back their last chunk, so every review the server lets in
+/// is in flight at once, whatever the scheduling.
+struct Gate {
+    state: Mutex<(usize, Vec<Waker>)>,
+    total: usize,
+}
+
+impl Gate {
+    fn count(&self) {
+        let wakers = match self.state.lock() {
+            Ok(mut s) => {
+                s.0 += 1;
+                if s.0 >= self.total {
+                    std::mem::take(&mut s.1)
+                } else {
+                    Vec::new()
+                }
+            }
+            Err(_) => Vec::new(),
+        };
+        wakers.into_iter().for_each(Waker::wake);
+    }
+
+    fn poll_open(&self, cx: &Context<'_>) -> bool {
+        match self.state.lock() {
+            Ok(mut s) if s.0 < self.total => {
+                s.1.push(cx.waker().clone());
+                false
+            }
+            _ => true,
+        }
+    }
+}
+
+/// One review's body, in chunks sharing one buffer, counted as it is read.
+struct Counted {
+    chunks: VecDeque<Bytes>,
+    len: u64,
+    started: Arc<AtomicBool>,
+    delivered: Arc<AtomicUsize>,
+    gate: Arc<Gate>,
+    in_flight: Arc<InFlight>,
+}
+
+impl Body for Counted {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        let this = self.get_mut();
+        if !this.started.swap(true, Ordering::SeqCst) {
+            this.gate.count();
+        }
+        if this.chunks.len() == 1 && !this.gate.poll_open(cx) {
+            return Poll::Pending;
+        }
+        let Some(chunk) = this.chunks.pop_front() else {
+            return Poll::Ready(None);
+        };
+        let now = this.in_flight.now.fetch_add(chunk.len(), Ordering::SeqCst) + chunk.len();
+        this.in_flight.peak.fetch_max(now, Ordering::SeqCst);
+        this.delivered.fetch_add(chunk.len(), Ordering::SeqCst);
+        Poll::Ready(Some(Ok(Frame::data(chunk))))
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        SizeHint::with_exact(self.len)
+    }
+}
+
+fn post<B>(body: B, len: usize) -> Request<B> {
+    Request::post(format!("/validate/{RECONCILER}"))
+        .header(http::header::CONTENT_LENGTH, len)
+        .body(body)
+        .unwrap_or_else(|e| panic!("request: {e}"))
+}
+
+/// The verdict of one small review.
+async fn verdict(server: &Server, mode: &str) -> serde_json::Value {
+    let text = review("small", mode, 0);
+    let len = text.len();
+    let response = handle(
+        server,
+        post(http_body_util::Full::new(Bytes::from(text)), len),
+    )
+    .await;
+    assert_eq!(response.status(), StatusCode::OK);
+    let body = response
+        .into_body()
+        .collect()
+        .await
+        .unwrap_or_else(|e| match e {})
+        .to_bytes();
+    serde_json::from_slice(&body).unwrap_or_else(|e| panic!("response: {e}"))
+}
+
+const BUDGET: usize = 4 << 20;
+
+fn server(webhook: Arc<Webhook>) -> Arc<Server> {
+    Arc::new(Server {
+        webhook,
+        reviews: Semaphore::new(MAX_REVIEWS),
+        budget: ByteBudget::new(BUDGET),
+        read_timeout: Duration::from_secs(30),
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_large_reviews_stay_within_the_byte_budget_and_small_ones_are_judged() {
+    const OFFERED: usize = 24;
+    let server = server(webhook().await);
+    let text = Bytes::from(review("large", "good", 1 << 20));
+    let gate = Arc::new(Gate {
+        state: Mutex::new((0, Vec::new())),
+        total: OFFERED,
+    });
+    let in_flight = Arc::new(InFlight::default());
+    let mut tasks = Vec::new();
+    for _ in 0..OFFERED {
+        let chunks: VecDeque<Bytes> = (0..text.len())
+            .step_by(64 << 10)
+            .map(|at| text.slice(at..(at + (64 << 10)).min(text.len())))
+            .collect();
+        let started: Arc<AtomicBool> = Arc::default();
+        let delivered = Arc::new(AtomicUsize::new(0));
+        let body = Counted {
+            chunks,
+            len: text.len() as u64,
+            started: Arc::clone(&started),
+            delivered: Arc::clone(&delivered),
+            gate: Arc::clone(&gate),
+            in_flight: Arc::clone(&in_flight),
+        };
+        let (server, gate, in_flight) = (server.clone(), gate.clone(), in_flight.clone());
+        let len = text.len();
+        tasks.push(tokio::spawn(async move {
+            let status = handle(&server, post(body, len)).await.status();
+            if !started.load(Ordering::SeqCst) {
+                gate.count();
+            }
+            in_flight
+                .now
+                .fetch_sub(delivered.load(Ordering::SeqCst), Ordering::SeqCst);
+            status
+        }));
+    }
+    let mut statuses = Vec::new();
+    for t in tasks {
+        statuses.push(t.await.unwrap_or_else(|e| panic!("task: {e}")));
+    }
+    let peak = in_flight.peak.load(Ordering::SeqCst);
+    assert!(
+        peak <= BUDGET,
+        "review bodies held at once peaked at {peak} bytes, over the budget of {BUDGET}"
+    );
+    assert!(
+        statuses.iter().any(|s| *s == StatusCode::OK),
+        "no large review was judged: {statuses:?}"
+    );
+    assert!(
+        statuses
+            .iter()
+            .all(|s| *s == StatusCode::OK || *s == StatusCode::TOO_MANY_REQUESTS),
+        "{statuses:?}"
+    );
+    assert_eq!(
+        server.budget.available(),
+        BUDGET,
+        "every reservation was returned"
+    );
+    // Small reviews are judged by the module as before.
+    let denied = verdict(&server, "forbidden").await;
+    assert_eq!(denied["response"]["uid"], "small");
+    assert_eq!(denied["response"]["allowed"], false);
+    assert_eq!(
+        denied["response"]["status"]["message"],
+        "spec.mode: widgets in forbidden mode are refused"
+    );
+    assert_eq!(verdict(&server, "good").await["response"]["allowed"], true);
+}
