@@ -36,6 +36,7 @@ mod cache;
 mod compile;
 pub mod contract;
 mod convert;
+mod determinism;
 mod error;
 mod needs;
 mod queue;
@@ -53,6 +54,7 @@ use wasmtime::component::{Component, HasSelf, Linker, types::ComponentItem};
 use wasmtime::{Store, Trap};
 
 pub use cache::{ArtifactCache, DEFAULT_CACHE_MAX_BYTES};
+pub use determinism::TICK as CLOCK_TICK;
 pub use error::{CallError, LoadError};
 pub use needs::{Needs, NeedsError, needs};
 pub use queue::{CallQueue, QueueTimeout, Slot};
@@ -63,6 +65,7 @@ use crate::contract::{
     ValidateResponse, WIT_PACKAGE, WIT_VERSION,
 };
 use compile::Compiler;
+use determinism::Entropy;
 use sandbox::{MemoryCapExceeded, State};
 
 mod bindings {
@@ -476,9 +479,13 @@ impl Engine {
             needs,
         };
         let metadata = module
-            .call("load", limits, METADATA_OUTPUT_MAX, async |g, s| {
-                g.call_metadata(s).await.map(Ok)
-            })
+            .call(
+                "load",
+                limits,
+                METADATA_OUTPUT_MAX,
+                Entropy::FIXED,
+                async |g, s| g.call_metadata(s).await.map(Ok),
+            )
             .result
             .map_err(|e| match e {
                 CallError::Interface { detail } => LoadError::TypeMismatch {
@@ -850,9 +857,10 @@ impl Module {
         request: ReconcileRequest,
         limits: &Limits,
     ) -> Outcome<ReconcileResponse> {
+        let entropy = Entropy::of_reconcile(&request);
         let request = convert::request_in(request);
         let lane = request.context.reconciler.clone();
-        let out = self.call(&lane, limits, limits.output_bytes, async |g, s| {
+        let out = self.call(&lane, limits, limits.output_bytes, entropy, async |g, s| {
             g.call_reconcile(s, &request).await
         });
         flatten(
@@ -872,9 +880,10 @@ impl Module {
         request: ReconcileRequest,
         limits: &Limits,
     ) -> Outcome<FinalizeResponse> {
+        let entropy = Entropy::of_reconcile(&request);
         let request = convert::request_in(request);
         let lane = request.context.reconciler.clone();
-        let out = self.call(&lane, limits, limits.output_bytes, async |g, s| {
+        let out = self.call(&lane, limits, limits.output_bytes, entropy, async |g, s| {
             g.call_finalize(s, &request).await
         });
         flatten(
@@ -891,10 +900,11 @@ impl Module {
     /// # Panics
     /// As [`Module::reconcile`].
     pub fn validate(&self, request: ValidateRequest, limits: &Limits) -> Outcome<ValidateResponse> {
+        let entropy = Entropy::of_validate(&request);
         let request = convert::validate_in(request);
         let cap = limits.output_bytes.min(VALIDATE_OUTPUT_MAX);
         let lane = format!("validate/{}", self.name);
-        let out = self.call(&lane, limits, cap, async |g, s| {
+        let out = self.call(&lane, limits, cap, entropy, async |g, s| {
             g.call_validate(s, &request).await.map(Ok)
         });
         flatten(out, cap, convert::validate_size, |v| {
@@ -905,12 +915,13 @@ impl Module {
     /// Waits for a slot in the call queue (lane `lane`), instantiates a fresh sandbox and calls
     /// `f` in it, all within the deadline, turning every failure into a [`CallError`]. `f`
     /// returns the module's own result (`Err` = the module's error). `output_cap` sets the
-    /// hostcall fuel.
+    /// hostcall fuel; `entropy` the sandbox's clocks and randomness.
     fn call<T>(
         &self,
         lane: &str,
         limits: &Limits,
         output_cap: usize,
+        entropy: Entropy,
         f: impl AsyncFnOnce(
             &bindings::exports::wasmop::reconciler::guest::Guest,
             &mut Store<State>,
@@ -947,7 +958,7 @@ impl Module {
             .read()
             .unwrap_or_else(PoisonError::into_inner)
             .clone();
-        let mut store = self.store(pre.engine(), limits, output_cap, remaining);
+        let mut store = self.store(pre.engine(), limits, output_cap, entropy, remaining);
         let instantiating = Instant::now();
         let mut instantiated = None;
         let run = async {
@@ -985,19 +996,24 @@ impl Module {
         Outcome { result, stats }
     }
 
-    /// A fresh store for one call: the memory cap and log budget, hostcall fuel for
-    /// `output_cap`, and an epoch deadline `remaining` from now that traps.
+    /// A fresh store for one call: the memory cap and log budget, clocks and randomness from
+    /// `entropy`, hostcall fuel for `output_cap`, and an epoch deadline `remaining` from now
+    /// that traps.
     fn store(
         &self,
         engine: &wasmtime::Engine,
         limits: &Limits,
         output_cap: usize,
+        entropy: Entropy,
         remaining: Duration,
     ) -> Store<State> {
-        let mut store = Store::new(
-            engine,
-            State::new(self.name.clone(), limits.memory_bytes, limits.log_lines),
+        let state = State::new(
+            self.name.clone(),
+            limits.memory_bytes,
+            limits.log_lines,
+            &entropy,
         );
+        let mut store = Store::new(engine, state);
         store.limiter(|s| &mut s.limiter);
         store.set_hostcall_fuel(hostcall_fuel(output_cap));
         let tick_nanos = self.engine.tick.as_nanos().max(1);

@@ -1,4 +1,5 @@
-//! The per-call sandbox state: WASI with nothing granted, the memory limiter, the log budget.
+//! The per-call sandbox state: WASI with nothing granted (clocks and randomness derived from the
+//! request, [`super::determinism`]), the memory limiter, the log budget.
 //!
 //! # Guarantees
 //! - A module's log line is inert: control characters (newline, carriage return, ESC, NUL...),
@@ -11,6 +12,7 @@ use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
 use super::bindings::wasmop::reconciler::host::{Host, LogLevel};
+use super::determinism::Entropy;
 use super::text::{cut, inert};
 
 /// How much of a module's stderr is kept (for panic messages).
@@ -30,16 +32,23 @@ pub(crate) struct State {
 }
 
 impl State {
-    pub(crate) fn new(module: std::sync::Arc<str>, memory_cap: u64, log_budget: usize) -> Self {
+    pub(crate) fn new(
+        module: std::sync::Arc<str>,
+        memory_cap: u64,
+        log_budget: usize,
+        entropy: &Entropy,
+    ) -> Self {
         let stderr = MemoryOutputPipe::new(STDERR_CAPACITY);
         // No preopened directories, no environment, no arguments, no network (all addresses are
-        // denied by default and name lookup is off), stdin closed, stdout discarded.
-        let wasi = WasiCtx::builder()
-            .stderr(stderr.clone())
+        // denied by default and name lookup is off), stdin closed, stdout discarded; clocks and
+        // randomness from the request, not the host.
+        let mut wasi = WasiCtx::builder();
+        wasi.stderr(stderr.clone())
             .allow_tcp(false)
             .allow_udp(false)
-            .allow_ip_name_lookup(false)
-            .build();
+            .allow_ip_name_lookup(false);
+        entropy.install(&mut wasi);
+        let wasi = wasi.build();
         State {
             wasi,
             table: ResourceTable::new(),

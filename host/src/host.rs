@@ -212,6 +212,8 @@ pub struct Host {
         tokio::task::JoinHandle<()>,
     )>,
     grace: Duration,
+    /// `--record-failures`: flushed at shutdown, so every queued recording is on disk.
+    recorder: Option<Arc<crate::controller::record::FailureRecorder>>,
     /// Where `/metrics`, `/healthz` and `/readyz` are served.
     pub metrics_addr: Option<SocketAddr>,
     /// Where the admission webhook is served.
@@ -383,6 +385,7 @@ impl Host {
             }
             _ => (leading_tx, None, None),
         };
+        let recorder = ctx.failures.clone();
         let task = tokio::spawn(lead_and_run(
             ctx,
             elector.clone(),
@@ -397,6 +400,7 @@ impl Host {
             elector,
             membership,
             grace: options.shutdown_grace,
+            recorder,
             metrics_addr,
             webhook_addr,
         })
@@ -419,6 +423,10 @@ impl Host {
                     task.abort();
                 }
             }
+        }
+        if let Some(recorder) = self.recorder.take() {
+            // The writer is a plain thread; waiting for it blocks.
+            let _ = tokio::task::spawn_blocking(move || recorder.flush()).await;
         }
         // Only now, with every reconcile finished: the others take this replica's ranges.
         if let Some((leave, task)) = self.membership.take() {

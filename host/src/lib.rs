@@ -25,6 +25,7 @@
 //! - [`cli`]: the `wasmop` command.
 //! - [`text`]: the text helpers every layer shares (inert outside text, cut, short digests, YAML).
 //! - [`reasons`]: every condition type and reason the host writes.
+//! - [`redact`]: keeping Secret data out of recordings, fixtures and printed diffs.
 
 pub mod admission;
 pub mod cli;
@@ -38,6 +39,7 @@ pub mod modules;
 pub mod object;
 pub mod operations;
 pub mod reasons;
+pub mod redact;
 pub mod sharding;
 pub mod text;
 pub mod tls;

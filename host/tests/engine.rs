@@ -560,3 +560,37 @@ fn what_a_module_prints_or_says_reaches_events_logs_and_users_inert() {
     assert!(message.starts_with("forged\\n"), "{message:?}");
     assert_good(&module);
 }
+
+/// What the `entropy` mode read from the sandbox's clocks and randomness.
+fn entropy(module: &Module, request: ReconcileRequest) -> serde_json::Value {
+    let response = module
+        .reconcile(request, &limits())
+        .result
+        .expect("the entropy widget reconciles");
+    response.children[0].objects[0]["data"].clone()
+}
+
+#[test]
+fn the_sandbox_clock_and_randomness_come_from_the_request() {
+    let engine = engine();
+    let module = load(&engine, modules::MISBEHAVE);
+    let mut request = widget("entropy");
+    request.context.now_unix_ms = 1_700_000_000_123;
+    let first = entropy(&module, request.clone());
+    let again = entropy(&module, request.clone());
+    assert_eq!(
+        first, again,
+        "the same request, the same clock and randomness"
+    );
+    assert_eq!(
+        first["wall"], "1700000000123000000",
+        "the wall clock starts at the request's time"
+    );
+    // Another object (or another time) gets other randomness.
+    let mut other = request.clone();
+    other.primary = other.primary.replace(r#""uid":"u""#, r#""uid":"u2""#);
+    assert_ne!(other.primary, request.primary);
+    assert_ne!(entropy(&module, other)["hashed"], first["hashed"]);
+    request.context.now_unix_ms += 1;
+    assert_ne!(entropy(&module, request)["hashed"], first["hashed"]);
+}

@@ -489,6 +489,7 @@ async fn diff_previews_a_candidate_against_every_primary_without_writing() -> an
         module: PathBuf::from(wasmop_test_modules::MISBEHAVE),
         reconciler: wr.clone(),
         kubeconfig: Some(env.kubeconfig().to_path_buf()),
+        show_secrets: false,
     })
     .await?;
     let of = |name: &str| {

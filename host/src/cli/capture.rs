@@ -11,6 +11,11 @@
 //! The directory is what `wasmop test` reads: `cr.yaml`, `observed/<kind>.yaml` per owned kind
 //! and `related/<kind>.yaml` per related kind.
 //!
+//! # Guarantees
+//! - Fixtures are meant for commits: every Secret (the primary too) is written redacted
+//!   ([`crate::redact`]) unless [`CaptureSpec::keep_secrets`], and every file is owner-readable
+//!   only (0600).
+//!
 //! # Errors
 //! [`CliError::Other`] naming what could not be read from the cluster (and the RBAC to check),
 //! [`CliError::Io`] for a file that cannot be written.
@@ -38,6 +43,8 @@ pub struct CaptureSpec {
     pub out: Option<PathBuf>,
     /// The kubeconfig.
     pub kubeconfig: Option<PathBuf>,
+    /// Keep Secret data (default: redacted).
+    pub keep_secrets: bool,
 }
 
 /// The files a capture wrote.
@@ -119,7 +126,8 @@ async fn list(
     Ok(items)
 }
 
-fn write(path: &Path, docs: &[Value]) -> Result<(), CliError> {
+/// Writes `docs` as one YAML file, owner-readable only, Secrets redacted unless `keep_secrets`.
+fn write(path: &Path, docs: &[Value], keep_secrets: bool) -> Result<(), CliError> {
     let io = |source| CliError::Io {
         action: "cannot write",
         path: path.to_path_buf(),
@@ -128,8 +136,17 @@ fn write(path: &Path, docs: &[Value]) -> Result<(), CliError> {
     if let Some(parent) = path.parent() {
         std::fs::create_dir_all(parent).map_err(io)?;
     }
-    let text: Vec<String> = docs.iter().map(to_yaml).collect();
-    std::fs::write(path, text.join("---\n")).map_err(io)
+    let text: Vec<String> = docs
+        .iter()
+        .map(|doc| {
+            let mut doc = doc.clone();
+            if !keep_secrets {
+                crate::redact::redact(&mut doc);
+            }
+            to_yaml(&doc)
+        })
+        .collect();
+    crate::redact::write_private(path, text.join("---\n").as_bytes()).map_err(io)
 }
 
 fn file_of(kind: &Gvk) -> String {
@@ -245,14 +262,48 @@ pub async fn capture(spec: &CaptureSpec, metadata: &ModuleMetadata) -> Result<Ca
             .to_string(),
         observed: Vec::new(),
     };
-    write(&captured.object, &[value(&primary)])?;
+    let keep = spec.keep_secrets;
+    write(&captured.object, &[value(&primary)], keep)?;
     let (owned, related) = observe(&client, &wr, &fit, &primary, scope).await?;
     for (folder, kinds) in [("observed", owned), ("related", related)] {
         for (kind, objects) in kinds.iter().filter(|(_, objects)| !objects.is_empty()) {
             let path = dir.join(folder).join(file_of(kind));
-            write(&path, objects)?;
+            write(&path, objects, keep)?;
             captured.observed.push(path);
         }
     }
     Ok(captured)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_captured_secret_is_redacted_and_the_file_is_private() {
+        let tmp = tempfile::tempdir().map_err(|e| e.to_string());
+        let dir = tmp
+            .as_ref()
+            .map(|d| d.path().to_path_buf())
+            .unwrap_or_default();
+        let secret = serde_json::json!({
+            "apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": "s", "annotations": {
+                "kubectl.kubernetes.io/last-applied-configuration": "{\"data\":{\"password\":\"aHVudGVyMg==\"}}"
+            }},
+            "data": {"password": "aHVudGVyMg=="},
+        });
+        let path = dir.join("related").join("secret.yaml");
+        let written = write(&path, &[secret], false);
+        assert!(written.is_ok(), "{written:?}");
+        let text = std::fs::read_to_string(&path).unwrap_or_default();
+        assert!(
+            !text.contains("aHVudGVyMg"),
+            "a fixture with Secret data:\n{text}"
+        );
+        assert!(text.contains("password"), "the keys stay: {text}");
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&path).map(|m| m.permissions().mode() & 0o777);
+        assert_eq!(mode.ok(), Some(0o600), "a fixture others can read");
+    }
 }

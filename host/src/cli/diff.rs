@@ -7,6 +7,8 @@
 //!   ([`super::capture::observe`]), the intents are validated as the host validates them, and
 //!   every child is applied with a server-side **dry run** (with the host's field manager,
 //!   `wasmop/<reconciler>`), so defaults and admission apply and nothing is written.
+//! - Secret values are not printed: a changed Secret shows which keys changed
+//!   (`<redacted: changed>`), not their values, unless `--show-secrets`.
 //! - A child is `changed` when the dry-run result differs from the live object outside
 //!   `metadata.managedFields`, `resourceVersion`, `generation` and timestamps; `create` when it
 //!   does not exist; `prune` when it exists, is controlled by the primary and is not in the
@@ -15,7 +17,7 @@
 //! # Errors
 //! [`CliError::Other`] when the WasmReconciler or the module cannot be read. A primary whose
 //! module call or dry run fails is counted `failed`, one whose intents are refused `refused`;
-//! the command exits non-zero only for the first kind of error.
+//! the command exits 1 when any primary failed (the preview is incomplete), 0 otherwise.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -45,6 +47,10 @@ pub struct Args {
     /// The kubeconfig to use.
     #[arg(long, env = "KUBECONFIG")]
     pub kubeconfig: Option<PathBuf>,
+    /// Print Secret values in the changes (by default a Secret's data, string data and
+    /// last-applied annotation print as `<redacted>`, changed values as `<redacted: changed>`).
+    #[arg(long)]
+    pub show_secrets: bool,
 }
 
 /// What the candidate would do to one primary.
@@ -86,6 +92,7 @@ async fn dry_run_child(
     namespace: Option<&str>,
     name: &str,
     object: &Value,
+    show_secrets: bool,
 ) -> Result<Option<String>, String> {
     let gvk = GroupVersionKind::gvk(kind.group(), kind.version(), &kind.kind);
     let (resource, _) = kube::discovery::pinned_kind(client, &gvk)
@@ -114,13 +121,49 @@ async fn dry_run_child(
     if before == after {
         return Ok(None);
     }
+    Ok(Some(format!(
+        "update {shown}\n{}",
+        render(&before, &after, show_secrets)
+    )))
+}
+
+/// The unified diff of a child's live and candidate YAML. A Secret's values are shown as
+/// `<redacted>` (the candidate's as `<redacted: changed>` where they differ) unless
+/// `show_secrets`.
+fn render(before: &Value, after: &Value, show_secrets: bool) -> String {
+    let (mut before, mut after) = (before.clone(), after.clone());
+    if !show_secrets {
+        hide_secret_values(&mut before, &mut after);
+    }
     let (b, a) = (super::to_yaml(&before), super::to_yaml(&after));
-    let diff = similar::TextDiff::from_lines(&b, &a)
+    similar::TextDiff::from_lines(&b, &a)
         .unified_diff()
         .context_radius(1)
         .header("live", "candidate")
-        .to_string();
-    Ok(Some(format!("update {shown}\n{diff}")))
+        .to_string()
+}
+
+/// Redacts a live and a candidate Secret, marking the candidate's values that differ.
+fn hide_secret_values(before: &mut Value, after: &mut Value) {
+    let mut changed = Vec::new();
+    for field in ["data", "stringData"] {
+        if let Some(values) = after.get(field).and_then(Value::as_object) {
+            for (key, value) in values {
+                if before.get(field).and_then(|b| b.get(key)) != Some(value) {
+                    changed.push((field, key.clone()));
+                }
+            }
+        }
+    }
+    let secret = crate::redact::redact(before) | crate::redact::redact(after);
+    if !secret {
+        return;
+    }
+    for (field, key) in changed {
+        if let Some(value) = after.get_mut(field).and_then(|m| m.get_mut(&key)) {
+            *value = Value::String(format!("{}: changed", crate::redact::REDACTED));
+        }
+    }
 }
 
 /// One owned or related kind's objects, as [`observe`] reads them.
@@ -187,6 +230,7 @@ async fn preview_primary(
     fit: &Fit,
     module: &Module,
     primary: &DynamicObject,
+    show_secrets: bool,
 ) -> Outcome {
     let name = wr.metadata.name.clone().unwrap_or_default();
     let scope = primary.namespace();
@@ -221,10 +265,11 @@ async fn preview_primary(
         }
     };
     let field_manager = format!("wasmop/{name}");
-    let mut changes = match child_changes(client, &field_manager, &validated, &existing).await {
-        Ok(c) => c,
-        Err(e) => return Outcome::Failed(e),
-    };
+    let mut changes =
+        match child_changes(client, &field_manager, &validated, &existing, show_secrets).await {
+            Ok(c) => c,
+            Err(e) => return Outcome::Failed(e),
+        };
     changes.extend(status_change(&validated, &primary_value));
     if changes.is_empty() {
         Outcome::Unchanged
@@ -240,6 +285,7 @@ async fn child_changes(
     field_manager: &str,
     validated: &intents::Validated,
     existing: &[(Gvk, Option<String>, String)],
+    show_secrets: bool,
 ) -> Result<Vec<String>, String> {
     let mut changes = Vec::new();
     for set in &validated.children {
@@ -252,6 +298,7 @@ async fn child_changes(
                 namespace,
                 &child.name,
                 &child.object,
+                show_secrets,
             )
             .await?;
             changes.extend(change);
@@ -348,7 +395,10 @@ pub async fn preview(args: &Args) -> Result<Vec<(String, Outcome)>, CliError> {
     let mut outcomes = Vec::new();
     for p in &primaries {
         let shown = format!("{} {}", primary_kind.kind, ObjectKey::of(p));
-        outcomes.push((shown, preview_primary(&client, &wr, &fit, &module, p).await));
+        outcomes.push((
+            shown,
+            preview_primary(&client, &wr, &fit, &module, p, args.show_secrets).await,
+        ));
     }
     Ok(outcomes)
 }
@@ -383,5 +433,64 @@ pub(crate) async fn run(args: Args) -> Result<ExitCode, CliError> {
         "summary: {} primaries, {changed} changed, {unchanged} unchanged, {refused} refused, {failed} failed",
         outcomes.len()
     );
-    Ok(ExitCode::SUCCESS)
+    Ok(ExitCode::from(exit_status(&outcomes)))
+}
+
+/// 1 when a primary could not be previewed (its module call or a dry run failed): the preview
+/// is incomplete and must not pass for a clean one in a script. 0 otherwise (changes and
+/// refusals are what a preview is for).
+fn exit_status(outcomes: &[(String, Outcome)]) -> u8 {
+    u8::from(
+        outcomes
+            .iter()
+            .any(|(_, o)| matches!(o, Outcome::Failed(_))),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_changed_secret_shows_which_keys_changed_not_their_values() {
+        let secret = |password: &str| {
+            serde_json::json!({
+                "apiVersion": "v1", "kind": "Secret", "metadata": {"name": "s"},
+                "data": {"password": password, "user": "YWRtaW4="},
+            })
+        };
+        let shown = render(
+            &secret("b2xkLXNlY3JldA=="),
+            &secret("bmV3LXNlY3JldA=="),
+            false,
+        );
+        for value in ["b2xkLXNlY3JldA", "bmV3LXNlY3JldA", "YWRtaW4"] {
+            assert!(!shown.contains(value), "{value} is printed:\n{shown}");
+        }
+        assert!(
+            shown
+                .lines()
+                .any(|l| l.starts_with('+') && l.contains("password")),
+            "the changed key is shown:\n{shown}"
+        );
+    }
+
+    #[test]
+    fn a_preview_with_failed_primaries_exits_non_zero() {
+        let outcome = |o: Outcome| ("Widget ns/w".to_string(), o);
+        let failed = || outcome(Outcome::Failed("the module failed: boom".into()));
+        assert_eq!(
+            exit_status(&[failed(), failed()]),
+            1,
+            "every primary failed"
+        );
+        assert_eq!(exit_status(&[outcome(Outcome::Unchanged), failed()]), 1);
+        let clean = [
+            outcome(Outcome::Unchanged),
+            outcome(Outcome::Changed(vec!["create ConfigMap ns/c".into()])),
+            outcome(Outcome::Refused("intents refused".into())),
+        ];
+        assert_eq!(exit_status(&clean), 0);
+        assert_eq!(exit_status(&[]), 0);
+    }
 }

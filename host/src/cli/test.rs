@@ -36,6 +36,11 @@ pub struct Args {
     /// With --from-cluster: the fixture directory to write (default: fixtures/NAME).
     #[arg(long, requires = "from_cluster")]
     pub out: Option<PathBuf>,
+    /// With --from-cluster: keep Secret data in the fixture (by default every Secret's data,
+    /// string data and last-applied annotation is written as `<redacted>`, and the module is
+    /// tested on that). The files are owner-readable only either way; do not commit them.
+    #[arg(long, requires = "from_cluster")]
+    pub keep_secrets: bool,
     /// With --from-cluster: the kubeconfig to use.
     #[arg(long, env = "KUBECONFIG")]
     pub kubeconfig: Option<PathBuf>,
@@ -118,6 +123,7 @@ pub(crate) async fn run_with_capture(mut args: Args) -> Result<ExitCode, CliErro
             reconciler: args.reconciler.clone(),
             out: args.out.take(),
             kubeconfig: args.kubeconfig.take(),
+            keep_secrets: args.keep_secrets,
         };
         let captured = super::capture::capture(&spec, &metadata).await?;
         eprintln!(

@@ -6,27 +6,35 @@
 //! fixture and can be edited.
 //!
 //! # Guarantees
+//! - Never blocks the reconcile: [`FailureRecorder::record`] only queues the request (a bounded
+//!   queue of [`RECORD_QUEUE`]); one writer thread ([`RecordWriter`]) renders and writes the
+//!   files. When the queue is full the recording is dropped and counted
+//!   ([`FailureRecorder::counts`]), never waited for.
 //! - Bounded: at most [`RecordOptions::max_files`] files in the directory (the oldest recordings
 //!   are deleted first) and none larger than [`RecordOptions::max_bytes`] (a larger request is
 //!   not recorded; the log says so).
-//! - Secrets are redacted: every `data` and `stringData` value of a `v1/Secret` among the owned
-//!   and related objects becomes `<redacted>`, unless [`RecordOptions::secrets`] allows them.
-//! - Recording never fails a reconcile: a write error is logged and the reconcile's own error is
-//!   reported as before.
+//! - Secrets are redacted ([`crate::redact`]): the data, string data and last-applied annotation
+//!   of every Secret, the primary included, unless [`RecordOptions::secrets`] allows them; the
+//!   files are readable by their owner only (0600).
+//! - Recording never fails a reconcile: a write error is logged and counted, and the reconcile's
+//!   own error is reported as before.
 //!
 //! # Errors
 //! [`RecordError`] says which file could not be read or written, or what is wrong in it.
 
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{Receiver, SyncSender, TrySendError};
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::contract::{Context, Gvk, KindObjects, ReconcileRequest, Trigger};
+pub use crate::redact::REDACTED;
 
-/// The value redacted Secret data becomes.
-pub const REDACTED: &str = "<redacted>";
+/// How many recordings may wait for the writer; more are dropped and counted.
+pub const RECORD_QUEUE: usize = 16;
 
 /// What `--record-failures` configures.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -126,14 +134,23 @@ fn to_recorded(kinds: &[KindObjects], secrets: bool) -> Vec<RecordedKind> {
                 .iter()
                 .filter_map(|o| serde_json::from_str::<Value>(o).ok())
                 .map(|mut o| {
-                    if !secrets && k.kind == Gvk::new("v1", "Secret") {
-                        redact(&mut o);
+                    if !secrets {
+                        hide(&k.kind, &mut o);
                     }
                     o
                 })
                 .collect(),
         })
         .collect()
+}
+
+/// Redacts `object` if it is a Secret: by the kind it was watched as, or by its own type.
+fn hide(kind: &Gvk, object: &mut Value) {
+    if *kind == Gvk::new("v1", "Secret") {
+        crate::redact::redact_secret(object);
+    } else {
+        crate::redact::redact(object);
+    }
 }
 
 fn to_request(kinds: &[RecordedKind]) -> Vec<KindObjects> {
@@ -146,15 +163,10 @@ fn to_request(kinds: &[RecordedKind]) -> Vec<KindObjects> {
         .collect()
 }
 
-/// Replaces every value of a Secret's `data` and `stringData` with [`REDACTED`].
+/// Replaces every value of a Secret's `data` and `stringData`, and its last-applied
+/// annotation, with [`REDACTED`] ([`crate::redact::redact_secret`]).
 pub fn redact(secret: &mut Value) {
-    for field in ["data", "stringData"] {
-        if let Some(map) = secret.get_mut(field).and_then(Value::as_object_mut) {
-            for value in map.values_mut() {
-                *value = Value::String(REDACTED.into());
-            }
-        }
-    }
+    crate::redact::redact_secret(secret);
 }
 
 impl RecordedRequest {
@@ -167,6 +179,10 @@ impl RecordedRequest {
         secrets: bool,
     ) -> RecordedRequest {
         let c = &request.context;
+        let mut primary = serde_json::from_str(&request.primary).unwrap_or(Value::Null);
+        if !secrets {
+            crate::redact::redact(&mut primary);
+        }
         RecordedRequest {
             reconciler: c.reconciler.clone(),
             module_sha256: module_sha256.to_string(),
@@ -176,7 +192,7 @@ impl RecordedRequest {
             config: serde_json::from_str(&c.config).unwrap_or(Value::Null),
             now_unix_ms: c.now_unix_ms,
             finalize,
-            primary: serde_json::from_str(&request.primary).unwrap_or(Value::Null),
+            primary,
             owned: to_recorded(&request.owned, secrets),
             related: to_recorded(&request.related, secrets),
         }
@@ -218,21 +234,83 @@ impl RecordedRequest {
     }
 }
 
-/// Writes recordings into one directory, within its bounds.
+/// Queues recordings for the [`RecordWriter`], never waiting for it.
 #[derive(Debug)]
 pub struct FailureRecorder {
     options: RecordOptions,
-    // One writer at a time, so the count bound holds under concurrent reconciles.
-    lock: Mutex<u64>,
+    jobs: SyncSender<Job>,
+    seq: AtomicU64,
+    counts: Arc<Counters>,
+}
+
+/// What a recorder did so far.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RecordCounts {
+    /// Queued for the writer.
+    pub queued: u64,
+    /// Dropped: the queue was full (or the writer gone).
+    pub dropped: u64,
+    /// Written.
+    pub written: u64,
+    /// Not written: too large, or a write error (logged).
+    pub failed: u64,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    queued: AtomicU64,
+    dropped: AtomicU64,
+    written: AtomicU64,
+    failed: AtomicU64,
+}
+
+/// A recording waiting for the writer, or a flush waiting for those queued before it.
+#[derive(Debug)]
+enum Job {
+    Record(Box<Pending>),
+    Flush(std::sync::mpsc::Sender<()>),
+}
+
+#[derive(Debug)]
+struct Pending {
+    request: ReconcileRequest,
+    module_sha256: String,
+    error: String,
+    finalize: bool,
+    path: PathBuf,
 }
 
 impl FailureRecorder {
-    /// A recorder writing into `options.dir`.
+    /// A recorder writing into `options.dir` from its own thread (`wasmop-recorder`). If the
+    /// thread cannot start, the log says so and every recording is dropped.
     pub fn new(options: RecordOptions) -> FailureRecorder {
-        FailureRecorder {
-            options,
-            lock: Mutex::new(0),
+        let (recorder, writer) = FailureRecorder::paused(options, RECORD_QUEUE);
+        let started = std::thread::Builder::new()
+            .name("wasmop-recorder".into())
+            .spawn(move || writer.run());
+        if let Err(e) = started {
+            tracing::warn!(error = %e, "cannot start the recording writer; failed requests are not recorded");
         }
+        recorder
+    }
+
+    /// A recorder with a queue of `capacity` and its writer, not running: run it with
+    /// [`RecordWriter::run`] on a thread that may block (or [`RecordWriter::drain`]).
+    pub fn paused(options: RecordOptions, capacity: usize) -> (FailureRecorder, RecordWriter) {
+        let (jobs, receiver) = std::sync::mpsc::sync_channel(capacity);
+        let counts = Arc::new(Counters::default());
+        let writer = RecordWriter {
+            options: options.clone(),
+            jobs: receiver,
+            counts: counts.clone(),
+        };
+        let recorder = FailureRecorder {
+            options,
+            jobs,
+            seq: AtomicU64::new(0),
+            counts,
+        };
+        (recorder, writer)
     }
 
     /// Its options.
@@ -240,25 +318,108 @@ impl FailureRecorder {
         &self.options
     }
 
-    /// Records a failed request and returns the file's path.
-    ///
-    /// # Errors
-    /// [`RecordError::TooLarge`] over the size bound, [`RecordError::Io`] if the directory or
-    /// the file cannot be written.
+    /// What it did so far.
+    pub fn counts(&self) -> RecordCounts {
+        let c = &self.counts;
+        RecordCounts {
+            queued: c.queued.load(Ordering::Relaxed),
+            dropped: c.dropped.load(Ordering::Relaxed),
+            written: c.written.load(Ordering::Relaxed),
+            failed: c.failed.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Queues a failed request; returns the file it is to be written to, or `None` when the
+    /// queue is full (the recording is dropped and counted). Never blocks.
     pub fn record(
         &self,
         request: &ReconcileRequest,
         module_sha256: &str,
         error: &str,
         finalize: bool,
-    ) -> Result<PathBuf, RecordError> {
-        let recorded = RecordedRequest::new(
-            request,
-            module_sha256,
-            error,
+    ) -> Option<PathBuf> {
+        let seq = self.seq.fetch_add(1, Ordering::Relaxed) + 1;
+        let path = self.options.dir.join(file_name(request, seq));
+        let pending = Pending {
+            request: request.clone(),
+            module_sha256: module_sha256.to_string(),
+            error: error.to_string(),
             finalize,
-            self.options.secrets,
-        );
+            path: path.clone(),
+        };
+        match self.jobs.try_send(Job::Record(Box::new(pending))) {
+            Ok(()) => {
+                self.counts.queued.fetch_add(1, Ordering::Relaxed);
+                Some(path)
+            }
+            Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => {
+                let dropped = self.counts.dropped.fetch_add(1, Ordering::Relaxed) + 1;
+                if dropped.is_power_of_two() {
+                    tracing::warn!(
+                        dropped,
+                        "the recording queue is full; failed requests were not recorded"
+                    );
+                }
+                None
+            }
+        }
+    }
+
+    /// Waits until every recording queued before it is written (or failed). Blocks: call it
+    /// off the async workers.
+    pub fn flush(&self) {
+        let (done, wait) = std::sync::mpsc::channel();
+        if self.jobs.send(Job::Flush(done)).is_ok() {
+            let _ = wait.recv();
+        }
+    }
+}
+
+/// Writes what a [`FailureRecorder`] queued, in order, within the directory's bounds.
+#[derive(Debug)]
+pub struct RecordWriter {
+    options: RecordOptions,
+    jobs: Receiver<Job>,
+    counts: Arc<Counters>,
+}
+
+impl RecordWriter {
+    /// Writes until the recorder is dropped. Blocks.
+    pub fn run(self) {
+        while let Ok(job) = self.jobs.recv() {
+            self.handle(job);
+        }
+    }
+
+    /// Writes what is queued now, then returns.
+    pub fn drain(&self) {
+        while let Ok(job) = self.jobs.try_recv() {
+            self.handle(job);
+        }
+    }
+
+    fn handle(&self, job: Job) {
+        match job {
+            Job::Flush(done) => {
+                let _ = done.send(());
+            }
+            Job::Record(pending) => match self.write(&pending) {
+                Ok(()) => {
+                    self.counts.written.fetch_add(1, Ordering::Relaxed);
+                }
+                Err(e) => {
+                    self.counts.failed.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(error = %e, "cannot record the failed request");
+                }
+            },
+        }
+    }
+
+    /// Renders and writes one recording, owner-readable only.
+    fn write(&self, p: &Pending) -> Result<(), RecordError> {
+        let secrets = self.options.secrets;
+        let recorded =
+            RecordedRequest::new(&p.request, &p.module_sha256, &p.error, p.finalize, secrets);
         let text = format!(
             "# A failed reconcile recorded by wasmop; replay it with\n#   wasmop test MODULE.wasm --request THIS_FILE\n{}",
             crate::text::to_yaml(&recorded)
@@ -269,8 +430,6 @@ impl FailureRecorder {
                 max: self.options.max_bytes,
             });
         }
-        let mut seq = self.lock.lock().unwrap_or_else(|p| p.into_inner());
-        *seq += 1;
         let dir = &self.options.dir;
         let io = |action: &'static str, path: &Path| {
             let path = path.to_path_buf();
@@ -282,10 +441,7 @@ impl FailureRecorder {
         };
         std::fs::create_dir_all(dir).map_err(io("cannot create", dir))?;
         self.make_room(dir)?;
-        let name = file_name(&recorded, *seq);
-        let path = dir.join(name);
-        std::fs::write(&path, text).map_err(io("cannot write", &path))?;
-        Ok(path)
+        crate::redact::write_private(&p.path, text.as_bytes()).map_err(io("cannot write", &p.path))
     }
 
     /// Deletes the oldest recordings until one more fits the count bound.
@@ -316,8 +472,8 @@ impl FailureRecorder {
     }
 }
 
-/// Records `request` (if recording is on) and returns what the Warning Event adds:
-/// `; request recorded in <file>`, or nothing. A recording that cannot be written is logged.
+/// Queues `request` for recording (if recording is on) and returns what the Warning Event
+/// adds: `; request recorded in <file>`, or nothing (recording off, or its queue full).
 pub fn note(
     recorder: Option<&FailureRecorder>,
     request: Option<&ReconcileRequest>,
@@ -329,22 +485,33 @@ pub fn note(
         return String::new();
     };
     match recorder.record(request, module_sha256, error, finalize) {
-        Ok(path) => format!("; request recorded in {}", path.display()),
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot record the failed request");
-            String::new()
-        }
+        Some(path) => format!("; request recorded in {}", path.display()),
+        None => String::new(),
     }
+}
+
+/// The primary's name and namespace, read without the rest of it.
+#[derive(Deserialize, Default)]
+struct Named {
+    #[serde(default)]
+    metadata: NamedMeta,
+}
+
+#[derive(Deserialize, Default)]
+struct NamedMeta {
+    name: Option<String>,
+    namespace: Option<String>,
 }
 
 /// `failed-<ms, 16 digits>-<seq>-<reconciler>-<namespace>-<name>.yaml`, with only characters
 /// safe in a file name.
-fn file_name(recorded: &RecordedRequest, seq: u64) -> String {
-    let meta = &recorded.primary["metadata"];
+fn file_name(request: &ReconcileRequest, seq: u64) -> String {
+    let named: Named = serde_json::from_str(&request.primary).unwrap_or_default();
+    let meta = named.metadata;
     let parts = [
-        recorded.reconciler.as_str(),
-        meta["namespace"].as_str().unwrap_or("_"),
-        meta["name"].as_str().unwrap_or("_"),
+        request.context.reconciler.as_str(),
+        meta.namespace.as_deref().unwrap_or("_"),
+        meta.name.as_deref().unwrap_or("_"),
     ];
     let safe: Vec<String> = parts
         .iter()
@@ -363,7 +530,7 @@ fn file_name(recorded: &RecordedRequest, seq: u64) -> String {
         .collect();
     format!(
         "failed-{:016}-{seq:06}-{}.yaml",
-        recorded.now_unix_ms,
+        request.context.now_unix_ms,
         safe.join("-")
     )
 }
@@ -410,11 +577,12 @@ mod tests {
             .unwrap_or_default();
         let recorder = FailureRecorder::new(options(&dir, 10, false));
         let path = recorder.record(&request(SECRET), "abc", "boom", false);
-        let read = path.as_ref().ok().map(|p| RecordedRequest::read(p));
+        recorder.flush();
+        let read = path.as_ref().map(|p| RecordedRequest::read(p));
         let Some(Ok(read)) = read else {
             panic!("no recording: {path:?} {read:?}");
         };
-        let text = path.ok().map(std::fs::read_to_string);
+        let text = path.map(std::fs::read_to_string);
         assert!(!format!("{text:?}").contains("aHVudGVyMg"), "{text:?}");
         assert_eq!(read.related[0].objects[0]["data"]["password"], REDACTED);
         assert_eq!(read.related[0].objects[0]["stringData"]["token"], REDACTED);
@@ -434,7 +602,8 @@ mod tests {
         let recorder = FailureRecorder::new(options(&dir, 2, true));
         let mut last = None;
         for _ in 0..5 {
-            last = recorder.record(&request(SECRET), "abc", "boom", false).ok();
+            last = recorder.record(&request(SECRET), "abc", "boom", false);
+            recorder.flush();
         }
         let files = std::fs::read_dir(&dir).map(|d| d.count()).unwrap_or(0);
         assert_eq!(files, 2);
@@ -448,6 +617,32 @@ mod tests {
         }));
     }
 
+    /// A Secret made with `kubectl apply`: its data also sits in the last-applied annotation.
+    const APPLIED_SECRET: &str = r#"{"apiVersion":"v1","kind":"Secret","metadata":{"name":"s","annotations":{"kubectl.kubernetes.io/last-applied-configuration":"{\"data\":{\"password\":\"aHVudGVyMg==\"}}"}},"data":{"password":"aHVudGVyMg=="}}"#;
+
+    #[test]
+    fn a_recording_hides_a_secret_primary_and_last_applied_data_and_is_private() {
+        let dir = tempfile::tempdir().map_err(|e| e.to_string());
+        let dir = dir
+            .as_ref()
+            .map(|d| d.path().to_path_buf())
+            .unwrap_or_default();
+        let recorder = FailureRecorder::new(options(&dir, 10, false));
+        let mut secret_primary = request(APPLIED_SECRET);
+        secret_primary.primary = APPLIED_SECRET.into();
+        let path = recorder.record(&secret_primary, "abc", "boom", false);
+        recorder.flush();
+        let path = path.unwrap_or_else(|| panic!("not queued: {:?}", recorder.counts()));
+        let text = std::fs::read_to_string(&path).unwrap_or_default();
+        assert!(
+            !text.contains("aHVudGVyMg"),
+            "a Secret's data is kept:\n{text}"
+        );
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&path).map(|m| m.permissions().mode() & 0o777);
+        assert_eq!(mode.ok(), Some(0o600), "a recording others can read");
+    }
+
     #[test]
     fn an_oversized_request_is_not_recorded() {
         let dir = tempfile::tempdir().map_err(|e| e.to_string());
@@ -457,11 +652,43 @@ mod tests {
             .unwrap_or_default();
         let mut o = options(&dir, 2, false);
         o.max_bytes = 100;
-        let recorder = FailureRecorder::new(o);
-        let result = recorder.record(&request(SECRET), "abc", "boom", false);
-        assert!(
-            matches!(result, Err(RecordError::TooLarge { .. })),
-            "{result:?}"
+        let (recorder, writer) = FailureRecorder::paused(o, 4);
+        let path = recorder.record(&request(SECRET), "abc", "boom", false);
+        writer.drain();
+        assert!(path.is_some_and(|p| !p.exists()));
+        let counts = recorder.counts();
+        assert_eq!((counts.written, counts.failed), (0, 1), "{counts:?}");
+    }
+
+    #[test]
+    fn a_full_queue_drops_and_counts_recordings_and_never_waits() {
+        let dir = tempfile::tempdir().map_err(|e| e.to_string());
+        let dir = dir
+            .as_ref()
+            .map(|d| d.path().to_path_buf())
+            .unwrap_or_default();
+        // The writer is not running: a recorder that waited for it would hang here.
+        let (recorder, writer) = FailureRecorder::paused(options(&dir, 10, false), 2);
+        let queued: Vec<Option<PathBuf>> = (0..5)
+            .map(|_| recorder.record(&request(SECRET), "abc", "boom", false))
+            .collect();
+        assert_eq!(queued.iter().filter(|p| p.is_some()).count(), 2);
+        let counts = recorder.counts();
+        assert_eq!((counts.queued, counts.dropped, counts.written), (2, 3, 0));
+        assert_eq!(
+            note(
+                Some(&recorder),
+                Some(&request(SECRET)),
+                "abc",
+                "boom",
+                false
+            ),
+            ""
         );
+        // Once the writer runs, what was queued is written, in order.
+        writer.drain();
+        let counts = recorder.counts();
+        assert_eq!((counts.written, counts.dropped), (2, 4), "{counts:?}");
+        assert!(queued.iter().flatten().all(|p| p.exists()));
     }
 }

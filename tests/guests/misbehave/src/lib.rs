@@ -2,7 +2,7 @@
 //! owns ConfigMaps. The WasmReconciler config (or `wasmop test --config`) picks the behaviour:
 //! `{"mode": "good" | "loop" | "memory" | "panic" | "garbage" | "oversized" | "undeclared" |
 //! "error" | "foreign-namespace" | "slow" | "sleep" | "flood" | "aliased" | "huge-warning" |
-//! "forge-panic" | "forge-error" | "forge"}`;
+//! "forge-panic" | "forge-error" | "forge" | "entropy"}`;
 //! the primary's `spec.mode`, when present, wins (so one reconciler can serve well-behaved and
 //! misbehaving objects).
 //!
@@ -15,6 +15,9 @@
 //! - `forge-panic`, `forge-error` (reconcile) and `forge` (validate: a denial and, in the
 //!   field, a warning-like text): text with a line break, a forged log line and a terminal escape,
 //!   which the host must render inert.
+//! - `entropy` (reconcile): one ConfigMap holding what the sandbox's clocks and randomness gave
+//!   (`wall`: the wall clock in ns since the epoch; `elapsed`: monotonic ns across the reads;
+//!   `hashed`: a std `RandomState` hash, seeded by `wasi:random/insecure-seed`).
 //!
 //! The `huge-metadata` feature builds a module whose `metadata()` name is 2 MiB long.
 
@@ -164,7 +167,8 @@ mod guest {
                     return Ok(response);
                 }
                 "slow" => {
-                    // About 100 ms of work, then a normal answer (for deadline tests).
+                    // 100 ms of the sandbox clock (100,000 readings: it advances 1 µs per
+                    // reading), then a normal answer.
                     let start = std::time::Instant::now();
                     while start.elapsed() < std::time::Duration::from_millis(100) {
                         std::hint::black_box(());
@@ -212,6 +216,24 @@ mod guest {
                         Some("kube-system"),
                         serde_json::json!({}),
                     )]);
+                    return Ok(response);
+                }
+                "entropy" => {
+                    let started = std::time::Instant::now();
+                    let wall = std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map(|d| d.as_nanos())
+                        .unwrap_or_default();
+                    let hashed = std::hash::BuildHasher::hash_one(
+                        &std::collections::hash_map::RandomState::new(),
+                        &name,
+                    );
+                    let data = serde_json::json!({
+                        "wall": wall.to_string(),
+                        "elapsed": started.elapsed().as_nanos().to_string(),
+                        "hashed": hashed.to_string(),
+                    });
+                    response.children = children(vec![config_map(&name, None, data)]);
                     return Ok(response);
                 }
                 "error" => {

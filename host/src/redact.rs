@@ -1,0 +1,135 @@
+//! Keeping Secret data out of what the host writes or prints for people: recordings of failed
+//! requests, fixtures captured from a cluster, `wasmop diff` output.
+//!
+//! # Guarantees
+//! - [`redact`] replaces every value of a `v1` Secret's `data` and `stringData`, and its
+//!   `kubectl.kubernetes.io/last-applied-configuration` annotation (which holds the whole Secret
+//!   for anything made with `kubectl apply`), with [`REDACTED`]; the keys stay, so a reader
+//!   still sees the Secret's shape. Other objects are left alone.
+//! - [`write_private`] creates a file only its owner can read or write (0600 on Unix), also
+//!   when it replaces an existing one.
+
+use std::io::Write;
+use std::path::Path;
+
+use serde_json::Value;
+
+/// The value redacted Secret data becomes.
+pub const REDACTED: &str = "<redacted>";
+
+/// The annotation `kubectl apply` stores the applied object in.
+pub const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
+
+/// Whether `object` is a core `v1` Secret (by its own `apiVersion` and `kind`).
+pub fn is_secret(object: &Value) -> bool {
+    object.get("apiVersion").and_then(Value::as_str) == Some("v1")
+        && object.get("kind").and_then(Value::as_str) == Some("Secret")
+}
+
+/// Redacts `object` if it is a Secret (see the module documentation); returns whether it was.
+pub fn redact(object: &mut Value) -> bool {
+    if !is_secret(object) {
+        return false;
+    }
+    redact_secret(object);
+    true
+}
+
+/// Redacts `secret`'s data and last-applied annotation, whatever its `kind` field says (for
+/// objects known to be Secrets from their watch, which may omit their type).
+pub fn redact_secret(secret: &mut Value) {
+    for field in ["data", "stringData"] {
+        if let Some(map) = secret.get_mut(field).and_then(Value::as_object_mut) {
+            for value in map.values_mut() {
+                *value = Value::String(REDACTED.into());
+            }
+        }
+    }
+    let annotations = secret
+        .pointer_mut("/metadata/annotations")
+        .and_then(Value::as_object_mut);
+    if let Some(applied) = annotations.and_then(|a| a.get_mut(LAST_APPLIED)) {
+        *applied = Value::String(REDACTED.into());
+    }
+}
+
+/// Writes `bytes` to `path`, readable and writable by its owner only.
+///
+/// # Errors
+/// The file cannot be created, its mode set, or written.
+pub fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create(true).truncate(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+        options.mode(0o600);
+        let mut file = options.open(path)?;
+        // `mode` applies only to a new file: an existing one keeps its mode unless set.
+        file.set_permissions(std::fs::Permissions::from_mode(0o600))?;
+        file.write_all(bytes)
+    }
+    #[cfg(not(unix))]
+    {
+        options.open(path)?.write_all(bytes)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_secrets_values_and_last_applied_copy_are_redacted_keys_stay() {
+        let mut secret = serde_json::json!({
+            "apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": "s", "annotations": {
+                LAST_APPLIED: "{\"data\":{\"password\":\"aHVudGVyMg==\"}}", "team": "a"
+            }},
+            "data": {"password": "aHVudGVyMg=="}, "stringData": {"token": "t"},
+        });
+        assert!(redact(&mut secret));
+        let text = secret.to_string();
+        assert!(
+            !text.contains("aHVudGVyMg") && !text.contains("\"t\""),
+            "{text}"
+        );
+        assert_eq!(secret["data"]["password"], REDACTED);
+        assert_eq!(secret["stringData"]["token"], REDACTED);
+        assert_eq!(secret["metadata"]["annotations"][LAST_APPLIED], REDACTED);
+        assert_eq!(secret["metadata"]["annotations"]["team"], "a");
+    }
+
+    #[test]
+    fn other_objects_are_left_alone() {
+        let config_map = serde_json::json!({
+            "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c"},
+            "data": {"password": "not a secret"},
+        });
+        let mut copy = config_map.clone();
+        assert!(!redact(&mut copy));
+        assert_eq!(copy, config_map);
+        let mut foreign = serde_json::json!({"apiVersion": "example.com/v1", "kind": "Secret", "data": {"a": "b"}});
+        assert!(!redact(&mut foreign));
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn private_files_are_0600_also_when_replacing_a_readable_one() {
+        use std::os::unix::fs::PermissionsExt;
+        let tmp = tempfile::tempdir().map_err(|e| e.to_string());
+        let dir = tmp
+            .as_ref()
+            .map(|d| d.path().to_path_buf())
+            .unwrap_or_default();
+        let path = dir.join("f");
+        let mode = |p: &Path| std::fs::metadata(p).map(|m| m.permissions().mode() & 0o777);
+        assert!(write_private(&path, b"one").is_ok());
+        assert_eq!(mode(&path).ok(), Some(0o600));
+        let opened = std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644));
+        assert!(opened.is_ok());
+        assert!(write_private(&path, b"two").is_ok());
+        assert_eq!(mode(&path).ok(), Some(0o600));
+        assert_eq!(std::fs::read(&path).ok().as_deref(), Some(&b"two"[..]));
+    }
+}
