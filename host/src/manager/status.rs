@@ -226,7 +226,10 @@ fn status_patch(status: &WasmReconcilerStatus) -> serde_json::Value {
     for cleared in ["rejectedSha256", "ungranted"] {
         fields.entry(cleared).or_insert(serde_json::Value::Null);
     }
-    if let Some(active) = fields.get_mut("activeModule").and_then(|a| a.as_object_mut()) {
+    if let Some(active) = fields
+        .get_mut("activeModule")
+        .and_then(|a| a.as_object_mut())
+    {
         active.entry("origin").or_insert(serde_json::Value::Null);
     }
     json!({ "status": value })

@@ -5,8 +5,10 @@
 //! # Guarantees
 //! - A set-up that fails is reported (`Ready=False` with the reason, a Warning Event) and
 //!   retried with backoff (1 s doubling to 60 s); a new module reference retries at once.
-//! - `stop` ends every set-up and swap step at once, even one waiting on a registry: the
-//!   manager's loop, which waits for a stopped supervisor, is never held by one.
+//! - `stop` ends a set-up and an OCI swap at once, even one waiting on a registry: the
+//!   manager's loop, which waits for a stopped supervisor, is never held by one. A swap from a
+//!   ConfigMap and a rollback wait on no registry and run to their end (their API calls are
+//!   bounded), so their status and copy writes are never cut apart.
 //! - A reconciler that loses a conflict ([`super::conflict`]) or whose ServiceAccount may not
 //!   read its kinds ([`super::access`]) never starts its controller.
 
@@ -424,10 +426,9 @@ impl Supervisor {
                     };
                     // A newer ConfigMap replaces a deferred one.
                     state.deferred = None;
-                    let offer = swap::offer(s, kept, Some(cm), 0, serving, &mut state);
-                    if unless_stopped(stop, offer).await.is_none() {
-                        break;
-                    }
+                    // A ConfigMap's module waits on no registry: the swap runs to its end, so
+                    // its status and copy writes are never cut between them.
+                    swap::offer(s, kept, Some(cm), 0, serving, &mut state).await;
                 }
                 Some(wr) = updates.next() => {
                     // A new OCI reference replaces a deferred one.
@@ -448,10 +449,10 @@ impl Supervisor {
                             break;
                         }
                     }
-                    let watch = swap::watch_rollout(s, kept, serving, &mut state);
-                    if unless_stopped(stop, watch).await.is_none() {
-                        break;
-                    }
+                    // A rollback reads no registry; cut between its status write and its copy
+                    // write, the copy would hold the rolled-back module and a restart could not
+                    // serve the good one.
+                    swap::watch_rollout(s, kept, serving, &mut state).await;
                 }
             }
         }

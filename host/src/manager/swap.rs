@@ -723,6 +723,14 @@ pub(super) async fn activated(
     {
         s.condition(reasons::DEGRADED, false, reasons::ALL_WRITES_ALLOWED, "");
     }
+    if !loaded {
+        // A rollback: the copy holds the good module again before the status records the
+        // bad one as rejected, so a restart between the two writes can still serve it.
+        save_copy(s, kept, m).await;
+        s.write_status().await;
+        s.event_on_wr(kind, reason, &message).await;
+        return;
+    }
     s.write_status().await;
     s.event_on_wr(kind, reason, &message).await;
     // The copy (gzip of up to --max-module-bytes, then a ConfigMap write) comes after the

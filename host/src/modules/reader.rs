@@ -206,7 +206,7 @@ impl Reader {
             .client()
             .auth(reference, &auth, RegistryOperation::Pull)
             .await
-            .map_err(|e| ReadError::Auth(registry_text(&e.to_string())))?;
+            .map_err(auth_error)?;
         let header = match (token, &self.access.auth) {
             (Some(token), _) => Some(format!("Bearer {token}")),
             (None, Some((user, password))) => {
@@ -221,6 +221,15 @@ impl Reader {
         };
         self.authorization = Some(header.clone());
         Ok(header)
+    }
+}
+
+/// A failed token exchange: a connection that failed is the registry being unreachable, not
+/// refused credentials (an outage must not read as `RegistryUnauthorized`).
+fn auth_error(e: oci_client::errors::OciDistributionError) -> ReadError {
+    match e {
+        oci_client::errors::OciDistributionError::RequestError(r) => transport(r),
+        other => ReadError::Auth(registry_text(&other.to_string())),
     }
 }
 
