@@ -4,9 +4,12 @@
 //! every compilation setting and the tier: fast or optimized),
 //! `<dir>/<module-sha256>-<engine>.cwasm`, with a sidecar `.sha256` of the artifact itself.
 //!
-//! The directory is bounded: after each write, the least recently used entries (by modification
-//! time, which a hit refreshes) are deleted until the entries total at most the size bound. The
-//! entry just written is never evicted, even when it alone exceeds the bound.
+//! The directory is bounded, counting every file in it (entries, their sidecars, temporary files
+//! of writes under way, anything else): before a write, the least recently used entries (by
+//! modification time, which a hit refreshes) are deleted until the new entry fits; an entry that
+//! cannot fit is not written (the module still loads, compiled). Temporary files older than
+//! [`STALE_TEMPORARY`] (left by a host that died while writing) are deleted when the cache is
+//! opened and whenever it is listed.
 //!
 //! An entry is mapped, not copied, when it can be (Linux, a regular file owned by this process's
 //! user and writable by no one else): the compiled code and the modules' initial memory images
@@ -40,8 +43,24 @@ use wasmtime::component::Component;
 use sha2::{Digest, Sha256};
 
 /// The default bound of the compiled-module cache: a few dozen Rust modules or a few Python ones
-/// (an optimized Python artifact is ~60 MB).
-pub const DEFAULT_CACHE_MAX_BYTES: u64 = 1 << 30;
+/// (an optimized Python artifact is ~60 MB). Three quarters of `deploy/`'s 1 GiB cache volume,
+/// so a volume at its bound still has room for what the kubelet counts and the host does not.
+pub const DEFAULT_CACHE_MAX_BYTES: u64 = 768 << 20;
+
+/// A temporary file this old was left by a host that died while writing it (a write takes
+/// seconds).
+pub const STALE_TEMPORARY: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// The bytes of an entry's sidecar (a hex sha256).
+const SIDECAR_BYTES: u64 = 64;
+
+/// What the directory holds: the bytes of every file, and the entries that may be evicted
+/// (modification time, bytes, path).
+#[derive(Debug, Default)]
+struct Listing {
+    total: u64,
+    entries: Vec<(std::time::SystemTime, u64, PathBuf)>,
+}
 
 /// A directory of compiled artifacts.
 #[derive(Debug, Clone)]
@@ -59,11 +78,14 @@ impl ArtifactCache {
         env!("CARGO_PKG_VERSION").hash(&mut h);
         engine.precompile_compatibility_hash().hash(&mut h);
         tier.hash(&mut h);
-        ArtifactCache {
+        let cache = ArtifactCache {
             dir,
             engine_key: format!("{:016x}", h.finish()),
             max_bytes,
-        }
+        };
+        // Deletes what a host that died while writing left behind.
+        cache.list();
+        cache
     }
 
     /// The directory.
@@ -129,8 +151,20 @@ impl ArtifactCache {
     ///
     /// # Errors
     /// The I/O error, if the entry cannot be written.
+    /// An artifact that cannot fit the bound, even with every other entry evicted, is not written
+    /// (an error).
     pub(crate) fn put_artifact(&self, sha256: &str, artifact: &[u8]) -> std::io::Result<()> {
         std::fs::create_dir_all(&self.dir)?;
+        let need = u64::try_from(artifact.len())
+            .unwrap_or(u64::MAX)
+            .saturating_add(SIDECAR_BYTES);
+        if !self.evict(None, need) {
+            return Err(std::io::Error::other(format!(
+                "no room for {need} bytes in the compiled-module cache (bound {} bytes, counting every file in {})",
+                self.max_bytes,
+                self.dir.display()
+            )));
+        }
         let path = self.path(sha256);
         // A name no other writer uses, created new: hosts sharing the directory (each maybe
         // pid 1 in its container) never write one inode together, so an inode renamed into
@@ -155,7 +189,8 @@ impl ArtifactCache {
             let _ = std::fs::remove_file(&tmp);
             return Err(e);
         }
-        self.evict(&path);
+        // Another host sharing the directory may have written meanwhile.
+        self.evict(Some(&path), 0);
         Ok(())
     }
 
@@ -166,32 +201,51 @@ impl ArtifactCache {
         let _ = std::fs::remove_file(path.with_extension("cwasm.sha256"));
     }
 
-    /// Deletes the least recently used entries (not `keep`) until the cache fits its bound.
-    fn evict(&self, keep: &Path) {
+    /// Every file in the directory, deleting stale temporary files on the way.
+    fn list(&self) -> Listing {
+        let mut listing = Listing::default();
         let Ok(dir) = std::fs::read_dir(&self.dir) else {
-            return;
+            return listing;
         };
-        let mut entries: Vec<(std::time::SystemTime, u64, PathBuf)> = dir
-            .filter_map(Result::ok)
-            .filter(|e| e.path().extension().is_some_and(|x| x == "cwasm"))
-            .filter_map(|e| {
-                let meta = e.metadata().ok()?;
-                Some((meta.modified().ok()?, meta.len(), e.path()))
-            })
-            .collect();
-        let mut total: u64 = entries.iter().map(|(_, len, _)| len).sum();
-        entries.sort();
-        for (_, len, path) in entries {
-            if total <= self.max_bytes {
-                break;
-            }
-            if path == keep {
+        for entry in dir.filter_map(Result::ok) {
+            let (path, Ok(meta)) = (entry.path(), entry.metadata()) else {
+                continue;
+            };
+            if !meta.is_file() {
                 continue;
             }
+            if stale_temporary(&path, &meta) && std::fs::remove_file(&path).is_ok() {
+                tracing::info!(target: "wasmop::engine::cache", path = %path.display(), bytes = meta.len(), "deleted a stale temporary file from the compiled-module cache");
+                continue;
+            }
+            listing.total = listing.total.saturating_add(meta.len());
+            if path.extension().is_some_and(|x| x == "cwasm")
+                && let Ok(modified) = meta.modified()
+            {
+                listing.entries.push((modified, meta.len(), path));
+            }
+        }
+        listing
+    }
+
+    /// Deletes the least recently used entries (never `keep`) until every file in the directory
+    /// and `room` more bytes fit the bound; returns whether they do.
+    fn evict(&self, keep: Option<&Path>, room: u64) -> bool {
+        let Listing { mut total, mut entries } = self.list();
+        entries.sort();
+        for (_, len, path) in entries {
+            if total.saturating_add(room) <= self.max_bytes {
+                break;
+            }
+            if Some(path.as_path()) == keep {
+                continue;
+            }
+            let sidecar = path.with_extension("cwasm.sha256");
+            let sidecar_len = std::fs::metadata(&sidecar).map_or(0, |m| m.len());
             match std::fs::remove_file(&path) {
                 Ok(()) => {
-                    let _ = std::fs::remove_file(path.with_extension("cwasm.sha256"));
-                    total = total.saturating_sub(len);
+                    let gone = std::fs::remove_file(&sidecar).map_or(0, |()| sidecar_len);
+                    total = total.saturating_sub(len.saturating_add(gone));
                     tracing::info!(target: "wasmop::engine::cache", path = %path.display(), bytes = len, "evicted from the compiled-module cache (least recently used)");
                 }
                 Err(e) => {
@@ -199,20 +253,23 @@ impl ArtifactCache {
                 }
             }
         }
+        total.saturating_add(room) <= self.max_bytes
     }
 
-    /// The bytes of every entry now in the cache.
+    /// The bytes of every file now in the cache's directory (what its volume counts).
     pub fn size_bytes(&self) -> u64 {
-        std::fs::read_dir(&self.dir)
-            .map(|d| {
-                d.filter_map(Result::ok)
-                    .filter(|e| e.path().extension().is_some_and(|x| x == "cwasm"))
-                    .filter_map(|e| e.metadata().ok())
-                    .map(|m| m.len())
-                    .sum()
-            })
-            .unwrap_or(0)
+        self.list().total
     }
+}
+
+/// Whether `path` is a temporary file of a write older than [`STALE_TEMPORARY`].
+fn stale_temporary(path: &Path, meta: &std::fs::Metadata) -> bool {
+    path.extension().is_some_and(|x| x == "tmp")
+        && meta
+            .modified()
+            .ok()
+            .and_then(|m| m.elapsed().ok())
+            .is_some_and(|age| age > STALE_TEMPORARY)
 }
 
 /// Writes `bytes` to a file at `path`, readable and writable by its owner only (the mode of a new
@@ -321,4 +378,71 @@ fn deserialize_mapped(
     Err(wasmtime::format_err!(
         "mapping compiled artifacts is only done on Linux"
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cache(dir: &Path, max_bytes: u64) -> ArtifactCache {
+        ArtifactCache::new(dir.to_path_buf(), &wasmtime::Engine::default(), "fast", max_bytes)
+    }
+
+    fn files(dir: &Path) -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(dir)
+            .map(|d| {
+                d.filter_map(Result::ok)
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default();
+        names.sort();
+        names
+    }
+
+    fn total(dir: &Path) -> u64 {
+        std::fs::read_dir(dir)
+            .map(|d| d.filter_map(Result::ok).filter_map(|e| e.metadata().ok()).map(|m| m.len()).sum())
+            .unwrap_or(0)
+    }
+
+    #[test]
+    fn every_file_counts_and_room_is_made_before_a_write() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        // A write of another host under way, and something else on the volume.
+        std::fs::write(dir.path().join(".other.1.2.tmp"), vec![0u8; 300_000]).expect("write");
+        std::fs::write(dir.path().join("notes"), vec![0u8; 100_000]).expect("write");
+        let c = cache(dir.path(), 1_000_000);
+        c.put_artifact("a", &[1u8; 250_000]).expect("fits");
+        c.put_artifact("b", &[2u8; 250_000]).expect("fits after evicting a");
+        assert!(total(dir.path()) <= 1_000_000, "{:?}", files(dir.path()));
+        assert_eq!(c.size_bytes(), total(dir.path()));
+        let names = files(dir.path());
+        assert!(!names.iter().any(|n| n.starts_with("a-")), "{names:?}");
+        assert!(names.iter().any(|n| n.starts_with("b-")), "{names:?}");
+        // Larger than the room left with every entry gone: not written, nothing else lost.
+        let refused = c.put_artifact("c", &[3u8; 700_000]);
+        assert!(refused.is_err(), "{names:?}");
+        assert!(!files(dir.path()).iter().any(|n| n.starts_with("c-")));
+        assert!(total(dir.path()) <= 1_000_000);
+    }
+
+    #[test]
+    fn stale_temporary_files_are_deleted_when_the_cache_opens() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let stale = dir.path().join(".dead.1.2.tmp");
+        let fresh = dir.path().join(".live.1.3.tmp");
+        std::fs::write(&stale, vec![0u8; 1000]).expect("write");
+        std::fs::write(&fresh, vec![0u8; 1000]).expect("write");
+        let old = std::time::SystemTime::now() - STALE_TEMPORARY - std::time::Duration::from_secs(60);
+        std::fs::File::options()
+            .write(true)
+            .open(&stale)
+            .and_then(|f| f.set_modified(old))
+            .expect("set mtime");
+        let c = cache(dir.path(), 1 << 20);
+        assert!(!stale.exists(), "the stale temporary file stays");
+        assert!(fresh.exists(), "a write under way lost its file");
+        assert_eq!(c.size_bytes(), 1000);
+    }
 }

@@ -70,6 +70,8 @@ pub struct HostOptions {
     pub kubeconfig: Option<PathBuf>,
     /// The compiled-module cache directory (None: no disk cache).
     pub cache_dir: Option<PathBuf>,
+    /// The most the cache directory holds, every file counted.
+    pub cache_max_bytes: u64,
     /// The resync period for WasmReconcilers that do not set one.
     pub resync: Duration,
     /// The name this host reports Events with.
@@ -116,6 +118,7 @@ impl Default for HostOptions {
         HostOptions {
             kubeconfig: None,
             cache_dir: None,
+            cache_max_bytes: crate::engine::DEFAULT_CACHE_MAX_BYTES,
             resync: Duration::from_secs(600),
             instance: std::env::var("POD_NAME")
                 .or_else(|_| std::env::var("HOSTNAME"))
@@ -282,6 +285,7 @@ impl Host {
         );
         let engine = Engine::new(&EngineConfig {
             cache_dir: options.cache_dir.clone(),
+            cache_max_bytes: options.cache_max_bytes,
             max_instances: options.max_module_calls.max(1),
             max_calls: options.max_module_calls.max(1),
             // A push reconciles with a fast build at once; the optimized one follows.

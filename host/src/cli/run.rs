@@ -23,6 +23,10 @@ pub struct Args {
     /// Where compiled modules are cached (default: $WASMOP_CACHE/compiled).
     #[arg(long, env = "WASMOP_CACHE_DIR")]
     pub cache_dir: Option<PathBuf>,
+    /// The most the compiled-module cache directory holds, every file counted (a quantity:
+    /// `768Mi`); keep it well under the volume's size.
+    #[arg(long, env = "WASMOP_CACHE_MAX_BYTES", default_value = "768Mi")]
+    pub cache_max_bytes: String,
     /// The resync period of WasmReconcilers that do not set one.
     #[arg(long, env = "WASMOP_RESYNC", default_value = "10m")]
     pub resync: String,
@@ -290,6 +294,19 @@ fn shard_config(
     }))
 }
 
+/// Refuses `--shards auto` with admission served from a generated certificate: every replica
+/// serves the webhook, each would generate its own CA, and the webhook configuration can trust
+/// only one, so the API server's calls to the others would fail their TLS check.
+fn shared_certificate(args: &Args) -> Result<(), CliError> {
+    let webhook_on = parse_addr("webhook-addr", &args.webhook_addr)?.is_some();
+    if args.shards == "auto" && webhook_on && args.webhook_cert_dir.is_none() {
+        return Err(CliError::Other(
+            "--shards auto serves admission from every replica, so they need one serving certificate: set --webhook-cert-dir (deploy/ mounts one), or --webhook-addr off".into(),
+        ));
+    }
+    Ok(())
+}
+
 pub(crate) async fn run(args: Args) -> Result<ExitCode, CliError> {
     let resync = duration("resync", &args.resync)?;
     // Checked before anything starts, with the flag's name in the message.
@@ -303,6 +320,7 @@ pub(crate) async fn run(args: Args) -> Result<ExitCode, CliError> {
             .filter(|s| !s.is_empty())
     });
     let shards = shard_config(&args, namespace.clone())?;
+    shared_certificate(&args)?;
     let webhook = match parse_addr("webhook-addr", &args.webhook_addr)? {
         None => None,
         Some(addr) => Some(WebhookOptions {
@@ -368,6 +386,8 @@ pub(crate) async fn run(args: Args) -> Result<ExitCode, CliError> {
             args.cache_dir
                 .unwrap_or_else(|| cache_dir().join("compiled")),
         ),
+        cache_max_bytes: crate::crd::parse_quantity(&args.cache_max_bytes)
+            .map_err(|e| CliError::Other(format!("--cache-max-bytes: {e}")))?,
         resync,
         selector: args.selector,
         metrics_addr: parse_addr("metrics-addr", &args.metrics_addr)?,
@@ -462,5 +482,35 @@ mod tests {
             Ok(WebhookTarget::Service { port: 443, .. })
         ));
         assert!(parse_service("wasmop").is_err());
+    }
+
+    /// `wasmop run` with `flags`, as clap parses them.
+    fn args(flags: &[&str]) -> Args {
+        #[derive(clap::Parser)]
+        struct Run {
+            #[command(flatten)]
+            args: Args,
+        }
+        let argv = std::iter::once("run").chain(flags.iter().copied());
+        match <Run as clap::Parser>::try_parse_from(argv) {
+            Ok(run) => run.args,
+            Err(e) => panic!("{flags:?} do not parse: {e}"),
+        }
+    }
+
+    #[test]
+    fn shards_auto_serving_admission_needs_a_shared_certificate() {
+        let refused = shared_certificate(&args(&["--shards", "auto"]));
+        let Err(CliError::Other(message)) = refused else {
+            panic!("--shards auto with generated certificates was accepted")
+        };
+        assert!(message.contains("--webhook-cert-dir"), "{message}");
+        for ok in [
+            &["--shards", "auto", "--webhook-cert-dir", "/etc/tls"][..],
+            &["--shards", "auto", "--webhook-addr", "off"][..],
+            &[][..],
+        ] {
+            assert!(shared_certificate(&args(ok)).is_ok(), "{ok:?}");
+        }
     }
 }

@@ -7,6 +7,9 @@
 //!   `status.observedGeneration`.
 //! - A failure to write the status or an Event is logged, never fatal: the next change writes
 //!   again.
+//! - Condition messages and Event notes are made inert and cut
+//!   ([`MAX_CONDITION_MESSAGE`], [`intents::MAX_EVENT_NOTE`]): they carry text from registries,
+//!   the API server and modules, which must not forge a line or fill the object.
 //! - A field the host cleared (`rejectedSha256`, `ungranted`, `activeModule.origin`) is
 //!   cleared on the object too: the merge patch names it with `null`.
 
@@ -25,7 +28,12 @@ use crate::crd::{WasmReconciler, WasmReconcilerStatus};
 use crate::operations::readiness;
 use crate::reasons;
 
+/// The longest condition message the host writes (the API allows 32 KiB; a message is read by
+/// people in `kubectl describe`).
+pub const MAX_CONDITION_MESSAGE: usize = 4096;
+
 /// Sets condition `type_` in `conditions`, keeping its transition time if the status is unchanged.
+/// `message` is made inert and cut to [`MAX_CONDITION_MESSAGE`].
 pub fn set(
     conditions: &mut Vec<Condition>,
     type_: &str,
@@ -44,7 +52,7 @@ pub fn set(
         type_: type_.to_string(),
         status,
         reason: reason.to_string(),
-        message: message.to_string(),
+        message: outside_text(message, MAX_CONDITION_MESSAGE),
         observed_generation: generation,
         last_transition_time: since.unwrap_or_else(|| Time(Timestamp::now())),
     });
@@ -235,9 +243,16 @@ fn status_patch(status: &WasmReconcilerStatus) -> serde_json::Value {
     json!({ "status": value })
 }
 
-/// `s` cut to what an Event note holds, with `...` when cut.
+/// `s` made inert and cut to what an Event note holds, with `...` when cut.
 pub(super) fn truncate(s: &str) -> String {
-    crate::text::cut(s.to_string(), intents::MAX_EVENT_NOTE)
+    outside_text(s, intents::MAX_EVENT_NOTE)
+}
+
+/// `text` made inert (escaped, [`crate::text::inert`]) and then cut to `max` bytes: the one rule
+/// for text from outside (registries, the API server, modules) that reaches a condition or an
+/// Event.
+fn outside_text(text: &str, max: usize) -> String {
+    crate::text::cut(crate::text::inert(text).into_owned(), max)
 }
 
 #[cfg(test)]
@@ -255,6 +270,20 @@ mod tests {
             source: "compiled".into(),
             origin: origin.map(str::to_string),
         }
+    }
+
+    #[test]
+    fn condition_messages_and_event_notes_are_inert_and_cut() {
+        let hostile = format!("registry said:\n\u{1b}[2Jfake line\u{202e}{}", "x".repeat(100_000));
+        let mut conditions = Vec::new();
+        set(&mut conditions, "Ready", false, "RegistryError", &hostile, Some(1));
+        let message = &conditions[0].message;
+        assert!(message.len() <= MAX_CONDITION_MESSAGE, "{}", message.len());
+        assert!(message.starts_with("registry said:\\n\\u{1b}[2Jfake line\\u{202e}xx"), "{message}");
+        assert!(!message.chars().any(crate::text::is_unsafe_char));
+        let note = truncate(&hostile);
+        assert!(note.len() <= intents::MAX_EVENT_NOTE);
+        assert!(!note.chars().any(crate::text::is_unsafe_char), "{note}");
     }
 
     #[test]
