@@ -46,7 +46,8 @@ mod tier;
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
-use std::sync::{Arc, PoisonError, RwLock};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
 use sha2::{Digest, Sha256};
@@ -121,6 +122,10 @@ pub struct EngineConfig {
     pub tiered: bool,
     /// Optimized builds compiled in the background at once (each on one thread).
     pub max_background_compiles: usize,
+    /// Fresh compiles that loads run at once (the fast build, or the optimized one untiered);
+    /// more wait. Loads of one module never compile it side by side: the second waits for the
+    /// first and loads its cache entry.
+    pub max_foreground_compiles: usize,
     /// The compiler of the fast tier.
     pub fast_compiler: FastCompiler,
     /// The size bound of the on-disk compiled cache (least recently used entries are evicted).
@@ -139,6 +144,7 @@ impl Default for EngineConfig {
             warm_slots: default_warm_slots(),
             tiered: false,
             max_background_compiles: 1,
+            max_foreground_compiles: 2,
             fast_compiler: FastCompiler::default(),
             cache_max_bytes: DEFAULT_CACHE_MAX_BYTES,
         }
@@ -237,9 +243,37 @@ pub struct Engine {
     /// The quick compiler of tiered compilation, if on.
     fast: Option<FastTier>,
     compiles: Arc<CompileGate>,
+    /// The gate of loads' fresh compiles, and their flights by digest.
+    foreground: Arc<CompileGate>,
+    flights: Arc<Flights>,
     tick: Duration,
     queue: CallQueue,
     _ticker: Arc<Ticker>,
+}
+
+/// Fresh compiles of loads under way, one per digest and tier at a time ([`build`]): a second
+/// load of the same module waits for the first and then finds its cache entry, instead of
+/// compiling it again beside it (a copy of the module and a compile's memory each).
+#[derive(Debug, Default)]
+struct Flights {
+    held: Mutex<HashMap<String, Arc<Mutex<()>>>>,
+}
+
+impl Flights {
+    /// The lock of `key`'s compile (flights no one holds are forgotten on the way).
+    fn of(&self, key: String) -> Arc<Mutex<()>> {
+        let mut held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
+        held.retain(|_, flight| Arc::strong_count(flight) > 1);
+        held.entry(key).or_default().clone()
+    }
+}
+
+/// What a load's fresh compile waits for ([`build`]): the flight of its digest and tier, then a
+/// permit of the foreground gate.
+struct Foreground<'a> {
+    flights: &'a Flights,
+    gate: &'a Arc<CompileGate>,
+    tier: &'static str,
 }
 
 /// The engine that compiles fast builds ([`FastCompiler`]); its sandboxes come
@@ -398,10 +432,21 @@ impl Engine {
             cache,
             fast,
             compiles: CompileGate::new(config.max_background_compiles),
+            foreground: CompileGate::new(config.max_foreground_compiles),
+            flights: Arc::new(Flights::default()),
             tick: config.tick,
             queue: CallQueue::new(config.max_calls.min(config.max_instances) as usize),
             _ticker: Arc::new(Ticker { stop }),
         })
+    }
+
+    /// What a load's fresh compile at `tier` waits for.
+    fn foreground(&self, tier: &'static str) -> Foreground<'_> {
+        Foreground {
+            flights: &self.flights,
+            gate: &self.foreground,
+            tier,
+        }
     }
 
     /// The compiled-module cache, if any.
@@ -448,6 +493,7 @@ impl Engine {
                     bytes,
                     &sha256,
                     CacheWrite::Later,
+                    Some(self.foreground("fast")),
                 )?;
                 fresh_fast = fresh;
                 (pre, compiled, Tier::Fast)
@@ -462,6 +508,7 @@ impl Engine {
                     bytes,
                     &sha256,
                     CacheWrite::Now,
+                    Some(self.foreground("optimized")),
                 )?;
                 (pre, compiled, Tier::Optimized)
             }
@@ -533,6 +580,7 @@ impl Engine {
                     &bytes,
                     &sha256,
                     CacheWrite::Now,
+                    None,
                 ) {
                     Ok((optimized, _, _)) => {
                         let Some(pre) = pre.upgrade() else { return };
@@ -565,7 +613,9 @@ enum CacheWrite {
 /// Loads `bytes` compiled for `engine` from `cache`, or compiles them with `compiler` (a throwaway
 /// engine, so the compile's memory is freed); checks the world and
 /// links. With [`CacheWrite::Later`], a freshly compiled component is returned too, for
-/// [`store`].
+/// [`store`]. With `foreground` (a load), a compile waits for another load's compile of the
+/// same digest and tier (then looks in the cache again), and for a permit of the gate.
+#[allow(clippy::too_many_arguments)]
 fn build(
     engine: &wasmtime::Engine,
     compiler: &Compiler,
@@ -574,10 +624,24 @@ fn build(
     bytes: &[u8],
     sha256: &str,
     write: CacheWrite,
+    foreground: Option<Foreground<'_>>,
 ) -> Result<(bindings::ModulePre<State>, Compiled, Option<Component>), LoadError> {
-    if let Some(component) = cache.and_then(|c| c.get(engine, sha256)) {
+    let cached = || cache.and_then(|c| c.get(engine, sha256));
+    if let Some(component) = cached() {
         return Ok((link(engine, linker, &component)?, Compiled::FromCache, None));
     }
+    let flight = foreground
+        .as_ref()
+        .map(|f| f.flights.of(format!("{}/{sha256}", f.tier)));
+    let _one = flight
+        .as_ref()
+        .map(|f| f.lock().unwrap_or_else(PoisonError::into_inner));
+    if flight.is_some()
+        && let Some(component) = cached()
+    {
+        return Ok((link(engine, linker, &component)?, Compiled::FromCache, None));
+    }
+    let _permit = foreground.as_ref().map(|f| f.gate.acquire());
     if let (CacheWrite::Now, Some(cache)) = (write, cache) {
         let component = compiler.compile_into_cache(engine, bytes, cache, sha256)?;
         // A component of another world does not stay cached.

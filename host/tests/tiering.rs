@@ -143,3 +143,37 @@ fn the_compiled_cache_evicts_the_least_recently_used_entries_beyond_its_bound() 
     assert_eq!(left.len(), 1, "{left:?}");
     assert_ne!(left, one, "the older entry went, the new one stayed");
 }
+
+#[test]
+fn two_loads_of_one_module_at_once_compile_it_once() {
+    let cache = tempfile::tempdir().expect("tempdir");
+    let engine = Engine::new(&EngineConfig {
+        cache_dir: Some(cache.path().to_path_buf()),
+        max_instances: 8,
+        max_calls: 8,
+        tiered: false,
+        ..EngineConfig::default()
+    })
+    .expect("engine");
+    let bytes = modules::bytes(modules::MISBEHAVE);
+    let barrier = std::sync::Barrier::new(2);
+    let compiled: Vec<Compiled> = std::thread::scope(|scope| {
+        let loads: Vec<_> = (0..2)
+            .map(|_| {
+                scope.spawn(|| {
+                    barrier.wait();
+                    engine
+                        .load(&bytes, &Limits::default())
+                        .expect("loads")
+                        .compiled()
+                })
+            })
+            .collect();
+        loads
+            .into_iter()
+            .map(|l| l.join().expect("no panic"))
+            .collect()
+    });
+    let fresh = compiled.iter().filter(|c| **c == Compiled::Fresh).count();
+    assert_eq!(fresh, 1, "{compiled:?}: the second load compiled beside the first");
+}
