@@ -163,6 +163,79 @@ async fn narrowing_the_namespaces_releases_the_primaries_left_outside() -> anyho
 }
 
 #[tokio::test]
+async fn a_conflict_loser_releases_its_finalizers_to_the_winner() -> anyhow::Result<()> {
+    let env = TestEnv::get("life-yield").await?;
+    let elsewhere = format!("{}-elsewhere", env.namespace);
+    // Created first, for another namespace: no conflict yet.
+    let (first, _) = image_updater(
+        &env,
+        "a-first",
+        wasmop_test_modules::IMAGE_UPDATER,
+        true,
+        json!({"namespaces": [elsewhere]}),
+    )
+    .await?;
+    let (second, _) = image_updater(
+        &env,
+        "b-second",
+        wasmop_test_modules::IMAGE_UPDATER,
+        true,
+        json!({}),
+    )
+    .await?;
+    let host = start_host(&env, None).await?;
+    let apps = apps(&env.client, &env.namespace);
+    apps.create(&PostParams::default(), &app("web", &[])?)
+        .await?;
+    let (ours, theirs) = (finalizer_for(&first), finalizer_for(&second));
+    eventually("the App holds the second's finalizer", WAIT, || async {
+        Ok(apps
+            .get("web")
+            .await?
+            .finalizers()
+            .contains(&theirs)
+            .then_some(()))
+    })
+    .await?;
+    // The first widens over the second's namespace: the second loses its primaries.
+    let wrs: Api<WasmReconciler> = Api::all(env.client.clone());
+    wrs.patch(
+        &first,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"namespaces": [elsewhere, env.namespace]}})),
+    )
+    .await?;
+    let (_, reason, _) = eventually("the second one refused", WAIT, || async {
+        Ok(wr_condition(&env.client, &second, "Ready")
+            .await?
+            .filter(|(s, _, _)| s == "False"))
+    })
+    .await?;
+    assert_eq!(reason, "Conflict");
+    eventually("the first's finalizer replaces the second's", WAIT, || async {
+        let held = apps.get("web").await?.finalizers().to_vec();
+        Ok((held.contains(&ours) && !held.contains(&theirs)).then_some(()))
+    })
+    .await?;
+    // Only the winner holds the App now: deleting it is not stuck on the loser.
+    apps.delete("web", &DeleteParams::default()).await?;
+    eventually("the App gone", GONE, || async {
+        Ok(apps.get_opt("web").await?.is_none().then_some(()))
+    })
+    .await?;
+    let released = events(&env.client, &env.namespace, "FinalizerReleased").await?;
+    assert!(
+        released.iter().any(|e| e
+            .note
+            .as_deref()
+            .is_some_and(|n| n.contains(&format!("lost its primaries to WasmReconciler {first}")))),
+        "{released:?}"
+    );
+    host.shutdown().await?;
+    env.passed()
+}
+
+#[tokio::test]
 async fn a_second_reconciler_of_the_same_primaries_is_refused_and_nothing_flips()
 -> anyhow::Result<()> {
     let env = TestEnv::get("life-conflict").await?;

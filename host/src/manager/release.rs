@@ -66,6 +66,8 @@ pub enum Which {
     All,
     /// Primaries outside these namespaces.
     OutsideOf(Vec<String>),
+    /// Primaries in these namespaces.
+    InsideOf(Vec<String>),
 }
 
 impl Which {
@@ -73,6 +75,7 @@ impl Which {
         match self {
             Which::All => true,
             Which::OutsideOf(keep) => o.namespace().is_some_and(|ns| !keep.contains(&ns)),
+            Which::InsideOf(these) => o.namespace().is_some_and(|ns| these.contains(&ns)),
         }
     }
 }
@@ -414,24 +417,47 @@ pub(super) async fn outside_namespaces(s: &Subject) -> bool {
     if s.wr.spec.namespaces.is_empty() {
         return false;
     }
-    let releaser = match releaser(&s.ctx, &s.wr).await {
-        Ok(Some(r)) => r,
-        Ok(None) => return false,
-        Err(e) => {
-            tracing::warn!(reconciler = %s.name(), error = %e, "cannot release primaries outside spec.namespaces");
-            return false;
-        }
-    };
     let which = Which::OutsideOf(s.wr.spec.namespaces.clone());
     let why = format!(
         "no longer serves this namespace (spec.namespaces: {})",
         s.wr.spec.namespaces.join(", ")
     );
-    match releaser.release(&which, true, &why).await {
+    release_reported(s, &which, true, &why, "outside spec.namespaces").await
+}
+
+/// Releases this reconciler's finalizers on the primaries `winner` reconciles now: a reconciler
+/// that lost a conflict ([`super::conflict`]) runs nothing, so they would stay on every one of
+/// them (and block their deletion). True once every one is released.
+pub(super) async fn to_winner(s: &Subject, winner: &WasmReconciler) -> bool {
+    let which = if winner.spec.namespaces.is_empty() {
+        Which::All
+    } else {
+        Which::InsideOf(winner.spec.namespaces.clone())
+    };
+    let why = format!(
+        "lost its primaries to WasmReconciler {}, created first",
+        winner.name_any()
+    );
+    release_reported(s, &which, false, &why, "that another reconciler took over").await
+}
+
+/// Releases the primaries `which` selects (see [`Releaser::release`]), with a Warning Event on
+/// the WasmReconciler naming those that failed (`what` says which primaries); true once every
+/// one is released.
+async fn release_reported(s: &Subject, which: &Which, legacy: bool, why: &str, what: &str) -> bool {
+    let releaser = match releaser(&s.ctx, &s.wr).await {
+        Ok(Some(r)) => r,
+        Ok(None) => return false,
+        Err(e) => {
+            tracing::warn!(reconciler = %s.name(), error = %e, "cannot release primaries {what}");
+            return false;
+        }
+    };
+    match releaser.release(which, legacy, why).await {
         Ok(out) if out.failed.is_empty() => true,
         Ok(out) => {
             let message = format!(
-                "cannot remove the finalizer from primaries outside spec.namespaces: {}",
+                "cannot remove the finalizer from primaries {what}: {}",
                 out.failed.join("; ")
             );
             s.event_on_wr(KubeEventType::Warning, reasons::RELEASE_FAILED, &message)
@@ -439,7 +465,7 @@ pub(super) async fn outside_namespaces(s: &Subject) -> bool {
             false
         }
         Err(e) => {
-            tracing::warn!(reconciler = %s.name(), error = %e, "cannot release primaries outside spec.namespaces");
+            tracing::warn!(reconciler = %s.name(), error = %e, "cannot release primaries {what}");
             false
         }
     }

@@ -10,7 +10,8 @@
 //!   ConfigMap and a rollback wait on no registry and run to their end (their API calls are
 //!   bounded), so their status and copy writes are never cut apart.
 //! - A reconciler that loses a conflict ([`super::conflict`]) or whose ServiceAccount may not
-//!   read its kinds ([`super::access`]) never starts its controller.
+//!   read its kinds ([`super::access`]) never starts its controller. A conflict's loser releases
+//!   its finalizers on the primaries the winner reconciles ([`release::to_winner`]).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -41,6 +42,8 @@ pub(super) struct Supervisor {
     kept: Kept,
     /// Whether the primaries outside `spec.namespaces` were released.
     narrowed: bool,
+    /// Whether the primaries a conflict's winner took over were released.
+    yielded: bool,
 }
 
 /// The owned and related kinds of a reconciler, resolved.
@@ -55,6 +58,7 @@ impl Supervisor {
             s: Subject::new(ctx, wr),
             kept: Kept::default(),
             narrowed: false,
+            yielded: false,
         }
     }
 
@@ -142,7 +146,7 @@ impl Supervisor {
     }
 
     /// Refuses this reconciler (reason `Conflict`) when an earlier one claims the same primaries.
-    async fn refuse_if_conflicting(&self) -> Result<(), SetupError> {
+    async fn refuse_if_conflicting(&mut self) -> Result<(), SetupError> {
         let api: Api<WasmReconciler> = Api::all(self.s.ctx.client.clone());
         let all = api
             .list(&Default::default())
@@ -154,11 +158,19 @@ impl Supervisor {
                 ),
             })?;
         match conflict::winner_over(&self.s.wr, &all.items) {
-            Some(winner) => Err(SetupError {
-                reason: reasons::CONFLICT,
-                message: conflict::message(&self.s.wr, winner),
-            }),
-            None => Ok(()),
+            Some(winner) => {
+                if !self.yielded {
+                    self.yielded = release::to_winner(&self.s, winner).await;
+                }
+                Err(SetupError {
+                    reason: reasons::CONFLICT,
+                    message: conflict::message(&self.s.wr, winner),
+                })
+            }
+            None => {
+                self.yielded = false;
+                Ok(())
+            }
         }
     }
 
