@@ -365,6 +365,7 @@ impl Host {
                 max_reviews: w.max_reviews,
                 max_review_bytes: w.max_review_bytes,
                 slots: ctx.slots.clone(),
+                oci: options.oci.clone(),
             };
             let serve = admission::serve(bound, setup, leading_rx, stopped(&stop_rx)).await?;
             tracing::info!(%addr, "serving the admission webhook (HTTPS)");

@@ -600,33 +600,6 @@ async fn a_busy_host_defers_the_self_check_and_swaps_once_a_sandbox_is_free() ->
     env.passed()
 }
 
-/// Sends an AdmissionReview for creating `app` to the webhook at `addr`; returns its response.
-async fn review(
-    addr: SocketAddr,
-    wr: &str,
-    ns: &str,
-    app: &DynamicObject,
-) -> anyhow::Result<Value> {
-    let mut config = kube::Config::new(format!("https://{addr}").parse()?);
-    config.accept_invalid_certs = true;
-    let client = Client::try_from(config)?;
-    let body = json!({
-        "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
-        "request": {
-            "uid": "e2e-1",
-            "kind": {"group": "example.wasmop.dev", "version": "v1", "kind": "App"},
-            "resource": {"group": "example.wasmop.dev", "version": "v1", "resource": "apps"},
-            "name": app.name_any(), "namespace": ns, "operation": "CREATE",
-            "userInfo": {"username": "e2e"},
-            "object": app,
-        }
-    });
-    let request = http::Request::post(format!("/validate/{wr}"))
-        .header("content-type", "application/json")
-        .body(serde_json::to_vec(&body)?)?;
-    Ok(serde_json::from_str(&client.request_text(request).await?)?)
-}
-
 #[tokio::test]
 async fn a_follower_serves_the_active_module_after_a_refused_push() -> anyhow::Result<()> {
     let env = TestEnv::get("life-follower").await?;
@@ -667,40 +640,8 @@ async fn a_follower_serves_the_active_module_after_a_refused_push() -> anyhow::R
     .await?;
     leader.shutdown().await?;
 
-    // A replica that never leads: someone else holds the Lease for an hour.
-    let now = MicroTime(k8s_openapi::jiff::Timestamp::now());
-    let lease = Lease {
-        metadata: ObjectMeta {
-            name: Some("held".into()),
-            ..ObjectMeta::default()
-        },
-        spec: Some(LeaseSpec {
-            holder_identity: Some("someone-else".into()),
-            lease_duration_seconds: Some(3600),
-            acquire_time: Some(now.clone()),
-            renew_time: Some(now),
-            ..LeaseSpec::default()
-        }),
-    };
-    let leases: Api<Lease> = env.api();
-    leases
-        .patch(
-            "held",
-            &PatchParams::apply("wasmop-e2e").force(),
-            &Patch::Apply(&lease),
-        )
-        .await?;
-    let mut elect = LeaderConfig::new(Some(env.namespace.clone()), Some("held".into()));
-    elect.identity = format!("follower-{}", env.namespace);
-    let follower = Host::start(HostOptions {
-        kubeconfig: Some(env.kubeconfig().to_path_buf()),
-        selector: Some(format!("wasmop.dev/test={}", env.namespace)),
-        instance: format!("e2e-follower-{}", env.namespace),
-        webhook: Some(WebhookOptions::new("127.0.0.1:0".parse()?)),
-        leader: Some(elect),
-        ..HostOptions::default()
-    })
-    .await?;
+    // A replica that never leads.
+    let follower = follower(&env, |_| {}).await?;
     let addr = follower
         .webhook_addr
         .ok_or_else(|| anyhow::anyhow!("the follower serves no webhook"))?;
@@ -714,6 +655,7 @@ async fn a_follower_serves_the_active_module_after_a_refused_push() -> anyhow::R
         json!(true),
         "the follower judges with the active module: {response}"
     );
+    let leases: Api<Lease> = env.api();
     assert_eq!(
         leases
             .get("held")

@@ -314,6 +314,27 @@ async fn a_module_over_one_mib_loads_from_the_registry() -> anyhow::Result<()> {
         Ok(active(&env.client, &wr).await?.filter(|a| a.sha256 == sha))
     })
     .await?;
+    // Too large for the host's copy (a ConfigMap): a follower pulls it by its pinned digest to
+    // judge reviews, and admits every valid one.
+    let ns = env.namespace.clone();
+    let follower = follower(&env, |o| o.oci.namespace = Some(ns)).await?;
+    let addr = follower
+        .webhook_addr
+        .ok_or_else(|| anyhow::anyhow!("the follower serves no webhook"))?;
+    for i in 0..5 {
+        let app: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "example.wasmop.dev/v1", "kind": "App",
+            "metadata": {"name": format!("valid-{i}")},
+            "spec": {"image": "nginx:1.27", "replicas": 1, "port": 8080}
+        }))?;
+        let response = review(addr, &wr, &env.namespace, &app).await?;
+        assert_eq!(
+            response["response"]["allowed"],
+            json!(true),
+            "review {i}: the follower judges with the active module: {response}"
+        );
+    }
+    follower.shutdown().await?;
     env.passed()
 }
 

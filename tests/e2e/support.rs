@@ -1,21 +1,25 @@
 //! What the host's end-to-end tests share: CRDs, module ConfigMaps, ServiceAccounts with
 //! exactly the rights a test grants, WasmReconcilers, and an in-process host per test.
 
+use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::api::core::v1::{ConfigMap, ServiceAccount};
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use kube::api::{
     Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch,
     PatchParams, PostParams,
 };
-use kube::{Client, CustomResourceExt};
+use kube::{Client, CustomResourceExt, ResourceExt};
 use serde_json::{Value, json};
 use wasmop::crd::WasmReconciler;
-use wasmop::host::{Host, HostOptions};
+use wasmop::host::{Host, HostOptions, WebhookOptions};
+use wasmop::operations::leader::LeaderConfig;
 use wasmop_testenv::{TestEnv, eventually};
 
 /// How long the e2e tests wait for the cluster to converge.
@@ -680,4 +684,71 @@ pub async fn rollback_setup(env: &TestEnv) -> anyhow::Result<(String, String, Ho
     })
     .await?;
     Ok((wr, good, host))
+}
+
+/// Sends an AdmissionReview for creating `app` to the webhook at `addr`; returns its response.
+pub async fn review(
+    addr: SocketAddr,
+    wr: &str,
+    ns: &str,
+    app: &DynamicObject,
+) -> anyhow::Result<Value> {
+    let mut config = kube::Config::new(format!("https://{addr}").parse()?);
+    config.accept_invalid_certs = true;
+    let client = Client::try_from(config)?;
+    let body = json!({
+        "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+        "request": {
+            "uid": "e2e-1",
+            "kind": {"group": "example.wasmop.dev", "version": "v1", "kind": "App"},
+            "resource": {"group": "example.wasmop.dev", "version": "v1", "resource": "apps"},
+            "name": app.name_any(), "namespace": ns, "operation": "CREATE",
+            "userInfo": {"username": "e2e"},
+            "object": app,
+        }
+    });
+    let request = http::Request::post(format!("/validate/{wr}"))
+        .header("content-type", "application/json")
+        .body(serde_json::to_vec(&body)?)?;
+    Ok(serde_json::from_str(&client.request_text(request).await?)?)
+}
+
+/// Starts a host in this process that never leads (someone else holds its Lease `held` for an
+/// hour) and serves the admission webhook on a free port, with `configure` applied to its
+/// options.
+pub async fn follower(
+    env: &TestEnv,
+    configure: impl FnOnce(&mut HostOptions),
+) -> anyhow::Result<Host> {
+    let now = MicroTime(k8s_openapi::jiff::Timestamp::now());
+    let lease = Lease {
+        metadata: ObjectMeta {
+            name: Some("held".into()),
+            ..ObjectMeta::default()
+        },
+        spec: Some(LeaseSpec {
+            holder_identity: Some("someone-else".into()),
+            lease_duration_seconds: Some(3600),
+            acquire_time: Some(now.clone()),
+            renew_time: Some(now),
+            ..LeaseSpec::default()
+        }),
+    };
+    let leases: Api<Lease> = env.api();
+    leases
+        .patch(
+            "held",
+            &PatchParams::apply("wasmop-e2e").force(),
+            &Patch::Apply(&lease),
+        )
+        .await?;
+    let mut elect = LeaderConfig::new(Some(env.namespace.clone()), Some("held".into()));
+    elect.identity = format!("follower-{}", env.namespace);
+    start_host_with(env, |o| {
+        o.instance = format!("e2e-follower-{}", env.namespace);
+        o.webhook = Some(WebhookOptions::new(SocketAddr::from(([127, 0, 0, 1], 0))));
+        o.leader = Some(elect);
+        configure(o);
+    })
+    .await
 }

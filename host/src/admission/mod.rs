@@ -167,6 +167,16 @@ enum ModuleUnavailable {
     Load(String),
     #[error("{0}")]
     Copy(#[from] crate::modules::copy::CopyError),
+    #[error("{0}")]
+    Registry(#[from] crate::modules::oci::OciError),
+    #[error(
+        "the registry serves module sha256 {found} for {reference}, but the active module is {active}; waiting for the leader"
+    )]
+    Pulled {
+        reference: String,
+        found: String,
+        active: String,
+    },
 }
 
 /// What the webhook needs.
@@ -176,8 +186,12 @@ struct Webhook {
     reconcilers: Store<WasmReconciler>,
     /// The modules serving reconcilers in this process.
     slots: Slots,
-    /// Modules loaded from ConfigMaps (followers): name -> (sha, module).
+    /// Modules loaded from ConfigMaps, copies or registries (followers): name -> (sha, module).
     loaded: Mutex<HashMap<String, (String, Module)>>,
+    /// Held while a follower reads and loads a module, so concurrent reviews read it once.
+    loading: tokio::sync::Mutex<()>,
+    /// How OCI modules are pulled (a follower pulls one its copy cannot hold).
+    oci: crate::modules::oci::OciOptions,
 }
 
 impl Webhook {
@@ -210,12 +224,33 @@ impl Webhook {
             .and_then(|s| s.active_module.as_ref())
             .map(|a| a.sha256.clone())
             .ok_or_else(|| ModuleUnavailable::NotActive(name.clone()))?;
-        if let Ok(l) = self.loaded.lock()
-            && let Some((sha, m)) = l.get(&name)
-            && sha.eq_ignore_ascii_case(&active)
-        {
-            return Ok(m.clone());
+        if let Some(m) = self.already_loaded(&name, &active) {
+            return Ok(m);
         }
+        let _one = self.loading.lock().await;
+        if let Some(m) = self.already_loaded(&name, &active) {
+            return Ok(m);
+        }
+        self.load(wr, &name, &active).await
+    }
+
+    /// The module loaded for `name` earlier, if it is still the active one.
+    fn already_loaded(&self, name: &str, active: &str) -> Option<Module> {
+        let l = self.loaded.lock().ok()?;
+        let (sha, m) = l.get(name)?;
+        sha.eq_ignore_ascii_case(active).then(|| m.clone())
+    }
+
+    /// Reads the active module of `wr` (from its ConfigMap, the leader's copy or its registry),
+    /// loads it and keeps it.
+    async fn load(
+        &self,
+        wr: &WasmReconciler,
+        name: &str,
+        active: &str,
+    ) -> Result<Module, ModuleUnavailable> {
+        let name = name.to_string();
+        let active = active.to_string();
         let copy = wr.status.as_ref().and_then(|s| s.module_copy.as_ref());
         let bytes = match (&wr.spec.module.config_map, copy) {
             (Some(source), copy) => {
@@ -236,9 +271,18 @@ impl Webhook {
                     crate::modules::copy::load(&self.client, copy, &active).await?
                 }
             }
-            // An OCI module is read from the leader's copy, not pulled by every follower.
-            (None, Some(copy)) => crate::modules::copy::load(&self.client, copy, &active).await?,
-            (None, None) => return Err(ModuleUnavailable::NotActive(name.clone())),
+            // An OCI module is read from the leader's copy, not pulled by every follower; one
+            // the copy cannot hold (over ~1 MiB) is pulled by its pinned digest and checked.
+            (None, copy) => match copy {
+                Some(copy) => match crate::modules::copy::load(&self.client, copy, &active).await {
+                    Ok(bytes) => bytes,
+                    Err(e) => {
+                        tracing::info!(reconciler = %name, copy = %e, "the module copy cannot serve; pulling the module from its registry");
+                        self.pull(wr, &active).await?
+                    }
+                },
+                None => self.pull(wr, &active).await?,
+            },
         };
         let found = sha256_hex(&bytes.bytes);
         let (engine, limits) = (self.engine.clone(), Self::limits(wr));
@@ -251,6 +295,32 @@ impl Webhook {
             l.insert(name, (found, module.clone()));
         }
         Ok(module)
+    }
+
+    /// Pulls `wr`'s OCI module as the spec pins it (the host's signature policy included) and
+    /// checks that it is the active one.
+    async fn pull(
+        &self,
+        wr: &WasmReconciler,
+        active: &str,
+    ) -> Result<source::ModuleBytes, ModuleUnavailable> {
+        let Some(spec) = wr.spec.module.oci.as_ref() else {
+            return Err(ModuleUnavailable::NotActive(wr.name_any()));
+        };
+        let pulled = crate::modules::oci::fetch(&self.client, &self.oci, spec).await?;
+        let found = sha256_hex(&pulled.bytes);
+        if !found.eq_ignore_ascii_case(active) {
+            return Err(ModuleUnavailable::Pulled {
+                reference: spec.reference.clone(),
+                found,
+                active: active.to_string(),
+            });
+        }
+        Ok(source::ModuleBytes {
+            bytes: pulled.bytes,
+            key: String::new(),
+            resource_version: pulled.manifest_digest,
+        })
     }
 
     async fn review(&self, name: &str, review: Result<Review, String>) -> AdmissionResponse {
@@ -419,6 +489,8 @@ pub struct Setup {
     pub max_review_bytes: usize,
     /// The modules serving reconcilers in this process (the manager's).
     pub slots: Slots,
+    /// How OCI modules are pulled (a follower pulls one the leader's copy cannot hold).
+    pub oci: crate::modules::oci::OciOptions,
 }
 
 impl std::fmt::Debug for Setup {
@@ -481,6 +553,7 @@ pub async fn serve(
         max_reviews,
         max_review_bytes,
         slots,
+        oci,
     } = setup;
     let acceptor = tokio_rustls::TlsAcceptor::from(cert.server_config()?);
     let api: Api<WasmReconciler> = Api::all(client.clone());
@@ -496,6 +569,8 @@ pub async fn serve(
         reconcilers: reader.clone(),
         slots,
         loaded: Mutex::default(),
+        loading: tokio::sync::Mutex::new(()),
+        oci,
     });
     readiness::global().pending("admission");
     let addr = bound.addr;
