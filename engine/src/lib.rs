@@ -122,6 +122,10 @@ pub struct EngineConfig {
     pub tiered: bool,
     /// Optimized builds compiled in the background at once (each on one thread).
     pub max_background_compiles: usize,
+    /// The most memory the running module calls may be capped at together: each call reserves
+    /// its `Limits::memory_bytes` (at most this whole budget) while it runs, and waits in the
+    /// call queue for room. Unbounded by default; the host sets it below its pod's memory limit.
+    pub memory_budget_bytes: u64,
     /// Fresh compiles that loads run at once (the fast build, or the optimized one untiered);
     /// more wait. Loads of one module never compile it side by side: the second waits for the
     /// first and loads its cache entry.
@@ -145,6 +149,7 @@ impl Default for EngineConfig {
             tiered: false,
             max_background_compiles: 1,
             max_foreground_compiles: 2,
+            memory_budget_bytes: u64::MAX,
             fast_compiler: FastCompiler::default(),
             cache_max_bytes: DEFAULT_CACHE_MAX_BYTES,
         }
@@ -435,7 +440,10 @@ impl Engine {
             foreground: CompileGate::new(config.max_foreground_compiles),
             flights: Arc::new(Flights::default()),
             tick: config.tick,
-            queue: CallQueue::new(config.max_calls.min(config.max_instances) as usize),
+            queue: CallQueue::with_budget(
+                config.max_calls.min(config.max_instances) as usize,
+                config.memory_budget_bytes,
+            ),
             _ticker: Arc::new(Ticker { stop }),
         })
     }
@@ -997,7 +1005,9 @@ impl Module {
         let deadline_at = started + limits.deadline;
         let mut stats = CallStats::default();
         let engine = &self.engine;
-        let slot = engine.queue.acquire(lane, deadline_at);
+        let slot = engine
+            .queue
+            .acquire(lane, deadline_at, limits.memory_bytes);
         stats.queued = started.elapsed();
         let admitted = slot
             .map_err(|e| CallError::Queued {

@@ -8,6 +8,9 @@
 //! # Guarantees
 //! - At most `slots` calls hold a slot at once; the pool is sized so that they always find an
 //!   instance.
+//! - The memory caps of the calls holding slots add up to at most the queue's memory budget: a
+//!   call reserves its cap (at most the whole budget) with its slot. A waiter whose cap does not
+//!   fit yet holds back the waiters behind it, so a large call is never starved by small ones.
 //! - Fairness between lanes (a lane is a WasmReconciler, or a module's admission calls): a freed
 //!   slot goes to the lane that waited longest since it was last served (round robin over the
 //!   lanes with waiters), first come first served within a lane. One reconciler's burst of calls
@@ -35,10 +38,13 @@ pub struct QueueTimeout {
 #[derive(Debug, Default)]
 struct State {
     running: usize,
+    /// The memory caps of the running calls.
+    reserved: u64,
     next_ticket: u64,
-    /// Lanes with waiters, in serving order; each with its waiters' tickets (oldest first).
+    /// Lanes with waiters, in serving order; each with its waiters' tickets and memory caps
+    /// (oldest first).
     lanes: VecDeque<Arc<str>>,
-    waiting: HashMap<Arc<str>, VecDeque<u64>>,
+    waiting: HashMap<Arc<str>, VecDeque<(u64, u64)>>,
     /// Tickets that were handed a slot but have not noticed yet.
     granted: Vec<u64>,
 }
@@ -52,6 +58,8 @@ pub struct CallQueue {
 #[derive(Debug)]
 struct Inner {
     slots: usize,
+    /// The most memory (caps) the running calls may reserve together.
+    budget: u64,
     state: Mutex<State>,
     freed: Condvar,
 }
@@ -60,35 +68,53 @@ struct Inner {
 #[derive(Debug)]
 pub struct Slot {
     inner: Arc<Inner>,
+    /// The memory it reserved.
+    bytes: u64,
 }
 
 impl Drop for Slot {
     fn drop(&mut self) {
         let mut state = self.inner.lock();
         state.running = state.running.saturating_sub(1);
-        if grant_next(&mut state) {
+        state.reserved = state.reserved.saturating_sub(self.bytes);
+        let mut granted = false;
+        while grant_next(&self.inner, &mut state) {
+            granted = true;
+        }
+        if granted {
             drop(state);
             self.inner.freed.notify_all();
         }
     }
 }
 
-/// Hands the free slot to the next waiter, round robin over lanes. True if one was granted.
-fn grant_next(state: &mut State) -> bool {
+/// Hands a free slot to the next waiter, round robin over lanes, if its memory cap fits. True if
+/// one was granted.
+fn grant_next(inner: &Inner, state: &mut State) -> bool {
+    if state.running >= inner.slots {
+        return false;
+    }
     while let Some(lane) = state.lanes.pop_front() {
         let Some(tickets) = state.waiting.get_mut(&lane) else {
             continue;
         };
-        let Some(ticket) = tickets.pop_front() else {
+        let Some(&(ticket, bytes)) = tickets.front() else {
             state.waiting.remove(&lane);
             continue;
         };
+        if state.reserved.saturating_add(bytes) > inner.budget {
+            // Its turn, but not its room yet: nobody passes it.
+            state.lanes.push_front(lane);
+            return false;
+        }
+        tickets.pop_front();
         if tickets.is_empty() {
             state.waiting.remove(&lane);
         } else {
             state.lanes.push_back(lane);
         }
         state.running += 1;
+        state.reserved = state.reserved.saturating_add(bytes);
         state.granted.push(ticket);
         return true;
     }
@@ -104,11 +130,18 @@ impl Inner {
 }
 
 impl CallQueue {
-    /// A queue letting `slots` calls run at once (at least one).
+    /// A queue letting `slots` calls run at once (at least one), with no memory budget.
     pub fn new(slots: usize) -> Self {
+        Self::with_budget(slots, u64::MAX)
+    }
+
+    /// A queue letting `slots` calls run at once (at least one) whose memory caps add up to at
+    /// most `budget` bytes (at least 1).
+    pub fn with_budget(slots: usize, budget: u64) -> Self {
         CallQueue {
             inner: Arc::new(Inner {
                 slots: slots.max(1),
+                budget: budget.max(1),
                 state: Mutex::new(State::default()),
                 freed: Condvar::new(),
             }),
@@ -120,37 +153,54 @@ impl CallQueue {
         self.inner.slots
     }
 
+    /// The memory budget of the running calls.
+    pub fn budget(&self) -> u64 {
+        self.inner.budget
+    }
+
+    /// The memory caps the running calls reserved.
+    pub fn reserved(&self) -> u64 {
+        self.inner.lock().reserved
+    }
+
     /// How many calls are waiting.
     pub fn waiting(&self) -> usize {
         let state = self.inner.lock();
         state.waiting.values().map(VecDeque::len).sum()
     }
 
-    /// Waits (blocking the thread) for a slot in `lane` until `deadline`.
+    /// Waits (blocking the thread) for a slot in `lane`, and room for a call with memory cap
+    /// `bytes` (at most the whole budget), until `deadline`.
     ///
     /// # Errors
     /// [`QueueTimeout`] if no slot was free by then.
-    pub fn acquire(&self, lane: &str, deadline: Instant) -> Result<Slot, QueueTimeout> {
+    pub fn acquire(&self, lane: &str, deadline: Instant, bytes: u64) -> Result<Slot, QueueTimeout> {
         let started = Instant::now();
         let inner = &self.inner;
+        let bytes = bytes.min(inner.budget);
         let mut state = inner.lock();
-        if state.running < inner.slots && state.lanes.is_empty() {
+        if state.running < inner.slots
+            && state.lanes.is_empty()
+            && state.reserved.saturating_add(bytes) <= inner.budget
+        {
             state.running += 1;
+            state.reserved = state.reserved.saturating_add(bytes);
             return Ok(Slot {
                 inner: inner.clone(),
+                bytes,
             });
         }
         let ticket = state.next_ticket;
         state.next_ticket += 1;
         let lane: Arc<str> = Arc::from(lane);
         let tickets = state.waiting.entry(lane.clone()).or_default();
-        tickets.push_back(ticket);
+        tickets.push_back((ticket, bytes));
         if tickets.len() == 1 {
             state.lanes.push_back(lane.clone());
         }
         // A slot may be free while others wait only for an instant (a grant in flight);
         // hand it out now so nobody sleeps on a free slot.
-        if state.running < inner.slots && grant_next(&mut state) {
+        if grant_next(inner, &mut state) {
             inner.freed.notify_all();
         }
         loop {
@@ -158,11 +208,16 @@ impl CallQueue {
                 state.granted.swap_remove(i);
                 return Ok(Slot {
                     inner: inner.clone(),
+                    bytes,
                 });
             }
             let now = Instant::now();
             if now >= deadline {
                 forget(&mut state, &lane, ticket);
+                // A waiter that held the others back is gone: they may fit now.
+                if grant_next(inner, &mut state) {
+                    inner.freed.notify_all();
+                }
                 return Err(QueueTimeout {
                     waited: started.elapsed(),
                     slots: inner.slots,
@@ -180,7 +235,7 @@ impl CallQueue {
 /// Removes a waiter that gave up.
 fn forget(state: &mut State, lane: &Arc<str>, ticket: u64) {
     if let Some(tickets) = state.waiting.get_mut(lane) {
-        tickets.retain(|t| *t != ticket);
+        tickets.retain(|(t, _)| *t != ticket);
         if tickets.is_empty() {
             state.waiting.remove(lane);
             state.lanes.retain(|l| l != lane);
@@ -199,27 +254,27 @@ mod tests {
     #[test]
     fn calls_beyond_the_slots_wait_and_time_out_without_holding_anything() {
         let q = CallQueue::new(2);
-        let a = q.acquire("a", soon(10)).expect("free");
-        let _b = q.acquire("a", soon(10)).expect("free");
-        let err = q.acquire("b", soon(50)).expect_err("full");
+        let a = q.acquire("a", soon(10), 0).expect("free");
+        let _b = q.acquire("a", soon(10), 0).expect("free");
+        let err = q.acquire("b", soon(50), 0).expect_err("full");
         assert_eq!(err.slots, 2);
         assert!(err.waited >= Duration::from_millis(50), "{err:?}");
         assert_eq!(q.waiting(), 0, "a timed-out waiter is forgotten");
         drop(a);
-        let _c = q.acquire("b", soon(10)).expect("a slot was freed");
+        let _c = q.acquire("b", soon(10), 0).expect("a slot was freed");
     }
 
     #[test]
     fn a_freed_slot_goes_round_robin_over_lanes() {
         let q = CallQueue::new(1);
-        let held = q.acquire("burst", soon(10)).expect("free");
+        let held = q.acquire("burst", soon(10), 0).expect("free");
         let order = Arc::new(Mutex::new(Vec::new()));
         std::thread::scope(|s| {
             // Three calls of the bursting lane queue first, then one of a quiet lane.
             for (i, lane) in ["burst", "burst", "burst", "quiet"].into_iter().enumerate() {
                 let (queue, order) = (q.clone(), order.clone());
                 s.spawn(move || {
-                    let slot = queue.acquire(lane, soon(20_000)).expect("served");
+                    let slot = queue.acquire(lane, soon(20_000), 0).expect("served");
                     order.lock().expect("order").push(lane);
                     drop(slot);
                 });
@@ -233,5 +288,40 @@ mod tests {
         let order = order.lock().expect("order").clone();
         // The quiet lane is served second: right after the burst's first call, not after all.
         assert_eq!(order, vec!["burst", "quiet", "burst", "burst"]);
+    }
+
+    #[test]
+    fn running_calls_never_reserve_more_than_the_budget_and_large_calls_are_not_starved() {
+        let q = CallQueue::with_budget(8, 100);
+        let a = q.acquire("a", soon(10), 60).expect("fits");
+        // 60 + 60 > 100: waits, and gives up at its deadline holding nothing.
+        let late = q.acquire("b", soon(50), 60).expect_err("over the budget");
+        assert_eq!(late.slots, 8);
+        assert_eq!(q.reserved(), 60);
+        let peak = Arc::new(Mutex::new(0u64));
+        std::thread::scope(|s| {
+            // A large call queues first, then small ones that would fit beside `a` now.
+            for (i, (lane, bytes)) in [("big", 90), ("small", 30), ("small", 30)].into_iter().enumerate() {
+                let (queue, peak) = (q.clone(), peak.clone());
+                s.spawn(move || {
+                    let slot = queue.acquire(lane, soon(20_000), bytes).expect("served");
+                    let mut p = peak.lock().expect("peak");
+                    *p = (*p).max(queue.reserved());
+                    drop(p);
+                    drop(slot);
+                });
+                while q.waiting() < i + 1 {
+                    std::thread::yield_now();
+                }
+            }
+            assert_eq!(q.reserved(), 60, "nobody passed the large call waiting for its room");
+            drop(a);
+        });
+        assert!(*peak.lock().expect("peak") <= 100);
+        assert_eq!(q.reserved(), 0);
+        // A cap over the whole budget runs alone, never for ever refused.
+        let alone = q.acquire("huge", soon(10), 1_000).expect("runs alone");
+        assert_eq!(q.reserved(), 100);
+        drop(alone);
     }
 }

@@ -63,6 +63,10 @@ impl WebhookOptions {
     }
 }
 
+/// The default memory budget of the running module calls: below `deploy/`'s 1 GiB pod limit,
+/// with room for the host itself (its caches, compiles and servers).
+pub const DEFAULT_MODULE_MEMORY_BUDGET: u64 = 768 << 20;
+
 /// How to run the host.
 #[derive(Debug, Clone)]
 pub struct HostOptions {
@@ -72,6 +76,8 @@ pub struct HostOptions {
     pub cache_dir: Option<PathBuf>,
     /// The most the cache directory holds, every file counted.
     pub cache_max_bytes: u64,
+    /// The most memory the running module calls may be capped at together.
+    pub module_memory_budget: u64,
     /// The resync period for WasmReconcilers that do not set one.
     pub resync: Duration,
     /// The name this host reports Events with.
@@ -119,6 +125,7 @@ impl Default for HostOptions {
             kubeconfig: None,
             cache_dir: None,
             cache_max_bytes: crate::engine::DEFAULT_CACHE_MAX_BYTES,
+            module_memory_budget: DEFAULT_MODULE_MEMORY_BUDGET,
             resync: Duration::from_secs(600),
             instance: std::env::var("POD_NAME")
                 .or_else(|_| std::env::var("HOSTNAME"))
@@ -286,6 +293,7 @@ impl Host {
         let engine = Engine::new(&EngineConfig {
             cache_dir: options.cache_dir.clone(),
             cache_max_bytes: options.cache_max_bytes,
+            memory_budget_bytes: options.module_memory_budget,
             max_instances: options.max_module_calls.max(1),
             max_calls: options.max_module_calls.max(1),
             // A push reconciles with a fast build at once; the optimized one follows.

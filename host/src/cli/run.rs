@@ -27,6 +27,10 @@ pub struct Args {
     /// `768Mi`); keep it well under the volume's size.
     #[arg(long, env = "WASMOP_CACHE_MAX_BYTES", default_value = "768Mi")]
     pub cache_max_bytes: String,
+    /// The most memory the running module calls may be capped at together (a quantity): each
+    /// call reserves its `spec.limits.memory`; keep it below the pod's memory limit.
+    #[arg(long, env = "WASMOP_MODULE_MEMORY_BUDGET", default_value = "768Mi")]
+    pub module_memory_budget: String,
     /// The resync period of WasmReconcilers that do not set one.
     #[arg(long, env = "WASMOP_RESYNC", default_value = "10m")]
     pub resync: String,
@@ -388,6 +392,8 @@ pub(crate) async fn run(args: Args) -> Result<ExitCode, CliError> {
         ),
         cache_max_bytes: crate::crd::parse_quantity(&args.cache_max_bytes)
             .map_err(|e| CliError::Other(format!("--cache-max-bytes: {e}")))?,
+        module_memory_budget: crate::crd::parse_quantity(&args.module_memory_budget)
+            .map_err(|e| CliError::Other(format!("--module-memory-budget: {e}")))?,
         resync,
         selector: args.selector,
         metrics_addr: parse_addr("metrics-addr", &args.metrics_addr)?,

@@ -248,7 +248,7 @@ impl Supervisor {
     fn settings(&self, primary: (Gvk, Resolved), kinds: Kinds) -> Result<Settings, SetupError> {
         let spec = &self.s.wr.spec;
         let ctx = &self.s.ctx;
-        let limits = swap::limits(&self.s.wr)?;
+        let limits = swap::limits(&self.s.wr, ctx.engine.queue().budget())?;
         let resync =
             match &spec.resync_period {
                 Some(p) => parse_bounded_duration("spec.resyncPeriod", p, MAX_RESYNC).map_err(

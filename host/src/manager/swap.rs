@@ -192,17 +192,26 @@ impl Kept {
     }
 }
 
-pub(super) fn limits(wr: &WasmReconciler) -> Result<Limits, SetupError> {
+/// The call limits of `wr`'s spec. A memory cap over `budget` (the host's memory budget of
+/// running calls) is refused: such a call could never run beside any other.
+pub(super) fn limits(wr: &WasmReconciler, budget: u64) -> Result<Limits, SetupError> {
     let l = &wr.spec.limits;
     let bad = |message: String| SetupError {
         reason: reasons::INVALID_SPEC,
         message,
     };
+    let memory_bytes =
+        parse_quantity(&l.memory).map_err(|e| bad(format!("spec.limits.memory: {e}")))?;
+    if memory_bytes > budget {
+        return Err(bad(format!(
+            "spec.limits.memory ({}) is over the host's memory budget for module calls ({budget} bytes, --module-memory-budget)",
+            l.memory
+        )));
+    }
     Ok(Limits {
         deadline: parse_bounded_duration("spec.limits.deadline", &l.deadline, MAX_DEADLINE)
             .map_err(bad)?,
-        memory_bytes: parse_quantity(&l.memory)
-            .map_err(|e| bad(format!("spec.limits.memory: {e}")))?,
+        memory_bytes,
         ..Limits::default()
     })
 }
@@ -322,7 +331,7 @@ pub(super) async fn candidate(
             ),
         });
     }
-    let limits = limits(&s.wr)?;
+    let limits = limits(&s.wr, s.ctx.engine.queue().budget())?;
     let engine = s.ctx.engine.clone();
     // The bytes move into the compile task and back: the module is never held twice.
     let raw = std::mem::take(&mut bytes.bytes);
