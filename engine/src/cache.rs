@@ -231,7 +231,10 @@ impl ArtifactCache {
     /// Deletes the least recently used entries (never `keep`) until every file in the directory
     /// and `room` more bytes fit the bound; returns whether they do.
     fn evict(&self, keep: Option<&Path>, room: u64) -> bool {
-        let Listing { mut total, mut entries } = self.list();
+        let Listing {
+            mut total,
+            mut entries,
+        } = self.list();
         entries.sort();
         for (_, len, path) in entries {
             if total.saturating_add(room) <= self.max_bytes {
@@ -385,7 +388,12 @@ mod tests {
     use super::*;
 
     fn cache(dir: &Path, max_bytes: u64) -> ArtifactCache {
-        ArtifactCache::new(dir.to_path_buf(), &wasmtime::Engine::default(), "fast", max_bytes)
+        ArtifactCache::new(
+            dir.to_path_buf(),
+            &wasmtime::Engine::default(),
+            "fast",
+            max_bytes,
+        )
     }
 
     fn files(dir: &Path) -> Vec<String> {
@@ -402,7 +410,12 @@ mod tests {
 
     fn total(dir: &Path) -> u64 {
         std::fs::read_dir(dir)
-            .map(|d| d.filter_map(Result::ok).filter_map(|e| e.metadata().ok()).map(|m| m.len()).sum())
+            .map(|d| {
+                d.filter_map(Result::ok)
+                    .filter_map(|e| e.metadata().ok())
+                    .map(|m| m.len())
+                    .sum()
+            })
             .unwrap_or(0)
     }
 
@@ -414,7 +427,8 @@ mod tests {
         std::fs::write(dir.path().join("notes"), vec![0u8; 100_000]).expect("write");
         let c = cache(dir.path(), 1_000_000);
         c.put_artifact("a", &[1u8; 250_000]).expect("fits");
-        c.put_artifact("b", &[2u8; 250_000]).expect("fits after evicting a");
+        c.put_artifact("b", &[2u8; 250_000])
+            .expect("fits after evicting a");
         assert!(total(dir.path()) <= 1_000_000, "{:?}", files(dir.path()));
         assert_eq!(c.size_bytes(), total(dir.path()));
         let names = files(dir.path());
@@ -434,7 +448,8 @@ mod tests {
         let fresh = dir.path().join(".live.1.3.tmp");
         std::fs::write(&stale, vec![0u8; 1000]).expect("write");
         std::fs::write(&fresh, vec![0u8; 1000]).expect("write");
-        let old = std::time::SystemTime::now() - STALE_TEMPORARY - std::time::Duration::from_secs(60);
+        let old =
+            std::time::SystemTime::now() - STALE_TEMPORARY - std::time::Duration::from_secs(60);
         std::fs::File::options()
             .write(true)
             .open(&stale)

@@ -44,9 +44,9 @@ mod sandbox;
 pub mod text;
 mod tier;
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
@@ -1005,9 +1005,7 @@ impl Module {
         let deadline_at = started + limits.deadline;
         let mut stats = CallStats::default();
         let engine = &self.engine;
-        let slot = engine
-            .queue
-            .acquire(lane, deadline_at, limits.memory_bytes);
+        let slot = engine.queue.acquire(lane, deadline_at, limits.memory_bytes);
         stats.queued = started.elapsed();
         let admitted = slot
             .map_err(|e| CallError::Queued {

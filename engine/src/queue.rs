@@ -301,7 +301,10 @@ mod tests {
         let peak = Arc::new(Mutex::new(0u64));
         std::thread::scope(|s| {
             // A large call queues first, then small ones that would fit beside `a` now.
-            for (i, (lane, bytes)) in [("big", 90), ("small", 30), ("small", 30)].into_iter().enumerate() {
+            for (i, (lane, bytes)) in [("big", 90), ("small", 30), ("small", 30)]
+                .into_iter()
+                .enumerate()
+            {
                 let (queue, peak) = (q.clone(), peak.clone());
                 s.spawn(move || {
                     let slot = queue.acquire(lane, soon(20_000), bytes).expect("served");
@@ -314,7 +317,11 @@ mod tests {
                     std::thread::yield_now();
                 }
             }
-            assert_eq!(q.reserved(), 60, "nobody passed the large call waiting for its room");
+            assert_eq!(
+                q.reserved(),
+                60,
+                "nobody passed the large call waiting for its room"
+            );
             drop(a);
         });
         assert!(*peak.lock().expect("peak") <= 100);

@@ -427,7 +427,7 @@ fn a_call_that_finds_every_sandbox_busy_waits_and_is_not_the_modules_fault() {
     // Another reconciler holds the only slot for longer than this call's deadline.
     let held = engine
         .queue()
-        .acquire("other", Instant::now() + Duration::from_secs(60))
+        .acquire("other", Instant::now() + Duration::from_secs(60), 0)
         .expect("the only slot");
     let short = Limits {
         deadline: Duration::from_millis(300),
@@ -455,7 +455,7 @@ fn a_call_that_finds_every_sandbox_busy_waits_and_is_not_the_modules_fault() {
     // A slot freed while the call waits is taken: the call runs.
     let held = engine
         .queue()
-        .acquire("other", Instant::now() + Duration::from_secs(60))
+        .acquire("other", Instant::now() + Duration::from_secs(60), 0)
         .expect("the only slot");
     let freeing = std::thread::spawn(move || {
         std::thread::sleep(Duration::from_millis(100));

@@ -175,5 +175,8 @@ fn two_loads_of_one_module_at_once_compile_it_once() {
             .collect()
     });
     let fresh = compiled.iter().filter(|c| **c == Compiled::Fresh).count();
-    assert_eq!(fresh, 1, "{compiled:?}: the second load compiled beside the first");
+    assert_eq!(
+        fresh, 1,
+        "{compiled:?}: the second load compiled beside the first"
+    );
 }

@@ -3,23 +3,19 @@
 //! restart and an edit, a busy host defers a swap rather than refusing it, and a follower serves the active module for admission after a refused
 //! push.
 
-use std::net::SocketAddr;
 use std::time::Duration;
 
 use crate::support::*;
 use futures::TryStreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::ConfigMap;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use kube::api::{
     Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams, WatchEvent, WatchParams,
 };
 use kube::{Client, ResourceExt};
-use serde_json::{Value, json};
+use serde_json::json;
 use wasmop::crd::{WasmReconciler, finalizer_for};
-use wasmop::host::{Host, HostOptions, WebhookOptions};
-use wasmop::operations::leader::LeaderConfig;
 use wasmop_testenv::{TestEnv, eventually};
 
 /// How long a deleted App may take to go: once its WasmReconciler is deleted, the host keeps the
@@ -212,10 +208,14 @@ async fn a_conflict_loser_releases_its_finalizers_to_the_winner() -> anyhow::Res
     })
     .await?;
     assert_eq!(reason, "Conflict");
-    eventually("the first's finalizer replaces the second's", WAIT, || async {
-        let held = apps.get("web").await?.finalizers().to_vec();
-        Ok((held.contains(&ours) && !held.contains(&theirs)).then_some(()))
-    })
+    eventually(
+        "the first's finalizer replaces the second's",
+        WAIT,
+        || async {
+            let held = apps.get("web").await?.finalizers().to_vec();
+            Ok((held.contains(&ours) && !held.contains(&theirs)).then_some(()))
+        },
+    )
     .await?;
     // Only the winner holds the App now: deleting it is not stuck on the loser.
     apps.delete("web", &DeleteParams::default()).await?;
@@ -225,10 +225,11 @@ async fn a_conflict_loser_releases_its_finalizers_to_the_winner() -> anyhow::Res
     .await?;
     let released = events(&env.client, &env.namespace, "FinalizerReleased").await?;
     assert!(
-        released.iter().any(|e| e
-            .note
-            .as_deref()
-            .is_some_and(|n| n.contains(&format!("lost its primaries to WasmReconciler {first}")))),
+        released
+            .iter()
+            .any(|e| e.note.as_deref().is_some_and(
+                |n| n.contains(&format!("lost its primaries to WasmReconciler {first}"))
+            )),
         "{released:?}"
     );
     host.shutdown().await?;

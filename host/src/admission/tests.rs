@@ -77,6 +77,8 @@ async fn webhook() -> Arc<Webhook> {
         reconcilers,
         slots,
         loaded: Mutex::default(),
+        loading: tokio::sync::Mutex::new(()),
+        oci: crate::modules::oci::OciOptions::default(),
     })
 }
 
@@ -270,7 +272,7 @@ async fn concurrent_large_reviews_stay_within_the_byte_budget_and_small_ones_are
         "review bodies held at once peaked at {peak} bytes, over the budget of {BUDGET}"
     );
     assert!(
-        statuses.iter().any(|s| *s == StatusCode::OK),
+        statuses.contains(&StatusCode::OK),
         "no large review was judged: {statuses:?}"
     );
     assert!(

@@ -274,12 +274,25 @@ mod tests {
 
     #[test]
     fn condition_messages_and_event_notes_are_inert_and_cut() {
-        let hostile = format!("registry said:\n\u{1b}[2Jfake line\u{202e}{}", "x".repeat(100_000));
+        let hostile = format!(
+            "registry said:\n\u{1b}[2Jfake line\u{202e}{}",
+            "x".repeat(100_000)
+        );
         let mut conditions = Vec::new();
-        set(&mut conditions, "Ready", false, "RegistryError", &hostile, Some(1));
+        set(
+            &mut conditions,
+            "Ready",
+            false,
+            "RegistryError",
+            &hostile,
+            Some(1),
+        );
         let message = &conditions[0].message;
         assert!(message.len() <= MAX_CONDITION_MESSAGE, "{}", message.len());
-        assert!(message.starts_with("registry said:\\n\\u{1b}[2Jfake line\\u{202e}xx"), "{message}");
+        assert!(
+            message.starts_with("registry said:\\n\\u{1b}[2Jfake line\\u{202e}xx"),
+            "{message}"
+        );
         assert!(!message.chars().any(crate::text::is_unsafe_char));
         let note = truncate(&hostile);
         assert!(note.len() <= intents::MAX_EVENT_NOTE);
