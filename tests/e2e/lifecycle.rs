@@ -9,7 +9,8 @@ use crate::support::*;
 use futures::TryStreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::api::{
     Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams, WatchEvent, WatchParams,
 };
@@ -158,6 +159,35 @@ async fn narrowing_the_namespaces_releases_the_primaries_left_outside() -> anyho
     env.passed()
 }
 
+/// Namespace `ns`, where ServiceAccount `sa` of the test's namespace gets the rules of its Role
+/// there (the set-up checks that it may read its primaries in every namespace it serves).
+async fn grant_elsewhere(env: &TestEnv, ns: &str, sa: &str) -> anyhow::Result<()> {
+    let namespaces: Api<Namespace> = Api::all(env.client.clone());
+    let namespace: Namespace = serde_json::from_value(
+        json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}),
+    )?;
+    namespaces
+        .patch(ns, &apply_params(), &Patch::Apply(&namespace))
+        .await?;
+    let role: Role = serde_json::from_value(json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+        "metadata": {"name": sa, "namespace": ns}, "rules": image_updater_rules(true)
+    }))?;
+    Api::<Role>::namespaced(env.client.clone(), ns)
+        .patch(sa, &apply_params(), &Patch::Apply(&role))
+        .await?;
+    let binding: RoleBinding = serde_json::from_value(json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+        "metadata": {"name": sa, "namespace": ns},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": sa},
+        "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": env.namespace}]
+    }))?;
+    Api::<RoleBinding>::namespaced(env.client.clone(), ns)
+        .patch(sa, &apply_params(), &Patch::Apply(&binding))
+        .await?;
+    Ok(())
+}
+
 #[tokio::test]
 async fn a_conflict_loser_releases_its_finalizers_to_the_winner() -> anyhow::Result<()> {
     let env = TestEnv::get("life-yield").await?;
@@ -179,6 +209,7 @@ async fn a_conflict_loser_releases_its_finalizers_to_the_winner() -> anyhow::Res
         json!({}),
     )
     .await?;
+    grant_elsewhere(&env, &elsewhere, "a-first").await?;
     let host = start_host(&env, None).await?;
     let apps = apps(&env.client, &env.namespace);
     apps.create(&PostParams::default(), &app("web", &[])?)

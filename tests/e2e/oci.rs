@@ -285,9 +285,16 @@ async fn a_module_over_one_mib_loads_from_the_registry() -> anyhow::Result<()> {
     let env = TestEnv::get("oci-large").await?;
     let registry = Registry::start().await?;
     let mut bytes = wasmop_test_modules::bytes(wasmop_test_modules::IMAGE_UPDATER);
-    // Pad the component with a custom section of incompressible bytes past 1 MiB.
+    // Pad the component with a custom section of incompressible bytes (xorshift64) past 1 MiB:
+    // even gzipped, it does not fit the host's copy (a ConfigMap).
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
     let padding: Vec<u8> = (0u32..(1 << 20) + 4096)
-        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 56) as u8
+        })
         .collect();
     wasm_encoder::CustomSection {
         name: "wasmop-test-padding".into(),
@@ -298,7 +305,7 @@ async fn a_module_over_one_mib_loads_from_the_registry() -> anyhow::Result<()> {
     let sha = wasmop::engine::sha256_hex(&bytes);
     let d = push(&registry, "mods/large:v1", bytes).await?;
     pull_secret(&env, &registry, "registry", &registry.password).await?;
-    let (wr, _host) = register(
+    let (wr, host) = register(
         &env,
         "large",
         oci_module(
@@ -315,7 +322,18 @@ async fn a_module_over_one_mib_loads_from_the_registry() -> anyhow::Result<()> {
     })
     .await?;
     // Too large for the host's copy (a ConfigMap): a follower pulls it by its pinned digest to
-    // judge reviews, and admits every valid one.
+    // judge reviews, and admits every valid one. (The leader stops first: hosts in one process
+    // share their serving modules.)
+    let copy = Api::<WasmReconciler>::all(env.client.clone())
+        .get(&wr)
+        .await?
+        .status
+        .and_then(|s| s.module_copy);
+    assert_eq!(
+        copy, None,
+        "the module fits the host's copy: this test needs one that does not"
+    );
+    host.shutdown().await?;
     let ns = env.namespace.clone();
     let follower = follower(&env, |o| o.oci.namespace = Some(ns)).await?;
     let addr = follower
@@ -332,6 +350,10 @@ async fn a_module_over_one_mib_loads_from_the_registry() -> anyhow::Result<()> {
             response["response"]["allowed"],
             json!(true),
             "review {i}: the follower judges with the active module: {response}"
+        );
+        assert!(
+            response["response"]["warnings"].is_null(),
+            "review {i} was not validated: {response}"
         );
     }
     follower.shutdown().await?;

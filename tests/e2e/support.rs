@@ -25,7 +25,7 @@ use wasmop_testenv::{TestEnv, eventually};
 /// How long the e2e tests wait for the cluster to converge.
 pub const WAIT: Duration = Duration::from_secs(60);
 
-fn apply_params() -> PatchParams {
+pub fn apply_params() -> PatchParams {
     PatchParams::apply("wasmop-e2e").force()
 }
 
