@@ -708,6 +708,56 @@ async fn unsigned_and_wrongly_signed_modules_are_refused_and_the_old_keeps_servi
 }
 
 #[tokio::test]
+async fn a_signing_policy_added_to_a_serving_module_stops_it_until_it_is_signed()
+-> anyhow::Result<()> {
+    let env = TestEnv::get("oci-revoke").await?;
+    let SignedV1 {
+        registry,
+        cosign,
+        sha: v1_sha,
+        digest: d1,
+        ..
+    } = signed_v1(&env, "mods/revoke", "first").await?;
+    let (other_key, other_public) = cosign.key_pair("other").await?;
+    let reference = format!("{}/mods/revoke@{d1}", registry.host);
+    let (wr, _host) = register(
+        &env,
+        "iu",
+        oci_module(&registry, &reference, None, "registry"),
+    )
+    .await?;
+    // It serves with no policy. A policy whose key did not sign it: it stops serving.
+    let verify = json!({"key": std::fs::read_to_string(&other_public)?});
+    set_module(
+        &env.client,
+        &wr,
+        signed_module(&registry, &reference, verify),
+    )
+    .await?;
+    let (_, _, message) = eventually("Ready=False SignatureInvalid", WAIT, || async {
+        Ok(wr_condition(&env.client, &wr, "Ready")
+            .await?
+            .filter(|(s, r, _)| s == "False" && r == "SignatureInvalid"))
+    })
+    .await?;
+    assert!(message.contains(&d1), "{message}");
+    // Signed with that key, it serves again, with no change to the spec.
+    cosign.sign(&other_key, &reference).await?;
+    eventually("Ready again once signed", WAIT * 2, || async {
+        Ok(wr_condition(&env.client, &wr, "Ready")
+            .await?
+            .filter(|(s, _, _)| s == "True"))
+    })
+    .await?;
+    assert_eq!(
+        active(&env.client, &wr).await?.map(|a| a.sha256),
+        Some(v1_sha)
+    );
+    assert!(app_served(&env, "signed").await?, "it serves again");
+    env.passed()
+}
+
+#[tokio::test]
 async fn a_host_requiring_signatures_refuses_configmap_modules_and_loads_signed_ones()
 -> anyhow::Result<()> {
     let env = TestEnv::get("oci-required").await?;

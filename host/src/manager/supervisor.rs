@@ -32,7 +32,7 @@ use crate::controller::{self, Clients, Health, Running, Settings};
 use crate::crd::{MAX_RESYNC, WasmReconciler, parse_bounded_duration};
 use crate::discovery::Resolved;
 use crate::modules::slot::{Active, ModuleSlot};
-use crate::operations::readiness;
+use crate::operations::{metrics, readiness};
 use crate::reasons;
 
 /// Supervises one WasmReconciler.
@@ -84,9 +84,13 @@ impl Supervisor {
             };
             match ready {
                 Ok((settings, candidate, resolved)) => {
-                    self.serve(settings, candidate, resolved, &mut stop, &mut updates)
+                    let revoked = self
+                        .serve(settings, candidate, resolved, &mut stop, &mut updates)
                         .await;
-                    return;
+                    // The serving module stopped because the current policy refuses it: set up
+                    // again (which refuses it too, and reports why) until the spec changes.
+                    let Some(e) = revoked else { return };
+                    self.revoked(&e).await;
                 }
                 Err(e) => self.not_started(&e).await,
             }
@@ -300,6 +304,7 @@ impl Supervisor {
         })
     }
 
+    /// Serves until stopped; returns why the serving module was revoked, if it was.
     async fn serve(
         &mut self,
         settings: Settings,
@@ -307,14 +312,14 @@ impl Supervisor {
         primary: (Gvk, Resolved),
         stop: &mut oneshot::Receiver<()>,
         updates: &mut UpdatesRx,
-    ) {
+    ) -> Option<SetupError> {
         let clients = match self.clients() {
             Ok(c) => c,
             Err(e) => {
                 self.s
                     .condition(reasons::READY, false, e.reason, &e.message);
                 self.s.write_status().await;
-                return;
+                return None;
             }
         };
         let (changed_tx, changed_rx) = futures::channel::mpsc::unbounded::<()>();
@@ -328,8 +333,29 @@ impl Supervisor {
             primaries: &primaries,
             changed: &changed_tx,
         };
-        self.serve_loop(&serving, &health, stop, updates).await;
+        let revoked = self.serve_loop(&serving, &health, stop, updates).await;
         running.stop().await;
+        revoked
+    }
+
+    /// Reports that the serving module stopped because the current signing policy refuses it
+    /// (`Ready=False`, `ModuleLoaded=False`, a Warning Event) and takes it out of admission.
+    async fn revoked(&mut self, e: &SetupError) {
+        let name = self.name();
+        self.s.ctx.slots.remove(&name);
+        metrics::global().module_active(&name, None);
+        let message = format!(
+            "{}; the module serving is refused by the current signing policy and stopped serving",
+            e.message
+        );
+        tracing::warn!(reconciler = %name, reason = e.reason, "{message}");
+        self.s
+            .condition(reasons::MODULE_LOADED, false, e.reason, &message);
+        self.s.condition(reasons::READY, false, e.reason, &message);
+        self.s.write_status().await;
+        self.s
+            .event_on_wr(KubeEventType::Warning, e.reason, &message)
+            .await;
     }
 
     /// Puts the first module in its slot (published for admission) and starts the controller.
@@ -422,7 +448,7 @@ impl Supervisor {
         health: &Health,
         stop: &mut oneshot::Receiver<()>,
         updates: &mut UpdatesRx,
-    ) {
+    ) -> Option<SetupError> {
         let mut cm_events = self.module_events();
         let mut state = SwapState::default();
         let mut tick = tokio::time::interval(Duration::from_millis(100));
@@ -451,6 +477,9 @@ impl Supervisor {
                     if unless_stopped(stop, offer).await.is_none() {
                         break;
                     }
+                    if state.revoked.is_some() {
+                        return state.revoked.take();
+                    }
                     // Records the generation seen even when the module is unchanged.
                     s.write_status().await;
                 }
@@ -460,6 +489,9 @@ impl Supervisor {
                         if unless_stopped(stop, offer).await.is_none() {
                             break;
                         }
+                        if state.revoked.is_some() {
+                            return state.revoked.take();
+                        }
                     }
                     // A rollback reads no registry; cut between its status write and its copy
                     // write, the copy would hold the rolled-back module and a restart could not
@@ -468,6 +500,7 @@ impl Supervisor {
                 }
             }
         }
+        None
     }
 }
 

@@ -33,7 +33,7 @@ use crate::crd::{
 };
 use crate::engine::{CallError, Compiled, Limits, Module, sha256_hex};
 use crate::modules::copy;
-use crate::modules::oci;
+use crate::modules::{oci, signature};
 use crate::modules::slot::{Active, Fit, ModuleSlot};
 use crate::modules::source::{self, ModuleBytes};
 use crate::operations::metrics;
@@ -156,6 +156,8 @@ pub(super) struct SwapState {
     /// The sha of a newly swapped module under watch.
     pub(super) watching: Option<String>,
     pub(super) deferred: Option<Deferred>,
+    /// Why the module serving must stop: the current signing policy refuses it ([`revokes`]).
+    pub(super) revoked: Option<SetupError>,
 }
 
 /// What swaps work with while a reconciler serves.
@@ -287,6 +289,19 @@ async fn active_from_copy(s: &Subject, e: &SetupError) -> Option<(ModuleBytes, S
         return None;
     }
     let origin = oci::pin(spec).ok()?.origin();
+    // The copy holds no signature: with a signing policy in force it cannot be verified, so it
+    // is not served (the reconciler waits for the registry).
+    let keys = signature::required_keys(
+        &s.ctx.client,
+        &s.ctx.oci.namespace(),
+        spec,
+        s.ctx.oci.required_key.as_ref(),
+    )
+    .await;
+    if !keys.is_ok_and(|k| k.is_empty()) {
+        tracing::warn!(reconciler = %s.name(), error = %e.message, "the registry cannot serve the active module, and a signing policy is in force: its unsigned copy is not served");
+        return None;
+    }
     let active = s.status.active_module.as_ref()?;
     if active.origin.as_deref() != Some(origin.as_str()) {
         return None;
@@ -432,6 +447,9 @@ pub(super) async fn offer(
         return;
     }
     match swap(s, kept, cm.as_ref(), serving).await {
+        Err(SwapError::Refused(e) | SwapError::Unavailable(e)) if revokes(s, &e) => {
+            state.revoked = Some(e);
+        }
         Ok(Some(sha)) => {
             state.refused_version = None;
             state.rejected = None;
@@ -486,6 +504,26 @@ pub(super) async fn offer(
             });
         }
     }
+}
+
+/// Whether refusal `e` of the spec's OCI module refuses the very artifact that serves: a
+/// signature the current policy does not accept (`spec.module.oci.verify` added, its key
+/// changed). That module must stop serving, not keep serving as an older module would.
+fn revokes(s: &Subject, e: &SetupError) -> bool {
+    let signature = matches!(
+        e.reason,
+        reasons::SIGNATURE_INVALID | reasons::SIGNATURE_KEY_INVALID | reasons::SIGNATURE_REQUIRED
+    );
+    let pinned = s
+        .wr
+        .spec
+        .module
+        .oci
+        .as_ref()
+        .and_then(|spec| oci::pin(spec).ok())
+        .map(|p| p.origin());
+    let serving = s.status.active_module.as_ref().and_then(|a| a.origin.clone());
+    signature && pinned.is_some() && pinned == serving
 }
 
 /// Rolls a newly swapped module back once its failure rate passes the threshold.
