@@ -95,13 +95,22 @@ enum CheckFailure {
     },
 }
 
+/// How many times a self-check that ran past its deadline is deferred before the version is
+/// refused: on a host starved of CPU a deadline says more about the host than the module.
+const DEADLINE_DEFERRALS: u32 = 3;
+
 impl CheckFailure {
-    /// Whether the module is at fault (its version may be refused for good). A cluster error
-    /// (timeout, 5xx, 429, connection, even 403) or a host one (no sandbox free, an interrupted
-    /// task) says nothing about the module.
-    fn is_module_failure(&self) -> bool {
+    /// Whether the module is at fault (its version may be refused for good), at the self-check's
+    /// `attempts`-th deferral. A cluster error (timeout, 5xx, 429, connection, even 403) or a
+    /// host one (no sandbox free, an interrupted task) says nothing about the module; a deadline
+    /// counts only once it was met [`DEADLINE_DEFERRALS`] times.
+    fn is_module_failure(&self, attempts: u32) -> bool {
         match self {
             CheckFailure::Cluster(_) | CheckFailure::Interrupted(_) => false,
+            CheckFailure::Call {
+                error: CallError::Deadline { .. },
+                ..
+            } if attempts < DEADLINE_DEFERRALS => false,
             CheckFailure::Call { error, .. } => error.is_module_fault(),
             CheckFailure::Intents { .. } => true,
         }
@@ -446,7 +455,7 @@ pub(super) async fn offer(
     {
         return;
     }
-    match swap(s, kept, cm.as_ref(), serving).await {
+    match swap(s, kept, cm.as_ref(), serving, attempts).await {
         Err(SwapError::Refused(e) | SwapError::Unavailable(e)) if revokes(s, &e) => {
             state.revoked = Some(e);
         }
@@ -572,6 +581,7 @@ async fn swap(
     kept: &mut Kept,
     cm: Option<&ConfigMap>,
     serving: &Serving<'_>,
+    attempts: u32,
 ) -> Result<Option<String>, SwapError> {
     let slot = serving.slot;
     let started = std::time::Instant::now();
@@ -595,7 +605,7 @@ async fn swap(
         return Ok(None);
     }
     if let Err(failure) = self_check(s, &candidate, serving).await {
-        return Err(if failure.is_module_failure() {
+        return Err(if failure.is_module_failure(attempts) {
             SwapError::Refused(SetupError {
                 reason: reasons::SELF_CHECK_FAILED,
                 message: failure.to_string(),
@@ -869,9 +879,9 @@ mod tests {
             (403, "Forbidden"),
         ] {
             let f = CheckFailure::Cluster(api_error(code, reason));
-            assert!(!f.is_module_failure(), "{code} is the cluster's: {f}");
+            assert!(!f.is_module_failure(0), "{code} is the cluster's: {f}");
         }
-        assert!(!CheckFailure::Interrupted("cancelled".into()).is_module_failure());
+        assert!(!CheckFailure::Interrupted("cancelled".into()).is_module_failure(0));
         let on = || "a-1".to_string();
         let pool = CheckFailure::Call {
             on: on(),
@@ -879,7 +889,7 @@ mod tests {
                 detail: "maximum concurrent limit reached".into(),
             },
         };
-        assert!(!pool.is_module_failure(), "a full pool is the host's");
+        assert!(!pool.is_module_failure(0), "a full pool is the host's");
         let busy = CheckFailure::Call {
             on: on(),
             error: CallError::Queued {
@@ -888,7 +898,7 @@ mod tests {
             },
         };
         assert!(
-            !busy.is_module_failure(),
+            !busy.is_module_failure(0),
             "no free sandbox slot is the host's"
         );
         let panicked = CheckFailure::Call {
@@ -897,7 +907,7 @@ mod tests {
                 message: "boom".into(),
             },
         };
-        assert!(panicked.is_module_failure());
+        assert!(panicked.is_module_failure(0));
         assert!(panicked.to_string().contains("dry run on a-1"));
         let deadline = CheckFailure::Call {
             on: on(),
@@ -905,14 +915,17 @@ mod tests {
                 deadline: Duration::from_secs(1),
             },
         };
-        assert!(deadline.is_module_failure());
+        // A deadline may be the host's CPU starvation: deferred first, refused only after.
+        assert!(!deadline.is_module_failure(0));
+        assert!(!deadline.is_module_failure(DEADLINE_DEFERRALS - 1));
+        assert!(deadline.is_module_failure(DEADLINE_DEFERRALS));
         let invalid = CheckFailure::Intents {
             on: on(),
             rejected: Rejected {
                 violations: Vec::new(),
             },
         };
-        assert!(invalid.is_module_failure());
+        assert!(invalid.is_module_failure(0));
     }
 
     #[test]
