@@ -17,6 +17,7 @@ use std::process::Command;
 use crate::support::*;
 use clap::Parser;
 use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::api::rbac::v1::Role;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams};
 use kube::discovery::{Discovery, Scope};
 use serde_json::{Value, json};
@@ -526,6 +527,29 @@ async fn diff_previews_a_candidate_against_every_primary_without_writing() -> an
         "wasmop diff wrote {}",
         "drifted-out"
     );
+    // The dry runs write as the module's ServiceAccount, not as the caller (here an
+    // administrator): once its Role is gone, what the host could not write is not a change.
+    Api::<Role>::namespaced(env.client.clone(), &ns)
+        .delete("misbehave", &Default::default())
+        .await?;
+    // (The API server's authorizer learns of the deletion from its own watch: asked again
+    // until it has.)
+    eventually("the dry run refused as the module", WAIT, || async {
+        let outcomes = preview(&Args {
+            module: PathBuf::from(wasmop_test_modules::MISBEHAVE),
+            reconciler: wr.clone(),
+            kubeconfig: Some(env.kubeconfig().to_path_buf()),
+            show_secrets: false,
+        })
+        .await?;
+        let drifted = outcomes
+            .iter()
+            .find(|(shown, _)| shown == &format!("Widget {ns}/drifted"))
+            .map(|(_, o)| o.clone());
+        Ok(matches!(&drifted, Some(Outcome::Failed(e)) if e.to_lowercase().contains("forbidden"))
+            .then_some(()))
+    })
+    .await?;
     env.passed()
 }
 

@@ -225,7 +225,7 @@ fn existing_children(owned: &[Observed]) -> Vec<(Gvk, Option<String>, String)> {
 /// build, its intents are validated as the host validates them ([`call::run`]), and the
 /// children are applied with a dry run.
 async fn preview_primary(
-    client: &Client,
+    (client, as_module): (&Client, &Client),
     wr: &WasmReconciler,
     fit: &Fit,
     module: &Module,
@@ -266,7 +266,7 @@ async fn preview_primary(
     };
     let field_manager = format!("wasmop/{name}");
     let mut changes =
-        match child_changes(client, &field_manager, &validated, &existing, show_secrets).await {
+        match child_changes(as_module, &field_manager, &validated, &existing, show_secrets).await {
             Ok(c) => c,
             Err(e) => return Outcome::Failed(e),
         };
@@ -343,7 +343,8 @@ pub async fn preview(args: &Args) -> Result<Vec<(String, Outcome)>, CliError> {
     let config = crate::host::kube_config(args.kubeconfig.as_ref())
         .await
         .map_err(|e| CliError::Other(e.to_string()))?;
-    let client = Client::try_from(config).map_err(|e| CliError::Other(e.to_string()))?;
+    let client =
+        Client::try_from(config.clone()).map_err(|e| CliError::Other(e.to_string()))?;
     let wr = Api::<WasmReconciler>::all(client.clone())
         .get(&args.reconciler)
         .await
@@ -353,6 +354,10 @@ pub async fn preview(args: &Args) -> Result<Vec<(String, Outcome)>, CliError> {
                 args.reconciler
             ))
         })?;
+    // The dry runs write as the host would: as the module's ServiceAccount, so what its RBAC
+    // forbids shows as refused here too (the caller needs `impersonate` on it, as the
+    // WasmReconciler's creator does).
+    let as_module = impersonating(config, &wr)?;
     let path = args.module.clone();
     let module = super::off_runtime(move || {
         let bytes = std::fs::read(&path).map_err(CliError::read(&path))?;
@@ -397,10 +402,17 @@ pub async fn preview(args: &Args) -> Result<Vec<(String, Outcome)>, CliError> {
         let shown = format!("{} {}", primary_kind.kind, ObjectKey::of(p));
         outcomes.push((
             shown,
-            preview_primary(&client, &wr, &fit, &module, p, args.show_secrets).await,
+            preview_primary((&client, &as_module), &wr, &fit, &module, p, args.show_secrets)
+                .await,
         ));
     }
     Ok(outcomes)
+}
+
+/// A client of `config` impersonating `wr`'s ServiceAccount.
+fn impersonating(mut config: kube::Config, wr: &WasmReconciler) -> Result<Client, CliError> {
+    config.auth_info.impersonate = Some(wr.spec.service_account.username());
+    Client::try_from(config).map_err(|e| CliError::Other(e.to_string()))
 }
 
 pub(crate) async fn run(args: Args) -> Result<ExitCode, CliError> {
