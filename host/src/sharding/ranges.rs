@@ -17,6 +17,11 @@ use std::fmt;
 /// `2^64`: the exclusive end of the hash space.
 pub const SPACE_END: u128 = 1 << 64;
 
+/// The most ranges a text form may hold ([`Ranges::parse`]): a member's held ranges come from
+/// its Lease, which anyone who may write Leases in the namespace can write. A ring of k members
+/// gives each about k ranges.
+pub const MAX_PARSED_RANGES: usize = 1024;
+
 /// A published set of ranges that does not parse.
 #[derive(Debug, thiserror::Error)]
 #[error("not a set of hash ranges ({reason}): {text:?}")]
@@ -144,8 +149,15 @@ impl Ranges {
             text: text.chars().take(200).collect(),
             reason: reason.to_string(),
         };
+        // Each range is at most 41 bytes of text ("0x" + 17 hex digits, twice, a dash, a comma).
+        if text.len() > MAX_PARSED_RANGES * 42 {
+            return Err(bad("more ranges than a member holds"));
+        }
         let mut out = Vec::new();
         for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            if out.len() == MAX_PARSED_RANGES {
+                return Err(bad("more ranges than a member holds"));
+            }
             let (s, e) = part
                 .split_once('-')
                 .ok_or_else(|| bad("a range is start-end"))?;
@@ -204,6 +216,18 @@ impl fmt::Display for Ranges {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_text_with_more_ranges_than_a_member_holds_is_refused_unread() {
+        let range = |i: u128| format!("0x{:x}-0x{:x}", i * 4, i * 4 + 1);
+        let at_cap: Vec<String> = (0..MAX_PARSED_RANGES as u128).map(range).collect();
+        assert!(Ranges::parse(&at_cap.join(",")).is_ok());
+        let over: Vec<String> = (0..=MAX_PARSED_RANGES as u128).map(range).collect();
+        assert!(Ranges::parse(&over.join(",")).is_err());
+        let huge = "0x1-0x2,".repeat(1 << 20);
+        let err = Ranges::parse(&huge).expect_err("8 MiB of ranges");
+        assert!(err.text.len() <= 200, "the error quotes at most 200 characters");
+    }
 
     #[test]
     fn set_operations_normalize_and_agree_with_contains() {
