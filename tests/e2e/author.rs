@@ -546,8 +546,10 @@ async fn diff_previews_a_candidate_against_every_primary_without_writing() -> an
             .iter()
             .find(|(shown, _)| shown == &format!("Widget {ns}/drifted"))
             .map(|(_, o)| o.clone());
-        Ok(matches!(&drifted, Some(Outcome::Failed(e)) if e.to_lowercase().contains("forbidden"))
-            .then_some(()))
+        Ok(
+            matches!(&drifted, Some(Outcome::Failed(e)) if e.to_lowercase().contains("forbidden"))
+                .then_some(()),
+        )
     })
     .await?;
     env.passed()

@@ -265,11 +265,18 @@ async fn preview_primary(
         }
     };
     let field_manager = format!("wasmop/{name}");
-    let mut changes =
-        match child_changes(as_module, &field_manager, &validated, &existing, show_secrets).await {
-            Ok(c) => c,
-            Err(e) => return Outcome::Failed(e),
-        };
+    let mut changes = match child_changes(
+        as_module,
+        &field_manager,
+        &validated,
+        &existing,
+        show_secrets,
+    )
+    .await
+    {
+        Ok(c) => c,
+        Err(e) => return Outcome::Failed(e),
+    };
     changes.extend(status_change(&validated, &primary_value));
     if changes.is_empty() {
         Outcome::Unchanged
@@ -343,8 +350,7 @@ pub async fn preview(args: &Args) -> Result<Vec<(String, Outcome)>, CliError> {
     let config = crate::host::kube_config(args.kubeconfig.as_ref())
         .await
         .map_err(|e| CliError::Other(e.to_string()))?;
-    let client =
-        Client::try_from(config.clone()).map_err(|e| CliError::Other(e.to_string()))?;
+    let client = Client::try_from(config.clone()).map_err(|e| CliError::Other(e.to_string()))?;
     let wr = Api::<WasmReconciler>::all(client.clone())
         .get(&args.reconciler)
         .await
@@ -402,8 +408,15 @@ pub async fn preview(args: &Args) -> Result<Vec<(String, Outcome)>, CliError> {
         let shown = format!("{} {}", primary_kind.kind, ObjectKey::of(p));
         outcomes.push((
             shown,
-            preview_primary((&client, &as_module), &wr, &fit, &module, p, args.show_secrets)
-                .await,
+            preview_primary(
+                (&client, &as_module),
+                &wr,
+                &fit,
+                &module,
+                p,
+                args.show_secrets,
+            )
+            .await,
         ));
     }
     Ok(outcomes)

@@ -33,9 +33,9 @@ use crate::crd::{
 };
 use crate::engine::{CallError, Compiled, Limits, Module, sha256_hex};
 use crate::modules::copy;
-use crate::modules::{oci, signature};
 use crate::modules::slot::{Active, Fit, ModuleSlot};
 use crate::modules::source::{self, ModuleBytes};
+use crate::modules::{oci, signature};
 use crate::operations::metrics;
 use crate::reasons;
 
@@ -523,15 +523,18 @@ fn revokes(s: &Subject, e: &SetupError) -> bool {
         e.reason,
         reasons::SIGNATURE_INVALID | reasons::SIGNATURE_KEY_INVALID | reasons::SIGNATURE_REQUIRED
     );
-    let pinned = s
-        .wr
-        .spec
-        .module
-        .oci
+    let pinned =
+        s.wr.spec
+            .module
+            .oci
+            .as_ref()
+            .and_then(|spec| oci::pin(spec).ok())
+            .map(|p| p.origin());
+    let serving = s
+        .status
+        .active_module
         .as_ref()
-        .and_then(|spec| oci::pin(spec).ok())
-        .map(|p| p.origin());
-    let serving = s.status.active_module.as_ref().and_then(|a| a.origin.clone());
+        .and_then(|a| a.origin.clone());
     signature && pinned.is_some() && pinned == serving
 }
 

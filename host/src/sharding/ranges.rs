@@ -226,7 +226,10 @@ mod tests {
         assert!(Ranges::parse(&over.join(",")).is_err());
         let huge = "0x1-0x2,".repeat(1 << 20);
         let err = Ranges::parse(&huge).expect_err("8 MiB of ranges");
-        assert!(err.text.len() <= 200, "the error quotes at most 200 characters");
+        assert!(
+            err.text.len() <= 200,
+            "the error quotes at most 200 characters"
+        );
     }
 
     #[test]
