@@ -84,7 +84,7 @@ pub enum SignatureError {
     },
     /// No signature at all was found for the digest.
     #[error(
-        "{reference}@{digest} is not signed: no cosign signature found (tag {tag}); the policy requires key {fingerprint} ({origin}): sign it with `cosign sign --key KEY {reference}@{digest}` or `wasmop push --oci ... --sign KEY` (the active module keeps serving)"
+        "{reference}@{digest} is not signed: no cosign signature found (tag {tag}); the policy requires key {fingerprint} ({origin}): sign it with `cosign sign --key KEY {reference}@{digest}` or `wasmop push --oci ... --sign KEY`"
     )]
     Unsigned {
         /// The repository.
@@ -100,7 +100,7 @@ pub enum SignatureError {
     },
     /// Signatures exist, but none verifies with the required key.
     #[error(
-        "{reference}@{digest} is not signed by key {fingerprint} ({origin}): none of its {found} signature(s) verifies with that key (the active module keeps serving)"
+        "{reference}@{digest} is not signed by key {fingerprint} ({origin}): none of its {found} signature(s) verifies with that key"
     )]
     WrongKey {
         /// The repository.
