@@ -382,13 +382,10 @@ async fn primary_replica_creates_upgrades_replicas_first_refuses_a_downgrade_and
         Ok(refused.then_some(()))
     })
     .await?;
-    let warning = events(&env.client, &ns, "DowngradeRefused").await?;
-    assert!(
-        warning
-            .iter()
-            .any(|e| e.type_.as_deref() == Some("Warning")),
-        "{warning:?}"
-    );
+    ns_event(&env.client, &ns, "DowngradeRefused", |e| {
+        e.type_.as_deref() == Some("Warning")
+    })
+    .await?;
     let sts = sets.get("orders").await?;
     assert_eq!(image(&sts).as_deref(), Some("postgres:15.3"));
 

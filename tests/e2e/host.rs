@@ -189,14 +189,12 @@ async fn an_app_becomes_a_deployment_and_a_service_rolls_out_and_is_finalized() 
         ready(patched.metadata.generation.unwrap_or(2), "nginx:1.28"),
     )
     .await?;
-    let rolled = events(&env.client, &env.namespace, "RollingOut").await?;
-    assert!(
-        rolled.iter().any(|e| e
-            .note
+    ns_event(&env.client, &env.namespace, "RollingOut", |e| {
+        e.note
             .as_deref()
-            .is_some_and(|n| n.contains("nginx:1.27 -> nginx:1.28"))),
-        "{rolled:?}"
-    );
+            .is_some_and(|n| n.contains("nginx:1.27 -> nginx:1.28"))
+    })
+    .await?;
 
     // The WasmReconciler reports the module it serves (written with Ready, after the controller
     // started: wait for it rather than read once).

@@ -89,14 +89,11 @@ async fn deleting_the_reconciler_releases_its_primaries_and_migrates_the_old_fin
     .await?;
     let old = apps.get("old").await?;
     assert!(old.finalizers().is_empty(), "{:?}", old.finalizers());
-    let released = events(&env.client, &env.namespace, "FinalizerReleased").await?;
-    assert!(
-        released.iter().any(|e| {
-            e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("old")
-                && e.note.as_deref().is_some_and(|n| n.contains("was deleted"))
-        }),
-        "{released:?}"
-    );
+    ns_event(&env.client, &env.namespace, "FinalizerReleased", |e| {
+        e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("old")
+            && e.note.as_deref().is_some_and(|n| n.contains("was deleted"))
+    })
+    .await?;
     apps.delete("old", &DeleteParams::default()).await?;
     eventually("the old App gone", GONE, || async {
         Ok(apps.get_opt("old").await?.is_none().then_some(()))
@@ -147,14 +144,12 @@ async fn narrowing_the_namespaces_releases_the_primaries_left_outside() -> anyho
         Ok(apps.get_opt("web").await?.is_none().then_some(()))
     })
     .await?;
-    let released = events(&env.client, &env.namespace, "FinalizerReleased").await?;
-    assert!(
-        released.iter().any(|e| e
-            .note
+    ns_event(&env.client, &env.namespace, "FinalizerReleased", |e| {
+        e.note
             .as_deref()
-            .is_some_and(|n| n.contains("no longer serves this namespace"))),
-        "{released:?}"
-    );
+            .is_some_and(|n| n.contains("no longer serves this namespace"))
+    })
+    .await?;
     host.shutdown().await?;
     env.passed()
 }
@@ -254,15 +249,11 @@ async fn a_conflict_loser_releases_its_finalizers_to_the_winner() -> anyhow::Res
         Ok(apps.get_opt("web").await?.is_none().then_some(()))
     })
     .await?;
-    let released = events(&env.client, &env.namespace, "FinalizerReleased").await?;
-    assert!(
-        released
-            .iter()
-            .any(|e| e.note.as_deref().is_some_and(
-                |n| n.contains(&format!("lost its primaries to WasmReconciler {first}"))
-            )),
-        "{released:?}"
-    );
+    let lost = format!("lost its primaries to WasmReconciler {first}");
+    ns_event(&env.client, &env.namespace, "FinalizerReleased", |e| {
+        e.note.as_deref().is_some_and(|n| n.contains(&lost))
+    })
+    .await?;
     host.shutdown().await?;
     env.passed()
 }

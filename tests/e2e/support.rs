@@ -248,6 +248,34 @@ pub async fn cluster_events(client: &Client, name: &str) -> anyhow::Result<Vec<E
         .collect())
 }
 
+/// Waits for an Event with `reason` on WasmReconciler `name`. The host writes the status first
+/// and the Event after it, so a test that saw the status change waits for the Event rather than
+/// reading the Events once.
+pub async fn wr_event(client: &Client, name: &str, reason: &str) -> anyhow::Result<Event> {
+    eventually(&format!("a {reason} Event on {name}"), WAIT, || async {
+        Ok(cluster_events(client, name)
+            .await?
+            .into_iter()
+            .find(|e| e.reason.as_deref() == Some(reason)))
+    })
+    .await
+}
+
+/// Waits for an Event in namespace `ns` with `reason` that `wanted` accepts (Events are written
+/// after the change they tell of: waited for, not read once).
+pub async fn ns_event(
+    client: &Client,
+    ns: &str,
+    reason: &str,
+    wanted: impl Fn(&Event) -> bool,
+) -> anyhow::Result<Event> {
+    let wanted = &wanted;
+    eventually(&format!("a {reason} Event in {ns}"), WAIT, || async move {
+        Ok(events(client, ns, reason).await?.into_iter().find(wanted))
+    })
+    .await
+}
+
 /// A condition of a WasmReconciler: (status, reason, message).
 pub async fn wr_condition(
     client: &Client,
