@@ -817,3 +817,161 @@ async fn a_host_requiring_signatures_refuses_configmap_modules_and_loads_signed_
     );
     env.passed()
 }
+
+/// A registry that answers every request with a body that never ends: TLS as a real registry
+/// (its own CA), then a 200 with one byte every 5 s (well inside the host's 30 s per-read
+/// timeout), so only the pull's total deadline (3 minutes) ends a pull. Connections are counted.
+struct Tarpit {
+    addr: std::net::SocketAddr,
+    ca_pem: String,
+    accepted: tokio::sync::watch::Receiver<usize>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Tarpit {
+    async fn start() -> anyhow::Result<Tarpit> {
+        let cert = wasmop::tls::ServingCert::generate(&["127.0.0.1".to_string()])?;
+        let acceptor = tokio_rustls::TlsAcceptor::from(cert.server_config()?);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let (count, accepted) = tokio::sync::watch::channel(0usize);
+        let task = tokio::spawn(async move {
+            while let Ok((socket, _)) = listener.accept().await {
+                count.send_modify(|n| *n += 1);
+                tokio::spawn(Tarpit::trickle(acceptor.clone(), socket));
+            }
+        });
+        Ok(Tarpit {
+            addr,
+            ca_pem: cert.ca_pem,
+            accepted,
+            task,
+        })
+    }
+
+    /// Answers one connection: reads the request, then trickles a body until the client goes.
+    async fn trickle(acceptor: tokio_rustls::TlsAcceptor, socket: tokio::net::TcpStream) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let Ok(mut tls) = acceptor.accept(socket).await else {
+            return;
+        };
+        let mut request = [0u8; 4096];
+        if tls.read(&mut request).await.unwrap_or(0) == 0 {
+            return;
+        }
+        let head =
+            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 100000\r\n\r\n";
+        if tls.write_all(head.as_bytes()).await.is_err() {
+            return;
+        }
+        loop {
+            if tls.write_all(b" ").await.is_err() || tls.flush().await.is_err() {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+        }
+    }
+
+    /// Waits until at least `n` connections came in.
+    async fn accepted(&mut self, n: usize) -> anyhow::Result<()> {
+        tokio::time::timeout(WAIT, self.accepted.wait_for(|c| *c >= n))
+            .await
+            .map_err(|_| anyhow::anyhow!("no pull reached the tarpit within {WAIT:?}"))??;
+        Ok(())
+    }
+
+    /// The `spec.module` of a module on this registry (pinned: the host pulls only pinned
+    /// references; nothing is ever delivered to check the digest against).
+    fn module(&self, repository: &str) -> Value {
+        let digest = format!("sha256:{}", "0".repeat(64));
+        json!({"oci": {
+            "reference": format!("{}/{repository}@{digest}", self.addr),
+            "caBundle": self.ca_pem,
+        }})
+    }
+}
+
+impl Drop for Tarpit {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Reliability item 1: a registry that never answers holds one reconciler's set-up, never the
+/// host: another reconciler starts, the stuck one can be edited to another module, and the
+/// host shuts down within its grace while a swap's pull hangs. Each wait is well under the
+/// 3-minute deadline of a pull, so only a host that does not wait for the pull passes.
+#[tokio::test]
+async fn a_registry_that_never_answers_holds_neither_other_reconcilers_nor_the_shutdown()
+-> anyhow::Result<()> {
+    const WITHIN: std::time::Duration = std::time::Duration::from_secs(60);
+    let env = TestEnv::get("oci-tarpit").await?;
+    let mut tarpit = Tarpit::start().await?;
+    install_crds(&env.client).await?;
+    service_account(&env.client, &env.namespace, "iu", image_updater_rules(true)).await?;
+    service_account(&env.client, &env.namespace, "mb", widget_rules()).await?;
+    push_module(
+        &env.client,
+        &env.namespace,
+        "iu",
+        wasmop_test_modules::IMAGE_UPDATER,
+    )
+    .await?;
+    push_module(
+        &env.client,
+        &env.namespace,
+        "mb",
+        wasmop_test_modules::MISBEHAVE,
+    )
+    .await?;
+    let stuck = format!("{}-stuck", env.namespace);
+    let app_reconciler = |module: Value| {
+        let mut wr = reconciler(
+            &env,
+            &stuck,
+            "iu",
+            ("example.wasmop.dev/v1", "App"),
+            &[("apps/v1", "Deployment"), ("v1", "Service")],
+            "iu",
+            json!({}),
+        );
+        wr["spec"]["module"] = module;
+        wr
+    };
+    apply_reconciler(&env.client, &app_reconciler(tarpit.module("mods/stuck"))).await?;
+    let ns = env.namespace.clone();
+    let host = start_host_with(&env, |o| o.oci.namespace = Some(ns)).await?;
+    tarpit.accepted(1).await?;
+
+    // Another reconciler (of another kind) starts while the first one's pull hangs.
+    let other = format!("{}-other", env.namespace);
+    let widgets = reconciler(
+        &env,
+        &other,
+        "mb",
+        ("test.wasmop.dev/v1", "Widget"),
+        &[("v1", "ConfigMap")],
+        "mb",
+        json!({}),
+    );
+    apply_reconciler(&env.client, &widgets).await?;
+    tokio::time::timeout(WITHIN, wait_wr_ready(&env.client, &other))
+        .await
+        .map_err(|_| anyhow::anyhow!("{other} not Ready within {WITHIN:?}"))??;
+
+    // The stuck reconciler, edited to a module from a ConfigMap, serves it.
+    let configmap = json!({"configMap": {"namespace": env.namespace, "name": "iu"}});
+    apply_reconciler(&env.client, &app_reconciler(configmap)).await?;
+    tokio::time::timeout(WITHIN, wait_wr_ready(&env.client, &stuck))
+        .await
+        .map_err(|_| anyhow::anyhow!("{stuck} not Ready within {WITHIN:?} of its edit"))??;
+
+    // Swapped back to the registry: the swap's pull hangs while the host shuts down.
+    let before = *tarpit.accepted.borrow();
+    apply_reconciler(&env.client, &app_reconciler(tarpit.module("mods/again"))).await?;
+    tarpit.accepted(before + 1).await?;
+    tokio::time::timeout(WITHIN, host.shutdown())
+        .await
+        .map_err(|_| anyhow::anyhow!("the host did not shut down within {WITHIN:?}"))??;
+    env.passed()
+}

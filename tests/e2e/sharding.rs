@@ -15,7 +15,12 @@
 //! - the hosts' reconcile records (one `sharded reconcile` debug line per reconcile, with the
 //!   primary and its start and end): per primary, the replicas' reconciles never overlap and
 //!   each replica's form one block (no replica reconciles a primary again after another took it
-//!   over), and before the kill each primary was reconciled by exactly one replica.
+//!   over), and before the kill each primary was reconciled by exactly one replica;
+//! - the same records, with the children the caches held (reliability item 6): once every Widget
+//!   has its child, no reconcile (a takeover's or a join's included) sees none, i.e. no gained
+//!   primary is reconciled before its owned cache listed it;
+//! - and (item 8): while the fourth replica joins, the replicas that only give ranges up
+//!   reconcile nothing (a range change reconciles the primaries gained, not every one held).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -47,8 +52,9 @@ const WR: &str = "widgets";
 const LEASE: Duration = Duration::from_secs(12);
 const RENEW_DEADLINE: Duration = Duration::from_secs(8);
 const RETRY: Duration = Duration::from_secs(1);
-/// The WasmReconciler's resync period.
-const RESYNC: Duration = Duration::from_secs(20);
+/// The WasmReconciler's resync period: longer than the scenario, so that every reconcile in the
+/// records has a cause the scenario made (a spec change, a handover), not a resync.
+const RESYNC: Duration = Duration::from_secs(900);
 /// Generous: 300 Widgets on a loaded 2-core machine.
 const CONVERGE: Duration = Duration::from_secs(240);
 
@@ -95,6 +101,8 @@ struct Record {
     replica: usize,
     started: u64,
     finished: u64,
+    /// The children of the primary in the replica's caches when the reconcile started.
+    children: u64,
 }
 
 /// Every `sharded reconcile` record of every run of every replica, by primary (`ns/name`).
@@ -125,6 +133,7 @@ fn records(dirs: &[PathBuf]) -> BTreeMap<String, Vec<Record>> {
                     replica,
                     started,
                     finished,
+                    children: f["children"].as_u64().unwrap_or_default(),
                 });
             }
         }
@@ -163,6 +172,39 @@ fn assert_exclusive(records: &BTreeMap<String, Vec<Record>>) -> anyhow::Result<(
         );
     }
     Ok(())
+}
+
+/// Reliability item 6: no reconcile that started after `since` (when every Widget had its
+/// child) saw a primary without its child: gained primaries wait for their caches.
+fn assert_children_listed(
+    records: &BTreeMap<String, Vec<Record>>,
+    since: u64,
+) -> anyhow::Result<()> {
+    let blind: Vec<(&String, &Record)> = records
+        .iter()
+        .flat_map(|(p, rs)| rs.iter().map(move |r| (p, r)))
+        .filter(|(_, r)| r.started > since && r.children == 0)
+        .collect();
+    anyhow::ensure!(
+        blind.is_empty(),
+        "{} reconciles saw no child although every Widget had one (caches not listed yet): {:?}",
+        blind.len(),
+        blind.iter().take(5).collect::<Vec<_>>()
+    );
+    Ok(())
+}
+
+/// Reliability item 8: the reconciles `replicas` started in `[from, to)`.
+fn reconciles_between(
+    records: &BTreeMap<String, Vec<Record>>,
+    replicas: &[usize],
+    (from, to): (u64, u64),
+) -> usize {
+    records
+        .values()
+        .flatten()
+        .filter(|r| replicas.contains(&r.replica) && r.started >= from && r.started < to)
+        .count()
 }
 
 fn widget(ns: &str, name: &str) -> anyhow::Result<DynamicObject> {
@@ -420,6 +462,7 @@ async fn run(cp: &ControlPlane, gate: bool) -> anyhow::Result<()> {
     let started = now_ms();
     async {
         converged(&client, "300 Widgets reconciled by 3 replicas").await?;
+        let children_made = now_ms();
         eprintln!("[sharding] 3 replicas converged {TOTAL} Widgets in {} ms", now_ms() - started);
         let counts = partitioned(&hosts.iter().collect::<Vec<_>>()).await?;
         eprintln!("[sharding] primaries per replica: {counts:?}");
@@ -467,10 +510,11 @@ async fn run(cp: &ControlPlane, gate: bool) -> anyhow::Result<()> {
             .max()
             .map(|t| t.saturating_sub(killed));
         eprintln!(
-            "[sharding] the {} Widgets of the killed replica were taken over; the last one {takeover:?} ms after the kill (lease {LEASE:?} + resync {RESYNC:?})",
+            "[sharding] the {} Widgets of the killed replica were taken over; the last one {takeover:?} ms after the kill (lease {LEASE:?})",
             victims.len()
         );
-        let bound = (LEASE + RETRY + RESYNC + Duration::from_secs(60)).as_millis() as u64;
+        // The survivors reconcile what they gained as soon as their caches listed it.
+        let bound = (LEASE + RETRY + Duration::from_secs(90)).as_millis() as u64;
         anyhow::ensure!(
             takeover.is_some_and(|t| t <= bound),
             "every Widget of the killed replica reconciled by a survivor within {bound} ms, got {takeover:?}"
@@ -479,11 +523,27 @@ async fn run(cp: &ControlPlane, gate: bool) -> anyhow::Result<()> {
         balanced(&client, &survivors).await?;
         partitioned(&survivors).await?;
 
-        // A fourth replica joins: it takes its share; nothing is lost.
+        // A fourth replica joins: it takes its share; nothing is lost, and the two others,
+        // which only give ranges up, reconcile nothing meanwhile.
+        let joined = now_ms();
         let fourth = replica(cp, &dirs[3]).await?;
         let live = [&hosts[0], &hosts[1], &fourth];
         let shares = balanced(&client, &live).await?;
         eprintln!("[sharding] shares after the fourth joined: {shares:?}");
+        partitioned(&live).await?;
+        let fourth_listed = eventually("the fourth replica reconciled what it gained", CONVERGE, || async {
+            let n = reconciles_between(&records(&dirs), &[3], (joined, u64::MAX));
+            Ok((n > 0).then_some(n))
+        })
+        .await?;
+        let settled = now_ms();
+        assert_children_listed(&records(&dirs), children_made)?;
+        let kept = reconciles_between(&records(&dirs), &[0, 1], (joined, settled));
+        eprintln!("[sharding] while the fourth joined: {fourth_listed}+ reconciles by it, {kept} by the two others");
+        anyhow::ensure!(
+            kept == 0,
+            "the replicas that only gave ranges up reconciled {kept} primaries while the fourth joined"
+        );
         bump(&client, 2).await?;
         converged(&client, "300 Widgets reconciled after a fourth replica joined").await?;
         let counts = partitioned(&live).await?;
@@ -492,6 +552,7 @@ async fn run(cp: &ControlPlane, gate: bool) -> anyhow::Result<()> {
         anyhow::ensure!(gained >= 1.0, "the fourth replica gained ranges");
         let all = records(&dirs);
         assert_exclusive(&all)?;
+        assert_children_listed(&all, children_made)?;
         let fourth_reconciles = all.values().flatten().filter(|r| r.replica == 3).count();
         anyhow::ensure!(fourth_reconciles > 0, "the fourth replica reconciles its share");
         Ok::<_, anyhow::Error>(())

@@ -242,14 +242,24 @@ impl Cache {
         }
     }
 
-    /// Follows one event of the watch stream.
-    pub fn record(&self, event: &watcher::Event<DynamicObject>) {
+    /// Follows one event of the watch stream. Returns false for an object of a relist that
+    /// the cache already holds as it is (same text, resourceVersion included): nothing about it
+    /// changed, so it calls for no reconcile; true otherwise.
+    pub fn record(&self, event: &watcher::Event<DynamicObject>) -> bool {
         let entry = match event {
             watcher::Event::InitApply(o) | watcher::Event::Apply(o) => self.entry(o),
             _ => None,
         };
         let Ok(mut state) = self.state.write() else {
-            return;
+            return true;
+        };
+        let changed = match (event, &entry) {
+            (watcher::Event::InitApply(o), Some(entry)) => state
+                .live
+                .objects
+                .get(&key_of(o))
+                .is_none_or(|held| held.json != entry.json),
+            _ => true,
         };
         match (event, entry) {
             (watcher::Event::Init, _) => state.next = Some(Contents::default()),
@@ -271,6 +281,7 @@ impl Cache {
             (watcher::Event::InitApply(_), None) => {}
             (watcher::Event::Delete(_), Some(_)) => {}
         }
+        changed
     }
 
     /// Resolves once the cache has completed its first list (at once if it has).
@@ -449,6 +460,37 @@ mod tests {
             Some("web")
         );
         assert_eq!(cache.all().len(), 1);
+    }
+
+    /// Reliability item 8: a relist (a range change, a 410 Gone) reconciles the primaries whose
+    /// children changed, not every primary with children.
+    #[test]
+    fn a_relisted_object_the_cache_held_unchanged_calls_for_nothing() {
+        let cache = Cache::new(controller_uid);
+        let at = |rv: &str| {
+            let mut o = child("a1", Some("u1"));
+            o.metadata.resource_version = Some(rv.to_string());
+            o
+        };
+        assert!(cache.record(&watcher::Event::Init));
+        assert!(
+            cache.record(&watcher::Event::InitApply(at("1"))),
+            "first seen"
+        );
+        assert!(cache.record(&watcher::Event::InitDone));
+        cache.record(&watcher::Event::Init);
+        assert!(
+            !cache.record(&watcher::Event::InitApply(at("1"))),
+            "held as it is"
+        );
+        assert!(cache.record(&watcher::Event::InitApply(child("b1", Some("u2")))));
+        cache.record(&watcher::Event::InitDone);
+        cache.record(&watcher::Event::Init);
+        assert!(cache.record(&watcher::Event::InitApply(at("2"))), "changed");
+        assert!(
+            cache.record(&watcher::Event::Apply(at("2"))),
+            "a live event"
+        );
     }
 
     #[test]

@@ -114,6 +114,8 @@ use crate::modules::slot::ModuleSlot;
 use crate::object::ObjectKey;
 use crate::operations::metrics::{self, Queue};
 use crate::operations::readiness;
+use crate::sharding::hash::Key;
+use crate::sharding::{Listed, Ranges};
 
 pub use self::health::{Health, panic_message};
 pub use self::state::tracked_objects;
@@ -301,23 +303,24 @@ pub fn start(
     let primaries = writer.as_reader();
     // Primaries by namespace: a related change with `AllPrimaries` enqueues only its namespace's.
     let by_namespace = Index::new(cache::namespace);
-    // With sharding, every relist (the active ranges changed) reconciles the primaries listed.
-    let (relisted, relisted_rx) = futures::channel::mpsc::unbounded::<()>();
+    // With sharding, a primary is reconciled once every watch has listed its range, and a
+    // range change reconciles only the primaries gained.
+    let (listed, gained) = settings.shards.as_ref().map(|_| Listed::new()).unzip();
     let watches = streams::Watches {
         client: &clients.host,
         settings: &settings,
         health: &health,
+        listed: listed.clone(),
     };
     let primary_stream = watches.primaries(streams::Primaries {
         writer,
         by_namespace: by_namespace.clone(),
         states: states.clone(),
-        relisted,
     });
-    let everything = futures::stream::select(module_changed, relisted_rx);
-    let reconcile_all = requested_all(everything, &primaries, &states);
+    let reconcile_all = requested_all(module_changed, &primaries, &states);
     let controller = controller_for(primary_stream, &primaries, &settings, reconcile_all);
-    let (priority, controller) = with_priority_gate(controller, &settings, &queue);
+    let gained = gained_primaries(gained, &primaries, &states, &settings);
+    let (priority, controller) = with_priority_gate(controller, &settings, &queue, gained);
     let related = triggers::Related {
         resource: settings.primary_resource().clone(),
         namespaced: settings.primary.resolved.namespaced,
@@ -342,6 +345,7 @@ pub fn start(
         related,
         primaries,
         synced,
+        listed,
     };
     let shared = Arc::new(Shared::new(
         settings, slot, &clients, states, caches, priority,
@@ -384,8 +388,7 @@ fn controller_for(
         .reconcile_all_on(reconcile_all)
 }
 
-/// `changed` (a new module, a relist with sharding), every primary counted as requested: it
-/// reconciles every primary.
+/// `changed` (a new module), every primary counted as requested: it reconciles every primary.
 fn requested_all(
     changed: impl Stream<Item = ()> + Send + 'static,
     primaries: &Store<Compact>,
@@ -399,12 +402,44 @@ fn requested_all(
     })
 }
 
+/// With sharding: the primaries in each range that every watch has newly listed (see
+/// [`crate::sharding::listed`]), counted as requested; never those held all along.
+fn gained_primaries(
+    gained: Option<futures::channel::mpsc::UnboundedReceiver<Ranges>>,
+    primaries: &Store<Compact>,
+    states: &States,
+    settings: &Settings,
+) -> impl Stream<Item = ObjectKey> + Send + 'static {
+    let (primaries, states) = (primaries.clone(), states.clone());
+    let by = Key::of_primary(settings.primary.resolved.namespaced);
+    futures::stream::iter(gained)
+        .flatten()
+        .flat_map(move |ranges| {
+            let keys: Vec<ObjectKey> = primaries
+                .state()
+                .iter()
+                .filter(|p| ranges.contains(by.hash(&***p)))
+                .map(|p| ObjectKey::of(&**p))
+                .collect();
+            for key in &keys {
+                states.requested(key);
+            }
+            tracing::debug!(
+                primaries = keys.len(),
+                "ranges listed by every watch: reconciling the primaries gained"
+            );
+            futures::stream::iter(keys)
+        })
+}
+
 /// The reconciler's priority gate (`spec.limits.concurrency` permits, reactive work first),
-/// and `controller` also fed by the timed reconciles the gate parked, when it unparks them.
+/// and `controller` also fed by the timed reconciles the gate parked, when it unparks them,
+/// and by the `gained` primaries.
 fn with_priority_gate(
     controller: Controller<Compact>,
     settings: &Settings,
     queue: &Queue,
+    gained: impl Stream<Item = ObjectKey> + Send + 'static,
 ) -> (priority::PriorityGate<ObjectKey>, Controller<Compact>) {
     let (unpark, unparked) = futures::channel::mpsc::unbounded::<ObjectKey>();
     let waiting = queue.clone();
@@ -416,7 +451,7 @@ fn with_priority_gate(
         Some(Box::new(move |lanes| waiting.waiting(lanes))),
     );
     let resource = settings.primary_resource().clone();
-    let unparked = unparked.map(move |key: ObjectKey| {
+    let unparked = futures::stream::select(unparked, gained).map(move |key: ObjectKey| {
         let o = DynamicObject::new(&key.name, &resource);
         Ok(match key.namespace {
             Some(ns) => o.within(&ns),

@@ -34,6 +34,7 @@ use crate::discovery::Discovery;
 use crate::modules::slot::{Active, ModuleSlot};
 use crate::object::ObjectKey;
 use crate::operations::metrics;
+use crate::sharding::Listed;
 use crate::{reasons, text};
 
 /// Whether reconciles may run: they wait while `Waiting`, and give up when `Stopping`.
@@ -67,6 +68,8 @@ pub(super) struct Shared {
     pub states: States,
     pub primaries: Store<Compact>,
     pub synced: tokio::sync::watch::Receiver<Gate>,
+    /// With sharding: what every watch has listed (a primary elsewhere waits).
+    pub listed: Option<Arc<Listed>>,
     /// `spec.limits.concurrency` permits, reactive work first (see [`priority`]).
     pub priority: priority::PriorityGate<ObjectKey>,
 }
@@ -85,6 +88,7 @@ pub(super) struct Caches {
     pub related: Vec<Cached>,
     pub primaries: Store<Compact>,
     pub synced: tokio::sync::watch::Receiver<Gate>,
+    pub listed: Option<Arc<Listed>>,
 }
 
 impl Shared {
@@ -116,6 +120,7 @@ impl Shared {
             states,
             primaries: caches.primaries,
             synced: caches.synced,
+            listed: caches.listed,
             priority,
         }
     }
@@ -138,6 +143,12 @@ impl Shared {
     pub(super) fn forget(&self, key: &ObjectKey) {
         self.states.forget(key);
         self.priority.forget(key);
+    }
+
+    /// How many children of `primary` the owned caches hold.
+    fn cached_children(&self, primary: &DynamicObject) -> usize {
+        let uid = primary.uid().unwrap_or_default();
+        self.owned.iter().map(|c| c.cache.group(&uid).len()).sum()
     }
 
     /// The observed children controlled by `uid`, of every owned kind the module may own
@@ -343,7 +354,13 @@ async fn admitted(
         Some(shards) => {
             let by =
                 crate::sharding::hash::Key::of_primary(shared.settings.primary.resolved.namespaced);
-            match shards.admit(by.hash(&primary)) {
+            let hash = by.hash(&*primary);
+            match shards.admit(hash) {
+                // Gained, and some watch has not listed it yet: reconciled once they all did
+                // (the controller's `gained_primaries`).
+                Ok(_) if !shared.listed.as_ref().is_some_and(|l| l.covers(hash)) => {
+                    return Ok(Action::await_change());
+                }
                 Ok(a) => Some(a),
                 Err(crate::sharding::Refused::NotHere) => {
                     shared.forget(&key);
@@ -369,6 +386,9 @@ async fn admitted(
     let (trigger, attempt) = shared.states.begin(&key, rv.as_deref(), &sha);
     let span = reconcile_span(&shared.settings, &key, &active, &trigger, attempt);
     let started = Instant::now();
+    // With sharding, the record says how many children the caches held (a gained primary
+    // must not be reconciled before its children are listed).
+    let children = admitted.as_ref().map(|_| shared.cached_children(&primary));
     let m = metrics::global();
     shared.states.queue().started(&key.to_string());
     m.active(&shared.settings.name, 1);
@@ -378,7 +398,7 @@ async fn admitted(
     let elapsed = started.elapsed();
     if admitted.is_some() {
         // The record of which replica reconciled which primary when (read by the e2e tests).
-        tracing::debug!(target: "wasmop::sharding", reconciler = %shared.settings.name, primary = %key, started_ms, finished_ms = now_unix_ms(), "sharded reconcile");
+        tracing::debug!(target: "wasmop::sharding", reconciler = %shared.settings.name, primary = %key, started_ms, finished_ms = now_unix_ms(), children, "sharded reconcile");
     }
     drop(admitted);
     m.active(&shared.settings.name, -1);

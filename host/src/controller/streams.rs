@@ -8,8 +8,8 @@
 //!   `wasmop_cache_objects` at its cache's size.
 //! - The state of primaries that are gone is freed as their watch sees them go
 //!   ([`States::forget_gone`]); status-only changes of a primary call for no reconcile.
-//! - With sharding, each watch sees only this replica's slice, and every relist of the
-//!   primaries (the active ranges changed) reconciles the primaries listed.
+//! - With sharding, each watch sees only this replica's slice, and reports each list to the
+//!   reconciler's [`Listed`] once its cache holds it (gained primaries wait for every cache).
 
 use std::sync::Arc;
 
@@ -29,7 +29,11 @@ use crate::contract::Gvk;
 use crate::discovery::Resolved;
 use crate::object::ObjectKey;
 use crate::operations::metrics;
-use crate::sharding::{Shards, hash};
+use crate::sharding::{Listed, Lister, Shards, hash};
+
+/// With sharding: the replica's ranges, what the kind's objects shard by, and the watch's
+/// handle on what the reconciler's watches have listed.
+type Sharding<'a> = (&'a Arc<Shards>, hash::Key, Lister);
 
 type WatchEvents =
     futures::stream::BoxStream<'static, Result<watcher::Event<DynamicObject>, watcher::Error>>;
@@ -42,6 +46,8 @@ pub(super) struct Watches<'a> {
     pub settings: &'a Settings,
     /// Where the watches report their health.
     pub health: &'a Arc<Health>,
+    /// With sharding: what every watch has listed (see [`crate::sharding::listed`]).
+    pub listed: Option<Arc<Listed>>,
 }
 
 /// What the primaries' watch feeds besides the controller.
@@ -52,15 +58,15 @@ pub(super) struct Primaries {
     pub by_namespace: Arc<Index>,
     /// The per-object state, freed for primaries that are gone.
     pub states: States,
-    /// Told after every relist, with sharding.
-    pub relisted: futures::channel::mpsc::UnboundedSender<()>,
 }
 
 impl Watches<'_> {
-    /// This replica's slice under `key` (None: not sharded).
-    fn sharded_by(&self, key: fn(bool) -> hash::Key) -> Option<(&Arc<Shards>, hash::Key)> {
+    /// This replica's slice under `key`, with the watch registered in [`Listed`] (None: not
+    /// sharded).
+    fn sharded_by(&self, key: fn(bool) -> hash::Key) -> Option<Sharding<'_>> {
         let namespaced = self.settings.primary.resolved.namespaced;
-        self.settings.shards.as_ref().map(|s| (s, key(namespaced)))
+        let (shards, listed) = (self.settings.shards.as_ref()?, self.listed.as_ref()?);
+        Some((shards, key(namespaced), listed.watch()))
     }
 
     /// The primaries that call for a reconcile (created, or changed outside their status).
@@ -72,7 +78,6 @@ impl Watches<'_> {
             writer,
             by_namespace,
             states,
-            relisted,
         } = feeds;
         let primary = &self.settings.primary;
         let store = writer.as_reader();
@@ -81,6 +86,7 @@ impl Watches<'_> {
         let config = watcher::Config::default();
         let held = scope::held_in_store(store.clone(), |c: &Compact| c.object().ok());
         let sharding = self.sharded_by(hash::Key::of_primary);
+        let lister = sharding.as_ref().map(|(_, _, l)| l.clone());
         let requested = states.clone();
         watch_events(
             self.client,
@@ -98,11 +104,12 @@ impl Watches<'_> {
         })
         .filter_map(|item| std::future::ready(compact_event(item)))
         .reflect(writer)
+        .inspect(listed_when_cached(lister))
         .inspect(cached(&self.settings.name, &primary.kind, {
             let store = store.clone();
             move || store.len()
         }))
-        .inspect(relists(self.settings, store.clone(), relisted))
+        .inspect(shard_metrics(self.settings, store.clone()))
         .inspect(move |e| states.forget_gone(e, &store))
         .applied_objects()
         // The host's own status writes (and anyone's status-only changes) call for no
@@ -125,6 +132,7 @@ impl Watches<'_> {
         let config = watcher::Config::default().labels(&label);
         let held = scope::held_in_cache(cache.clone());
         let sharding = self.sharded_by(hash::Key::of_children);
+        let lister = sharding.as_ref().map(|(_, _, l)| l.clone());
         let events = watch_events(
             self.client,
             owned,
@@ -132,7 +140,7 @@ impl Watches<'_> {
             (config, held),
             sharding,
         );
-        self.cached_objects(events, &owned.kind, cache)
+        self.cached_objects(events, &owned.kind, cache, lister)
     }
 
     /// The objects of one related kind (with the administrator's selector), recorded in `cache`.
@@ -157,46 +165,58 @@ impl Watches<'_> {
         let held = scope::held_in_cache(cache.clone());
         // Related objects of a namespaced primary live in its namespace: they shard with it.
         // Those of a cluster-scoped primary may concern any primary: every replica sees them.
-        let sharding = self
-            .sharded_by(hash::Key::of_primary)
-            .filter(|_| namespaced);
+        let sharding = if namespaced {
+            self.sharded_by(hash::Key::of_primary)
+        } else {
+            None
+        };
+        let lister = sharding.as_ref().map(|(_, _, l)| l.clone());
         let watched = &related.watched;
         let events = watch_events(self.client, watched, in_scope, (config, held), sharding);
-        self.cached_objects(events, &watched.kind, cache)
+        self.cached_objects(events, &watched.kind, cache, lister)
     }
 
-    /// `events` of `kind`, stripped, reported to [`Health`] and recorded in `cache`, as the
-    /// objects they touch.
+    /// `events` of `kind`, stripped, reported to [`Health`] and recorded in `cache` (then to
+    /// `lister`, with sharding), as the objects they touch.
     fn cached_objects(
         &self,
         events: WatchEvents,
         kind: &Gvk,
         cache: &Arc<Cache>,
+        lister: Option<Lister>,
     ) -> impl Stream<Item = Result<DynamicObject, watcher::Error>> + Send + 'static {
         let (health, watched, len) = (self.health.clone(), kind.clone(), cache.clone());
         events
             .modify(strip)
             .inspect(move |e| health.watched(&watched, e))
-            .inspect(record_in(cache))
+            .filter(record_in(cache))
+            .inspect(listed_when_cached(lister))
             .inspect(cached(&self.settings.name, kind, move || len.len()))
             .touched_objects()
     }
 }
 
-/// With sharding: tells `relisted` after every relist of the primaries (the primaries gained
-/// may have been seen before, so the predicate would drop them), and keeps the shard metrics
-/// at the store's size.
-fn relists(
+/// With sharding: tells `lister` that a list is done once the cache the events passed to the
+/// returned closure were recorded in holds it (the gained primaries are then reconciled, see
+/// [`crate::sharding::listed`]).
+fn listed_when_cached<K>(
+    lister: Option<Lister>,
+) -> impl Fn(&Result<watcher::Event<K>, watcher::Error>) + Send + 'static {
+    move |e| {
+        if let (Some(lister), Ok(watcher::Event::InitDone)) = (&lister, e) {
+            lister.listed();
+        }
+    }
+}
+
+/// With sharding: keeps the shard metrics at the primaries' store's size.
+fn shard_metrics(
     settings: &Settings,
     store: kube::runtime::reflector::Store<Compact>,
-    relisted: futures::channel::mpsc::UnboundedSender<()>,
 ) -> impl Fn(&Result<watcher::Event<Compact>, watcher::Error>) + Send + 'static {
     let (sharded, reconciler) = (settings.shards.is_some(), settings.name.clone());
     move |e| {
-        if sharded && let Ok(e) = e {
-            if matches!(e, watcher::Event::InitDone) {
-                let _ = relisted.unbounded_send(());
-            }
+        if sharded && e.is_ok() {
             metrics::global()
                 .shards()
                 .primaries(&reconciler, store.len());
@@ -222,15 +242,21 @@ pub(super) fn cached<K>(
     }
 }
 
-/// Follows the watch events passed to the returned closure in `cache`.
+/// Follows the watch events passed to the returned filter in `cache`, and keeps them all but
+/// the objects of a relist that the cache already held unchanged: a relist (the active ranges
+/// changed, a 410 Gone) calls for no reconcile of the primaries whose children or related
+/// objects did not change.
 fn record_in(
     cache: &Arc<Cache>,
-) -> impl Fn(&Result<watcher::Event<DynamicObject>, watcher::Error>) + Send + 'static {
+) -> impl FnMut(&Result<watcher::Event<DynamicObject>, watcher::Error>) -> std::future::Ready<bool>
++ Send
++ 'static {
     let cache = cache.clone();
     move |event| {
-        if let Ok(e) = event {
-            cache.record(e);
-        }
+        std::future::ready(match event {
+            Ok(e) => cache.record(e),
+            Err(_) => true,
+        })
     }
 }
 
@@ -285,9 +311,9 @@ fn watch_events(
     watched: &Watched,
     namespaces: &[String],
     (config, held): (watcher::Config, scope::Held),
-    sharding: Option<(&Arc<Shards>, hash::Key)>,
+    sharding: Option<Sharding<'_>>,
 ) -> WatchEvents {
-    let Some((shards, key)) = sharding else {
+    let Some((shards, key, lister)) = sharding else {
         return scope::watch(client, &watched.resolved, namespaces, config, held);
     };
     let (resolved, namespaces) = (watched.resolved.clone(), namespaces.to_vec());
@@ -298,6 +324,7 @@ fn watch_events(
         key,
         shards: shards.clone(),
         kind: cache_kind(&watched.kind),
+        lister,
     })
     .default_backoff()
     .boxed()

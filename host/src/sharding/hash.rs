@@ -15,8 +15,7 @@
 
 use std::hash::Hasher;
 
-use kube::ResourceExt;
-use kube::api::DynamicObject;
+use kube::Resource;
 
 /// FNV-1a, 64 bits, over `text`'s bytes.
 pub fn fnv1a64(text: &str) -> u64 {
@@ -61,18 +60,21 @@ impl Key {
     }
 
     /// The hash of `o` under this key.
-    pub fn hash(self, o: &DynamicObject) -> u64 {
-        match self {
-            Key::Namespace => fnv1a64(&o.namespace().unwrap_or_default()),
-            Key::Uid => fnv1a64(&o.uid().unwrap_or_default()),
-            Key::ControllerUid => fnv1a64(&crate::object::controller_uid(o).unwrap_or_default()),
-        }
+    pub fn hash(self, o: &impl Resource) -> u64 {
+        let meta = o.meta();
+        let field = match self {
+            Key::Namespace => meta.namespace.as_deref(),
+            Key::Uid => meta.uid.as_deref(),
+            Key::ControllerUid => crate::object::controller_of(meta).map(|r| r.uid.as_str()),
+        };
+        fnv1a64(field.unwrap_or_default())
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use kube::api::DynamicObject;
 
     #[test]
     fn matches_the_reference_fnv1a_64_values() {

@@ -12,7 +12,9 @@
 //! - [`assignment`]: the ranges this replica reconciles now, shared with the controllers, which
 //!   admit a reconcile only in them and report what runs for the drain;
 //! - [`watch`]: watches that list and watch only this replica's slice: with the API server's
-//!   `shardSelector` when it honours it (detected, never assumed), else filtered here.
+//!   `shardSelector` when it honours it (detected, never assumed), else filtered here;
+//! - [`listed`]: what every watch of one reconciler has listed: a gained primary is reconciled
+//!   only once all its caches hold it, and only gained primaries are.
 //!
 //! Admission is not sharded: every replica serves the webhook for every WasmReconciler.
 //! See docs/operating.md, section "Sharding", for the protocol, its timings and failure cases.
@@ -27,6 +29,7 @@
 pub mod assignment;
 pub mod handover;
 pub mod hash;
+pub mod listed;
 pub mod membership;
 pub mod ranges;
 pub mod ring;
@@ -34,6 +37,7 @@ pub mod watch;
 
 pub use assignment::{Admitted, Refused, Shards};
 pub use handover::Handover;
+pub use listed::{Listed, Lister};
 pub use membership::{MemberConfig, Membership};
 pub use ranges::Ranges;
 

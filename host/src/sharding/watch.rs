@@ -18,7 +18,7 @@
 //!   object seen restarts the watch once to probe the server with it.
 //! - A change of the active ranges restarts the watch with a full list (`Init` .. `InitDone`),
 //!   which replaces the reflector's store; while nothing is active the stream reports an empty
-//!   list and waits.
+//!   list and waits. Each list's ranges are reported to the spec's [`Lister`] as it starts.
 //!
 //! # Errors
 //! The watcher's errors, passed on as they come (it retries with its backoff).
@@ -35,6 +35,7 @@ use tokio::sync::watch as channel;
 
 use super::assignment::Shards;
 use super::hash::Key;
+use super::listed::Lister;
 use super::ranges::{Ranges, SPACE_END};
 
 type Events = BoxStream<'static, Result<watcher::Event<DynamicObject>, watcher::Error>>;
@@ -127,6 +128,9 @@ pub struct Sharded {
     pub shards: Arc<Shards>,
     /// For logs: the kind.
     pub kind: String,
+    /// Told the ranges of every list this watch starts (the caller reports when its cache
+    /// holds it, see [`super::listed`]).
+    pub lister: Lister,
 }
 
 impl std::fmt::Debug for Sharded {
@@ -152,6 +156,7 @@ struct State {
 impl State {
     async fn start(&mut self) -> (Events, Ranges) {
         let ranges = self.ranges.borrow_and_update().clone();
+        self.spec.lister.listing(&ranges);
         if ranges.is_empty() {
             // Nothing to hold: an empty list, then wait for a change.
             let empty: Events = futures::stream::iter([
