@@ -12,7 +12,7 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use tokio::sync::watch;
 
 use crate::admission::config::{BuiltinKinds, WebhookConfigs, WebhookTarget};
-use crate::admission::tls::ServingCert;
+use crate::admission::tls::{ClientAuth, ServingCert};
 use crate::controller::limit::ReconcileLimit;
 use crate::discovery::Discovery;
 use crate::engine::{Engine, EngineConfig};
@@ -45,6 +45,9 @@ pub struct WebhookOptions {
     pub max_review_bytes: usize,
     /// The Kubernetes built-in kinds modules may validate (none by default).
     pub builtin_kinds: BuiltinKinds,
+    /// Accept only clients with a certificate of this CA (and name): the API server
+    /// (`--webhook-client-ca`; None: any client).
+    pub client_auth: Option<ClientAuth>,
 }
 
 impl WebhookOptions {
@@ -59,6 +62,7 @@ impl WebhookOptions {
             max_reviews: admission::MAX_REVIEWS,
             max_review_bytes: admission::budget::DEFAULT_BYTES,
             builtin_kinds: BuiltinKinds::default(),
+            client_auth: None,
         }
     }
 }
@@ -374,6 +378,7 @@ impl Host {
                 max_review_bytes: w.max_review_bytes,
                 slots: ctx.slots.clone(),
                 oci: options.oci.clone(),
+                clients: w.client_auth.clone(),
             };
             let serve = admission::serve(bound, setup, leading_rx, stopped(&stop_rx)).await?;
             tracing::info!(%addr, "serving the admission webhook (HTTPS)");

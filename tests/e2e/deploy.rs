@@ -378,16 +378,6 @@ fn make_image(
         .ok_or_else(|| anyhow::anyhow!("make image printed no reference"))
 }
 
-/// `to` as a path relative to directory `from` (kustomize takes no absolute resource paths).
-fn relative_to(from: &Path, to: &Path) -> anyhow::Result<String> {
-    let (from, to) = (from.canonicalize()?, to.canonicalize()?);
-    let up = from.components().count().saturating_sub(1);
-    let down = to
-        .strip_prefix("/")
-        .with_context(|| format!("{} is not absolute", to.display()))?;
-    Ok(format!("{}{}", "../".repeat(up), down.display()))
-}
-
 /// Runs crane with `env`; returns its stdout.
 fn crane(bin: &Path, env: &[(&str, &Path)], args: &[&str]) -> anyhow::Result<Vec<u8>> {
     let out = Command::new(bin)

@@ -18,6 +18,7 @@
 mod support;
 
 mod author;
+mod clientauth;
 mod deploy;
 mod examples;
 mod faults;

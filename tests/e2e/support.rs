@@ -614,6 +614,16 @@ pub fn tenants(client: &Client) -> Api<DynamicObject> {
     Api::all_with(client.clone(), &ar)
 }
 
+/// `to` as a path relative to directory `from` (kustomize takes no absolute resource paths).
+pub fn relative_to(from: &Path, to: &Path) -> anyhow::Result<String> {
+    let (from, to) = (from.canonicalize()?, to.canonicalize()?);
+    let up = from.components().count().saturating_sub(1);
+    let down = to
+        .strip_prefix("/")
+        .map_err(|_| anyhow::anyhow!("{} is not absolute", to.display()))?;
+    Ok(format!("{}{}", "../".repeat(up), down.display()))
+}
+
 /// The `wasmop` binary in the test binary's target directory, built once per test process (a
 /// no-op when it is fresh), for tests that run the host as a child process.
 pub async fn wasmop_binary() -> anyhow::Result<&'static Path> {

@@ -8,6 +8,10 @@
 //! - [`ControlPlane::start`] returns only when `/readyz` is ok, the controller-manager and the
 //!   scheduler answer `/healthz`, every node is Ready and untainted, and the `default`
 //!   ServiceAccount exists (so the controller-manager's controllers are running).
+//! - With [`Options::webhook_client_cert`] (the default), kube-apiserver presents
+//!   [`Pki::webhook_client_cert`] to every admission webhook that asks for a client certificate
+//!   (its admission configuration's webhook kubeconfig, user `*`: every host and port). A
+//!   webhook that asks for none sees no difference.
 //! - Dropping the [`ControlPlane`] stops every process (SIGTERM, then SIGKILL after a grace
 //!   period) and removes the temporary directory, unless [`ControlPlane::keep`] was called.
 //!   If the owning process dies without dropping it, the [`Reaper`] does the same.
@@ -40,6 +44,10 @@ pub struct Options {
     pub ready_timeout: Duration,
     /// kube-apiserver feature gates to turn on (e.g. `ShardedListAndWatch`).
     pub feature_gates: Vec<String>,
+    /// Present [`Pki::webhook_client_cert`] to admission webhooks that ask for a client
+    /// certificate. On by default: it costs two small files, and webhooks that ask for none
+    /// (every host without `--webhook-client-ca`) see no difference.
+    pub webhook_client_cert: bool,
 }
 
 impl Default for Options {
@@ -48,6 +56,7 @@ impl Default for Options {
             nodes: 2,
             ready_timeout: Duration::from_secs(90),
             feature_gates: Vec::new(),
+            webhook_client_cert: true,
         }
     }
 }
@@ -115,6 +124,41 @@ pub fn write_kubeconfig(
         key = key.display(),
     );
     std::fs::write(path, text).map_err(Error::io("writing", path))
+}
+
+/// Writes kube-apiserver's admission configuration: the validating and mutating webhook plugins
+/// present `pki`'s webhook client certificate to every webhook (kubeconfig user `*`: any
+/// `host:port` of a URL webhook and any Service). Returns the configuration's path.
+///
+/// # Errors
+/// [`Error::Io`] if a file cannot be read or written.
+pub fn write_admission_config(dir: &Path, pki: &Pki) -> Result<PathBuf> {
+    use base64::Engine as _;
+    let data = |path: &Path| -> Result<String> {
+        let pem = std::fs::read(path).map_err(Error::io("reading", path))?;
+        Ok(base64::engine::general_purpose::STANDARD.encode(pem))
+    };
+    let kubeconfig = dir.join("webhook-client.kubeconfig");
+    let users = format!(
+        "apiVersion: v1\nkind: Config\nusers:\n- name: '*'\n  user:\n    client-certificate-data: {}\n    client-key-data: {}\n",
+        data(&pki.webhook_client_cert)?,
+        data(&pki.webhook_client_key)?,
+    );
+    std::fs::write(&kubeconfig, users).map_err(Error::io("writing", &kubeconfig))?;
+    let plugin = |name: &str| {
+        format!(
+            "- name: {name}\n  configuration:\n    apiVersion: apiserver.config.k8s.io/v1\n    kind: WebhookAdmissionConfiguration\n    kubeConfigFile: {}\n",
+            kubeconfig.display()
+        )
+    };
+    let config = dir.join("admission.yaml");
+    let text = format!(
+        "apiVersion: apiserver.config.k8s.io/v1\nkind: AdmissionConfiguration\nplugins:\n{}{}",
+        plugin("ValidatingAdmissionWebhook"),
+        plugin("MutatingAdmissionWebhook"),
+    );
+    std::fs::write(&config, text).map_err(Error::io("writing", &config))?;
+    Ok(config)
 }
 
 /// Makes ring the process's rustls crypto provider, once. Builds that also link the wasmop host
@@ -337,6 +381,15 @@ impl ControlPlane {
                 .collect();
             vec![format!("--feature-gates={}", on.join(","))]
         };
+        let admission = if options.webhook_client_cert {
+            let config = write_admission_config(&self.dir, &pki)?;
+            vec![format!(
+                "--admission-control-config-file={}",
+                config.display()
+            )]
+        } else {
+            Vec::new()
+        };
         self.spawn(
             "kube-apiserver",
             self.assets.kube_apiserver.clone(),
@@ -371,6 +424,7 @@ impl ControlPlane {
             ]
             .into_iter()
             .chain(gates)
+            .chain(admission)
             .collect(),
         )?;
         self.wait_for_apiserver(options.ready_timeout).await

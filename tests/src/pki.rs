@@ -2,7 +2,11 @@
 //!
 //! One CA signs the apiserver's serving certificate (SANs `localhost`, `127.0.0.1`, and the
 //! in-cluster `kubernetes.default*` names) and an admin client certificate in group
-//! `system:masters`. A separate key signs service-account tokens. All keys are ECDSA P-256.
+//! `system:masters`. A separate key signs service-account tokens. A second CA, trusted by
+//! nothing of the cluster's own, signs the client certificate the apiserver presents to
+//! admission webhooks ([`WEBHOOK_CLIENT_NAME`]): a webhook that trusts that CA knows the caller
+//! is the apiserver, and the cluster's own client certificates (the admin's) do not pass for it.
+//! All keys are ECDSA P-256.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -13,6 +17,9 @@ use rcgen::{
 };
 
 use crate::error::{Error, Result};
+
+/// The common name of the client certificate the apiserver presents to admission webhooks.
+pub const WEBHOOK_CLIENT_NAME: &str = "kube-apiserver-webhook-client";
 
 /// Paths of the PEM files written by [`Pki::write`].
 #[derive(Debug, Clone)]
@@ -33,6 +40,13 @@ pub struct Pki {
     pub service_account_key: PathBuf,
     /// Its public half, with which the apiserver verifies tokens.
     pub service_account_pub: PathBuf,
+    /// The CA of [`Pki::webhook_client_cert`] (a webhook's `--webhook-client-ca`).
+    pub webhook_client_ca: PathBuf,
+    /// The client certificate the apiserver presents to admission webhooks (CN
+    /// [`WEBHOOK_CLIENT_NAME`]).
+    pub webhook_client_cert: PathBuf,
+    /// Its key.
+    pub webhook_client_key: PathBuf,
 }
 
 impl Pki {
@@ -85,6 +99,7 @@ impl Pki {
 
         let (admin_cert, admin_key) = client_cert(&issuer, "wasmop-admin", &["system:masters"])?;
 
+        let (webhook_ca, webhook_cert, webhook_key) = webhook_client()?;
         let sa_key = KeyPair::generate()?;
         Ok(Pki {
             ca_cert: ca_cert_path,
@@ -95,8 +110,27 @@ impl Pki {
             admin_key: write("admin.key", admin_key)?,
             service_account_key: write("service-account.key", sa_key.serialize_pem())?,
             service_account_pub: write("service-account.pub", sa_key.public_key_pem())?,
+            webhook_client_ca: write("webhook-client-ca.crt", webhook_ca)?,
+            webhook_client_cert: write("webhook-client.crt", webhook_cert)?,
+            webhook_client_key: write("webhook-client.key", webhook_key)?,
         })
     }
+}
+
+/// A CA of its own and the apiserver's webhook client certificate signed by it; returns (CA
+/// PEM, cert PEM, key PEM). The CA's key is dropped: nothing else is ever signed with it.
+fn webhook_client() -> Result<(String, String, String)> {
+    let key = KeyPair::generate()?;
+    let mut params = CertificateParams::new(Vec::<String>::new())?;
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    params
+        .distinguished_name
+        .push(DnType::CommonName, "wasmop-testenv-webhook-client-ca");
+    params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+    let ca = params.self_signed(&key)?;
+    let issuer = Issuer::new(params, key);
+    let (cert, key) = client_cert(&issuer, WEBHOOK_CLIENT_NAME, &[])?;
+    Ok((ca.pem(), cert, key))
 }
 
 /// Issues a client certificate for user `common_name` in `groups`; returns (cert PEM, key PEM).

@@ -35,6 +35,10 @@
 //!   are held at a time, each capped at 8 MiB and read within `--webhook-read-timeout` (408
 //!   otherwise); parsing runs on the blocking pool, not on the async workers. Connections are
 //!   capped and timed out as [`crate::operations::serving`] says.
+//! - With `--webhook-client-ca`, a client that does not present a certificate of that CA (and
+//!   name, with `--webhook-client-name`) fails the TLS handshake: nothing of it is read or
+//!   judged ([`tls::clients`]). Failed handshakes are counted as
+//!   `wasmop_server_rejected_total{server="admission",reason="handshake"}`.
 //! - A review's objects are handed to the module as the text the API server sent (see `review`):
 //!   a review holds its body and one copy of its objects, not a parsed tree.
 //!
@@ -491,6 +495,8 @@ pub struct Setup {
     pub slots: Slots,
     /// How OCI modules are pulled (a follower pulls one the leader's copy cannot hold).
     pub oci: crate::modules::oci::OciOptions,
+    /// The clients accepted (None: any; see [`tls::clients`]).
+    pub clients: Option<tls::ClientAuth>,
 }
 
 impl std::fmt::Debug for Setup {
@@ -501,6 +507,7 @@ impl std::fmt::Debug for Setup {
             .field("limits", &self.limits)
             .field("max_reviews", &self.max_reviews)
             .field("max_review_bytes", &self.max_review_bytes)
+            .field("clients", &self.clients)
             .finish_non_exhaustive()
     }
 }
@@ -554,8 +561,9 @@ pub async fn serve(
         max_review_bytes,
         slots,
         oci,
+        clients,
     } = setup;
-    let acceptor = tokio_rustls::TlsAcceptor::from(cert.server_config()?);
+    let acceptor = tokio_rustls::TlsAcceptor::from(cert.server_config_for(clients.as_ref())?);
     let api: Api<WasmReconciler> = Api::all(client.clone());
     let wc = match &selector {
         Some(s) => watcher::Config::default().labels(s),
@@ -598,6 +606,8 @@ pub async fn serve(
                 {
                     Ok(Ok(t)) => t,
                     Ok(Err(e)) => {
+                        // Without an accepted client certificate (`--webhook-client-ca`) too.
+                        metrics::global().server_rejected("admission", "handshake");
                         tracing::debug!(%peer, error = %e, "TLS handshake");
                         return;
                     }

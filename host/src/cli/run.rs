@@ -76,6 +76,20 @@ pub struct Args {
     /// A directory with `tls.crt`, `tls.key` and `ca.crt` for the webhook (default: generate).
     #[arg(long, env = "WASMOP_WEBHOOK_CERT_DIR")]
     pub webhook_cert_dir: Option<PathBuf>,
+    /// A PEM file of CAs: the webhook accepts only clients presenting a certificate one of them
+    /// signed (the API server's webhook client certificate); others fail the TLS handshake.
+    /// Read again when it changes.
+    #[arg(long, env = "WASMOP_WEBHOOK_CLIENT_CA")]
+    pub webhook_client_ca: Option<PathBuf>,
+    /// With --webhook-client-ca: the names (comma-separated) one of which the client
+    /// certificate must carry, as its common name or a DNS subjectAltName (default: any name).
+    #[arg(
+        long,
+        env = "WASMOP_WEBHOOK_CLIENT_NAME",
+        value_delimiter = ',',
+        requires = "webhook_client_ca"
+    )]
+    pub webhook_client_name: Vec<String>,
     /// The host's own namespace, never subject to its webhooks (default: the pod's namespace).
     #[arg(long, env = "POD_NAMESPACE")]
     pub namespace: Option<String>,
@@ -298,6 +312,18 @@ fn shard_config(
     }))
 }
 
+/// `--webhook-client-ca` and `--webhook-client-name`: who may call the webhook.
+fn client_auth(args: &Args) -> Option<crate::tls::ClientAuth> {
+    let ca_file = args.webhook_client_ca.clone()?;
+    let names = args
+        .webhook_client_name
+        .iter()
+        .map(|n| n.trim().to_string())
+        .filter(|n| !n.is_empty())
+        .collect();
+    Some(crate::tls::ClientAuth { ca_file, names })
+}
+
 /// Refuses `--shards auto` with admission served from a generated certificate: every replica
 /// serves the webhook, each would generate its own CA, and the webhook configuration can trust
 /// only one, so the API server's calls to the others would fail their TLS check.
@@ -354,6 +380,7 @@ pub(crate) async fn run(args: Args) -> Result<ExitCode, CliError> {
                 &args.webhook_builtin_kinds,
             )
             .map_err(|e| CliError::Other(format!("--webhook-builtin-kinds: {e}")))?,
+            client_auth: client_auth(&args),
         }),
     };
     let leader = if args.leader_elect {
@@ -518,5 +545,31 @@ mod tests {
         ] {
             assert!(shared_certificate(&args(ok)).is_ok(), "{ok:?}");
         }
+    }
+
+    #[test]
+    fn client_names_need_a_client_ca_and_are_split_on_commas() {
+        assert!(client_auth(&args(&[])).is_none());
+        let auth = client_auth(&args(&[
+            "--webhook-client-ca",
+            "/etc/ca.pem",
+            "--webhook-client-name",
+            "kube-apiserver, apiserver.example",
+        ]));
+        let Some(auth) = auth else {
+            panic!("--webhook-client-ca was not taken")
+        };
+        assert_eq!(auth.ca_file, PathBuf::from("/etc/ca.pem"));
+        assert_eq!(auth.names, ["kube-apiserver", "apiserver.example"]);
+        let argv = ["run", "--webhook-client-name", "kube-apiserver"];
+        #[derive(clap::Parser)]
+        struct Run {
+            #[command(flatten)]
+            _args: Args,
+        }
+        assert!(
+            <Run as clap::Parser>::try_parse_from(argv).is_err(),
+            "a client name without a client CA is refused"
+        );
     }
 }

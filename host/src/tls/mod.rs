@@ -12,6 +12,9 @@
 //!   pair that loads and matches; a pair that does not (half updated) is logged and the last
 //!   good one is served.
 //!
+//! - With a [`ClientAuth`] (`--webhook-client-ca`), the server asks every client for a
+//!   certificate and ends the handshake of one without an accepted certificate ([`clients`]).
+//!
 //! # Caveats
 //! - The `caBundle` written into the webhook configurations is `ca.crt` as read at start: a
 //!   rotated serving certificate signed by the same CA is served at once; a new CA needs a
@@ -19,6 +22,10 @@
 //!
 //! # Errors
 //! [`TlsError`] names the file or the step that failed.
+
+pub mod clients;
+
+pub use clients::ClientAuth;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -141,25 +148,41 @@ impl ServingCert {
     }
 
     /// The rustls server configuration: serving this certificate, or, when it was read from a
-    /// directory, the directory's newest.
+    /// directory, the directory's newest; any client may connect.
     ///
     /// # Errors
     /// [`TlsError::Pem`] or [`TlsError::Rustls`].
     pub fn server_config(&self) -> Result<Arc<rustls::ServerConfig>, TlsError> {
+        self.server_config_for(None)
+    }
+
+    /// As [`ServingCert::server_config`], accepting only the clients `clients` allows (None:
+    /// any client).
+    ///
+    /// # Errors
+    /// [`TlsError::Pem`] or [`TlsError::Rustls`]; [`TlsError::Read`] when the client CA file
+    /// cannot be read.
+    pub fn server_config_for(
+        &self,
+        clients: Option<&ClientAuth>,
+    ) -> Result<Arc<rustls::ServerConfig>, TlsError> {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let key = Arc::new(self.certified_key(&provider)?);
         let resolver: Arc<dyn ResolvesServerCert> = match &self.dir {
             Some(dir) => Arc::new(Reloading {
                 dir: dir.clone(),
                 provider: provider.clone(),
-                state: Mutex::new((stamp(dir), key)),
+                state: Mutex::new((dir_stamp(dir), key)),
             }),
             None => Arc::new(Fixed(key)),
         };
-        let mut config = rustls::ServerConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()?
-            .with_no_client_auth()
-            .with_cert_resolver(resolver);
+        let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()?;
+        let builder = match clients {
+            Some(c) => builder.with_client_cert_verifier(c.verifier(&provider)?),
+            None => builder.with_no_client_auth(),
+        };
+        let mut config = builder.with_cert_resolver(resolver);
         config.alpn_protocols = vec![b"http/1.1".to_vec()];
         Ok(Arc::new(config))
     }
@@ -198,18 +221,18 @@ impl ResolvesServerCert for Fixed {
     }
 }
 
-/// What identifies a version of the files: each one's inode, size and modification time.
-type Stamp = Vec<Option<(u64, u64, SystemTime)>>;
+/// What identifies a version of a file: its inode, size and modification time.
+type Stamp = Option<(u64, u64, SystemTime)>;
 
-fn stamp(dir: &Path) -> Stamp {
+fn stamp(file: &Path) -> Stamp {
     use std::os::unix::fs::MetadataExt as _;
-    ["tls.crt", "tls.key"]
-        .iter()
-        .map(|f| {
-            let m = std::fs::metadata(dir.join(f)).ok()?;
-            Some((m.ino(), m.len(), m.modified().ok()?))
-        })
-        .collect()
+    let m = std::fs::metadata(file).ok()?;
+    Some((m.ino(), m.len(), m.modified().ok()?))
+}
+
+/// The stamps of a certificate directory's pair.
+fn dir_stamp(dir: &Path) -> [Stamp; 2] {
+    [stamp(&dir.join("tls.crt")), stamp(&dir.join("tls.key"))]
 }
 
 /// The certificate in a directory, read again on the first handshake after its files changed.
@@ -218,12 +241,12 @@ struct Reloading {
     dir: PathBuf,
     provider: Arc<CryptoProvider>,
     /// The files' stamp last read, and the last good key.
-    state: Mutex<(Stamp, Arc<CertifiedKey>)>,
+    state: Mutex<([Stamp; 2], Arc<CertifiedKey>)>,
 }
 
 impl ResolvesServerCert for Reloading {
     fn resolve(&self, _: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
-        let now = stamp(&self.dir);
+        let now = dir_stamp(&self.dir);
         let mut state = self.state.lock().ok()?;
         if state.0 != now {
             // Read once per change: a bad pair is not read again until the files change again.
