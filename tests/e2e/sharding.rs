@@ -67,6 +67,15 @@ fn now_ms() -> u64 {
 
 /// A sharded host process logging into `dir`.
 async fn replica(cp: &ControlPlane, dir: &Path) -> anyhow::Result<HostProcess> {
+    replica_with(cp, dir, &[]).await
+}
+
+/// A sharded host process logging into `dir`, with `extra` arguments.
+async fn replica_with(
+    cp: &ControlPlane,
+    dir: &Path,
+    extra: &[&str],
+) -> anyhow::Result<HostProcess> {
     let bin = wasmop_binary().await?;
     let secs = |d: Duration| format!("{}s", d.as_secs());
     let args = [
@@ -90,8 +99,10 @@ async fn replica(cp: &ControlPlane, dir: &Path) -> anyhow::Result<HostProcess> {
         "--shard-retry-period",
         &secs(RETRY),
     ]
+    .into_iter()
+    .chain(extra.iter().copied())
     .map(str::to_string)
-    .to_vec();
+    .collect();
     HostProcess::start(bin, args, "info,wasmop::sharding=debug", dir).await
 }
 
@@ -405,6 +416,126 @@ async fn partitioned(hosts: &[&HostProcess]) -> anyhow::Result<Vec<f64>> {
         },
     )
     .await
+}
+
+/// The member Leases as (identity, held ranges, withdrawn).
+async fn member_leases(
+    client: &Client,
+) -> anyhow::Result<Vec<(String, wasmop::sharding::Ranges, bool)>> {
+    use wasmop::sharding::{Ranges, membership, serving};
+    let leases: Api<Lease> = Api::namespaced(client.clone(), HOST_NS);
+    let list = leases
+        .list(&ListParams::default().labels(&format!("{}=wasmop", membership::GROUP_LABEL)))
+        .await?;
+    Ok(list
+        .items
+        .into_iter()
+        .filter_map(|l| {
+            let annotations = l.metadata.annotations.unwrap_or_default();
+            let held = Ranges::parse(annotations.get(membership::HELD_ANNOTATION)?).ok()?;
+            let withdrawn = annotations
+                .get(serving::WITHDRAWN_ANNOTATION)
+                .map(String::as_str)
+                == Some("true");
+            Some((l.spec?.holder_identity?, held, withdrawn))
+        })
+        .collect())
+}
+
+/// Reliability item 7: a replica that cannot set the reconciler up (here: its memory budget
+/// for module calls is under the reconciler's `limits.memory`) withdraws its share: the two
+/// others serve every Widget, and the WasmReconciler's status, as its watch history records it,
+/// never says Ready=False.
+async fn withdrawal(cp: &ControlPlane) -> anyhow::Result<()> {
+    let client = cp.client().await?;
+    let dirs: Vec<PathBuf> = (0..3)
+        .map(|i| replica_logs(cp).join(format!("replica-{i}")))
+        .collect();
+    register(&client).await?;
+    let healthy = [replica(cp, &dirs[0]).await?, replica(cp, &dirs[1]).await?];
+    balanced(&client, &healthy.iter().collect::<Vec<_>>()).await?;
+    wait_wr_ready(&client, WR).await?;
+    let wrs: Api<wasmop::crd::WasmReconciler> = Api::all(client.clone());
+    let since = wrs
+        .get(WR)
+        .await?
+        .metadata
+        .resource_version
+        .unwrap_or_default();
+    let _third = replica_with(cp, &dirs[2], &["--module-memory-budget", "32Mi"]).await?;
+    eventually(
+        "the third replica withdraws and the two others hold everything",
+        CONVERGE,
+        || async {
+            let leases = member_leases(&client).await?;
+            let serving: Vec<String> = leases
+                .iter()
+                .filter(|l| !l.2)
+                .map(|l| l.0.clone())
+                .collect();
+            anyhow::ensure!(leases.len() == 3 && serving.len() == 2, "leases {leases:?}");
+            for (identity, held, withdrawn) in &leases {
+                let want = if *withdrawn {
+                    wasmop::sharding::Ranges::empty()
+                } else {
+                    wasmop::sharding::ring::assignment(&serving, identity)
+                };
+                anyhow::ensure!(*held == want, "{identity} holds {held}, not {want}");
+            }
+            Ok(Some(()))
+        },
+    )
+    .await?;
+    for ns in namespaces() {
+        let api = widgets(&client, &ns);
+        for i in 0..PER_NAMESPACE {
+            api.create(&PostParams::default(), &widget(&ns, &format!("w-{i}"))?)
+                .await?;
+        }
+    }
+    converged(
+        &client,
+        "300 Widgets reconciled while a replica cannot serve them",
+    )
+    .await?;
+    // The status's history since the healthy replicas reported Ready: a server-side watch
+    // timeout ends the stream once it has sent what changed.
+    let params = kube::api::WatchParams::default().timeout(5);
+    let mut history = Box::pin(wrs.watch(&params, &since).await?);
+    let mut seen = 0;
+    while let Some(event) = futures::StreamExt::next(&mut history).await {
+        if let kube::api::WatchEvent::Modified(wr) = event? {
+            seen += 1;
+            let ready = wr.status.as_ref().and_then(|s| {
+                s.conditions
+                    .iter()
+                    .find(|c| c.type_ == "Ready")
+                    .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
+            });
+            anyhow::ensure!(
+                ready.as_ref().is_some_and(|r| r.0 == "True"),
+                "the WasmReconciler's Ready flipped: {ready:?}"
+            );
+        }
+    }
+    eprintln!("[sharding] withdrawal: {seen} status changes since Ready, none of them Ready=False");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_that_cannot_set_the_reconciler_up_withdraws_its_share() -> anyhow::Result<()> {
+    let _alone = wasmop_testenv::alone().await;
+    let cp = ControlPlane::start(Options::default()).await?;
+    let result = withdrawal(&cp).await;
+    if result.is_err() {
+        cp.keep();
+        eprintln!(
+            "[sharding] failed; control-plane logs are kept in {}, the replicas' logs in {}",
+            cp.log_dir().display(),
+            replica_logs(&cp).display(),
+        );
+    }
+    result
 }
 
 async fn scenario(gate: bool) -> anyhow::Result<()> {

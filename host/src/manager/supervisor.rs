@@ -71,7 +71,14 @@ impl Supervisor {
         self.s.panicked(message).await;
     }
 
-    pub async fn run(&mut self, mut stop: oneshot::Receiver<()>, mut updates: UpdatesRx) {
+    pub async fn run(&mut self, stop: oneshot::Receiver<()>, updates: UpdatesRx) {
+        self.supervise(stop, updates).await;
+        if let Some(shards) = &self.s.ctx.shards {
+            shards.serving().forget(&self.name());
+        }
+    }
+
+    async fn supervise(&mut self, mut stop: oneshot::Receiver<()>, mut updates: UpdatesRx) {
         let mut delay = Duration::from_secs(1);
         loop {
             // A newer module reference replaces the one that could not be set up.
@@ -84,6 +91,7 @@ impl Supervisor {
             };
             match ready {
                 Ok((settings, candidate, resolved)) => {
+                    self.report_serving(true);
                     let revoked = self
                         .serve(settings, candidate, resolved, &mut stop, &mut updates)
                         .await;
@@ -116,12 +124,41 @@ impl Supervisor {
         self.setup().await
     }
 
+    /// With sharding: tells the group whether this reconciler is set up here (see
+    /// [`crate::sharding::serving`]).
+    fn report_serving(&self, serving: bool) {
+        if let Some(shards) = &self.s.ctx.shards {
+            match serving {
+                true => shards.serving().serves(&self.name()),
+                false => shards.serving().fails(&self.name()),
+            }
+        }
+    }
+
+    /// With sharding: whether a healthy replica serves this reconciler, so that its failure
+    /// here is this replica's alone (it withdraws its share rather than report it); also true
+    /// until the group's reports were read once (the next try decides).
+    fn served_elsewhere(&self) -> bool {
+        self.s
+            .ctx
+            .shards
+            .as_ref()
+            .is_some_and(|s| s.serving().served_elsewhere(&self.name()) != Some(false))
+    }
+
     /// Reports a set-up that failed: `Ready=False`, and `ModuleLoaded=False` when the module
-    /// itself could not be read or loaded.
+    /// itself could not be read or loaded. With sharding, when a healthy replica serves the
+    /// reconciler, this replica withdraws its share instead and writes nothing: the status
+    /// stays what the serving replicas report.
     async fn not_started(&mut self, e: &SetupError) {
         // Reported in its status; it does not hold the process's readiness back.
         readiness::global().ready(&controller::readiness_component(&self.name()));
         tracing::warn!(reconciler = %self.name(), reason = e.reason, error = %e.message, "cannot start; retrying");
+        self.report_serving(false);
+        if self.served_elsewhere() {
+            tracing::warn!(reconciler = %self.name(), "served by another replica: this replica withdraws its share of the primaries and leaves the status to the others");
+            return;
+        }
         let loaded = !matches!(
             e.reason,
             reasons::MODULE_UNAVAILABLE

@@ -46,6 +46,8 @@ pub struct Shards {
     identity: String,
     /// Whether to try server-side filtering (`--shard-filter auto`) before filtering here.
     server_side: bool,
+    /// What this replica serves (reported by the manager, published by the handover).
+    serving: super::serving::Serving,
 }
 
 /// Why a reconcile was not admitted.
@@ -85,7 +87,13 @@ impl Shards {
             changed: watch::channel(Ranges::empty()).0,
             identity: identity.to_string(),
             server_side,
+            serving: super::serving::Serving::default(),
         })
+    }
+
+    /// What this replica serves, and whether it withdrew (see [`super::serving`]).
+    pub fn serving(&self) -> &super::serving::Serving {
+        &self.serving
     }
 
     /// This replica's identity.

@@ -29,6 +29,9 @@
 //! - A handover costs at most: the loser's running reconciles (drain) + two retry periods when
 //!   both are alive; lease duration + retry period + one retry period when the loser died; then
 //!   the gainer's relist of its watches and one reconcile of every gained primary.
+//! - The ring is over the live members that have not withdrawn ([`super::serving`]): a member
+//!   that cannot serve what a healthy member serves releases its share like a member leaving,
+//!   through the same drain and claim steps (exclusivity does not depend on who withdrew).
 //!
 //! # Errors
 //! [`ShardError::Lost`] when no renewal succeeded within the renew deadline (or this member's
@@ -58,6 +61,40 @@ pub struct Handover {
     /// Whether this replica coordinates the group's shared writes (webhook configurations):
     /// true on the live member whose identity sorts first.
     coordinator: watch::Sender<bool>,
+}
+
+/// The identities of the live members, `me` included, sorted.
+fn live_members(members: &[Member], me: &str) -> Vec<String> {
+    let mut live: Vec<String> = members
+        .iter()
+        .filter(|m| m.live)
+        .map(|m| m.identity.clone())
+        .collect();
+    if !live.iter().any(|m| m == me) {
+        live.push(me.to_string());
+    }
+    live.sort();
+    live
+}
+
+/// The live members the ring is over: those that did not withdraw (`me` as just judged, the
+/// others as they published).
+fn ring_members(live: &[String], members: &[Member], me: &str, withdrawn: bool) -> Vec<String> {
+    let published = |id: &str| {
+        members
+            .iter()
+            .any(|m| m.identity == id && m.report.withdrawn)
+    };
+    live.iter()
+        .filter(|id| {
+            if *id == me {
+                !withdrawn
+            } else {
+                !published(id)
+            }
+        })
+        .cloned()
+        .collect()
 }
 
 /// The ranges the live members other than `me` hold.
@@ -104,7 +141,8 @@ impl Handover {
         loop {
             let left = config.renew_deadline.saturating_sub(last_renewed.elapsed());
             let sent = Instant::now();
-            match tokio::time::timeout(left, self.membership.publish(&self.held)).await {
+            let report = self.shards.serving().report();
+            match tokio::time::timeout(left, self.membership.publish(&self.held, &report)).await {
                 Ok(Ok(())) => {
                     last_renewed = sent;
                     self.shards.renewed(sent + config.renew_deadline);
@@ -154,21 +192,21 @@ impl Handover {
     async fn rebalance(&mut self) -> Result<(), ShardError> {
         let members = self.membership.members().await?;
         self.membership.forget_expired(&members).await;
-        let mut live: Vec<String> = members
-            .iter()
-            .filter(|m| m.live)
-            .map(|m| m.identity.clone())
-            .collect();
         let me = self.me().to_string();
-        if !live.contains(&me) {
-            live.push(me.clone());
-        }
-        live.sort();
+        let live = live_members(&members, &me);
         let _ = self
             .coordinator
             .send_if_modified(|c| std::mem::replace(c, live.first() == Some(&me)) != *c);
         metrics::global().shards().members(live.len());
-        let desired = ring::assignment(&live, &me);
+        // A replica that cannot serve what a healthy member serves takes no ranges; the ring
+        // is over the members that did not withdraw (as each published it).
+        let others = members
+            .iter()
+            .filter(|m| m.live && m.identity != me)
+            .map(|m| m.report.clone())
+            .collect();
+        let withdrawn = self.shards.serving().judge(others).withdrawn;
+        let desired = ring::assignment(&ring_members(&live, &members, &me, withdrawn), &me);
         self.release(&desired).await?;
         let claim = desired
             .difference(&self.held)
@@ -191,7 +229,8 @@ impl Handover {
             return Ok(());
         }
         let held = self.held.difference(&self.releasing);
-        self.membership.publish(&held).await?;
+        let report = self.shards.serving().report();
+        self.membership.publish(&held, &report).await?;
         tracing::info!(identity = %self.me(), ranges = %self.releasing, fraction = held.fraction(), "released shard ranges");
         metrics::global().shards().handover("released");
         self.held = held;
@@ -200,13 +239,18 @@ impl Handover {
     }
 
     async fn claim(&mut self, claim: Ranges) -> Result<(), ShardError> {
-        self.membership.publish(&self.held.union(&claim)).await?;
+        let report = self.shards.serving().report();
+        self.membership
+            .publish(&self.held.union(&claim), &report)
+            .await?;
         let members = self.membership.members().await?;
         let me = self.me().to_string();
         let won = claim.difference(&others_held(&members, &me));
         if won != claim {
             tracing::info!(identity = %me, ranges = %claim.difference(&won), "another member claims these ranges too; backing off");
-            self.membership.publish(&self.held.union(&won)).await?;
+            self.membership
+                .publish(&self.held.union(&won), &report)
+                .await?;
         }
         if won.is_empty() {
             return Ok(());

@@ -31,6 +31,7 @@ use serde_json::json;
 
 use super::ShardError;
 use super::ranges::Ranges;
+use super::serving::Report;
 
 /// The label that groups the member Leases of one set of replicas.
 pub const GROUP_LABEL: &str = "wasmop.dev/shard-group";
@@ -70,6 +71,8 @@ pub struct Member {
     pub held: Ranges,
     /// Whether it is live: its Lease has a holder and changed within its duration plus margin.
     pub live: bool,
+    /// What it serves and whether it withdrew (see [`super::serving`]).
+    pub report: Report,
     /// The Lease's name and resourceVersion.
     lease: (String, String),
 }
@@ -101,6 +104,13 @@ pub fn lease_name(group: &str, identity: &str) -> String {
         .chars()
         .take(253)
         .collect()
+}
+
+/// The annotations of a member Lease: `held` and `report`.
+fn annotations(held: &Ranges, report: &Report) -> BTreeMap<String, String> {
+    let mut all = report.annotations();
+    all.insert(HELD_ANNOTATION.to_string(), held.to_string());
+    all
 }
 
 fn seconds(d: Duration) -> i32 {
@@ -146,18 +156,18 @@ impl Membership {
         }
     }
 
-    /// Creates or renews this replica's Lease, publishing `held`.
+    /// Creates or renews this replica's Lease, publishing `held` and `report`.
     ///
     /// # Errors
     /// [`ShardError::Lost`] when the Lease was deleted after it was created (another member
     /// judged this one expired); [`ShardError::Api`].
-    pub async fn publish(&self, held: &Ranges) -> Result<(), ShardError> {
+    pub async fn publish(&self, held: &Ranges, report: &Report) -> Result<(), ShardError> {
         let created = self.created.lock().map(|c| *c).unwrap_or(true);
         if !created {
-            return self.create(held).await;
+            return self.create(held, report).await;
         }
         let patch = json!({
-            "metadata": {"annotations": {HELD_ANNOTATION: held.to_string()}},
+            "metadata": {"annotations": annotations(held, report)},
             "spec": {
                 "holderIdentity": self.config.identity,
                 "leaseDurationSeconds": seconds(self.config.lease_duration),
@@ -178,7 +188,7 @@ impl Membership {
         }
     }
 
-    async fn create(&self, held: &Ranges) -> Result<(), ShardError> {
+    async fn create(&self, held: &Ranges, report: &Report) -> Result<(), ShardError> {
         let lease = Lease {
             metadata: ObjectMeta {
                 name: Some(self.name.clone()),
@@ -187,10 +197,7 @@ impl Membership {
                     GROUP_LABEL.to_string(),
                     self.config.group.clone(),
                 )])),
-                annotations: Some(BTreeMap::from([(
-                    HELD_ANNOTATION.to_string(),
-                    held.to_string(),
-                )])),
+                annotations: Some(annotations(held, report)),
                 ..ObjectMeta::default()
             },
             spec: Some(LeaseSpec {
@@ -253,6 +260,7 @@ impl Membership {
         let is_me = identity == self.config.identity;
         Some(Member {
             live: is_me || unchanged < duration + self.config.retry_period,
+            report: Report::read(lease.annotations()),
             identity,
             held,
             lease: (name, rv),
@@ -322,6 +330,7 @@ impl Member {
             identity: identity.to_string(),
             held,
             live,
+            report: Report::default(),
             lease: (identity.to_string(), "1".to_string()),
         }
     }

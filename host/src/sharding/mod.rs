@@ -14,7 +14,9 @@
 //! - [`watch`]: watches that list and watch only this replica's slice: with the API server's
 //!   `shardSelector` when it honours it (detected, never assumed), else filtered here;
 //! - [`listed`]: what every watch of one reconciler has listed: a gained primary is reconciled
-//!   only once all its caches hold it, and only gained primaries are.
+//!   only once all its caches hold it, and only gained primaries are;
+//! - [`serving`]: which reconcilers each replica serves or fails to set up; a replica that cannot
+//!   serve what a healthy member serves withdraws its share.
 //!
 //! Admission is not sharded: every replica serves the webhook for every WasmReconciler.
 //! See docs/operating.md, section "Sharding", for the protocol, its timings and failure cases.
@@ -33,6 +35,7 @@ pub mod listed;
 pub mod membership;
 pub mod ranges;
 pub mod ring;
+pub mod serving;
 pub mod watch;
 
 pub use assignment::{Admitted, Refused, Shards};
@@ -40,6 +43,7 @@ pub use handover::Handover;
 pub use listed::{Listed, Lister};
 pub use membership::{MemberConfig, Membership};
 pub use ranges::Ranges;
+pub use serving::{Report, Serving};
 
 /// A failure of the sharding machinery.
 #[derive(Debug, thiserror::Error)]
