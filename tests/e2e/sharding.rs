@@ -519,6 +519,77 @@ async fn withdrawal(cp: &ControlPlane) -> anyhow::Result<()> {
         }
     }
     eprintln!("[sharding] withdrawal: {seen} status changes since Ready, none of them Ready=False");
+    group_rollback(&client, &healthy).await
+}
+
+/// Reliability item 7, rollbacks: a new module that fails on every primary of one replica and
+/// on none of the other's is rolled back by the first, and the second follows that decision
+/// (it serves the good module again) instead of serving the rejected one.
+async fn group_rollback(client: &Client, healthy: &[HostProcess; 2]) -> anyhow::Result<()> {
+    let good =
+        wasmop::engine::sha256_hex(&wasmop_test_modules::bytes(wasmop_test_modules::MISBEHAVE));
+    // The self-check samples the first namespace: it stays well-behaved, so that both
+    // replicas swap and the failures show in the rollout of one of them only.
+    let first = namespaces()[0].clone();
+    let first_hash = wasmop::sharding::hash::fnv1a64(&first);
+    let leases = member_leases(client).await?;
+    let (_, fragile_ranges, _) = leases
+        .iter()
+        .find(|(_, held, withdrawn)| !withdrawn && !held.is_empty() && !held.contains(first_hash))
+        .ok_or_else(|| anyhow::anyhow!("no serving replica without {first}: {leases:?}"))?;
+    let fragile: Vec<String> = namespaces()
+        .into_iter()
+        .filter(|ns| fragile_ranges.contains(wasmop::sharding::hash::fnv1a64(ns)))
+        .collect();
+    for ns in &fragile {
+        for i in 0..PER_NAMESPACE {
+            widgets(client, ns)
+                .patch(
+                    &format!("w-{i}"),
+                    &PatchParams::default(),
+                    &Patch::Merge(
+                        json!({"metadata": {"labels": {"test.wasmop.dev/fragile": "true"}}}),
+                    ),
+                )
+                .await?;
+        }
+    }
+    let bad = push_module(
+        client,
+        MODULE_NS,
+        WR,
+        wasmop_test_modules::MISBEHAVE_FRAGILE,
+    )
+    .await?;
+    let wrs: Api<wasmop::crd::WasmReconciler> = Api::all(client.clone());
+    eventually(
+        "the fragile module rolled back by one replica",
+        CONVERGE,
+        || async {
+            let status = wrs.get(WR).await?.status.unwrap_or_default();
+            Ok((status.rejected_sha256.as_deref() == Some(bad.as_str())).then_some(()))
+        },
+    )
+    .await?;
+    let series = format!("wasmop_module_info{{reconciler=\"{WR}\",sha256=\"{good}\"}}");
+    eventually(
+        "both serving replicas serve the good module again",
+        CONVERGE,
+        || async {
+            for h in healthy {
+                anyhow::ensure!(
+                    sample(h, &series).await? == 1.0,
+                    "a replica does not serve {good}"
+                );
+            }
+            Ok(Some(()))
+        },
+    )
+    .await?;
+    eprintln!(
+        "[sharding] rollback: {} fragile namespaces; both replicas serve the good module again",
+        fragile.len()
+    );
     Ok(())
 }
 

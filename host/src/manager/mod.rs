@@ -144,11 +144,33 @@ struct Supervised {
     /// New generations that change only the OCI module reference: handed to the running
     /// supervisor, which hot-swaps (the old module keeps serving if the new one cannot load).
     updates: Updates,
+    /// Modules the group rejected (`status.rejectedSha256`, written by whichever replica rolled
+    /// back): handed to the running supervisor, which rolls them back here too.
+    rejections: futures::channel::mpsc::UnboundedSender<String>,
+    /// The last rejection handed over.
+    rejected: Option<String>,
     task: tokio::task::JoinHandle<()>,
+}
+
+impl Supervised {
+    /// Hands the supervisor a rejection newly recorded in `wr`'s status (its own come back too:
+    /// they find the module rolled back already).
+    fn follow_rejection(&mut self, wr: &WasmReconciler) {
+        let rejected = wr.status.as_ref().and_then(|s| s.rejected_sha256.clone());
+        if let Some(bad) = rejected
+            .as_ref()
+            .filter(|r| Some(*r) != self.rejected.as_ref())
+        {
+            let _ = self.rejections.unbounded_send(bad.clone());
+        }
+        self.rejected = rejected;
+    }
 }
 
 type Updates = futures::channel::mpsc::UnboundedSender<WasmReconciler>;
 type UpdatesRx = futures::channel::mpsc::UnboundedReceiver<WasmReconciler>;
+/// Rejections handed to a supervisor (see [`Supervised::follow_rejection`]).
+type RejectionsRx = futures::channel::mpsc::UnboundedReceiver<String>;
 
 /// Whether `new` differs from `old` only in its OCI module reference, so that the running
 /// supervisor can swap the module instead of restarting.
@@ -263,6 +285,9 @@ impl Reconcilers {
     async fn applied(&mut self, wr: WasmReconciler) {
         let name = wr.name_any();
         ensure_finalizer(&self.ctx, &wr).await;
+        if let Some(s) = self.running.get_mut(&name) {
+            s.follow_rejection(&wr);
+        }
         let generation = wr.metadata.generation;
         if self
             .running
@@ -347,6 +372,8 @@ async fn restart_losers_to(
 fn spawn_supervisor(ctx: Arc<HostContext>, wr: WasmReconciler) -> Supervised {
     let (tx, rx) = oneshot::channel();
     let (updates, updates_rx) = futures::channel::mpsc::unbounded();
+    let (rejections, rejections_rx) = futures::channel::mpsc::unbounded();
+    let rejected = wr.status.as_ref().and_then(|s| s.rejected_sha256.clone());
     let generation = wr.metadata.generation;
     let name = wr.name_any();
     let component = controller::readiness_component(&name);
@@ -354,7 +381,7 @@ fn spawn_supervisor(ctx: Arc<HostContext>, wr: WasmReconciler) -> Supervised {
     let spawned = wr.clone();
     let slots = ctx.slots.clone();
     let task = tokio::spawn(async move {
-        let mut sup = Supervisor::new(ctx, wr);
+        let mut sup = Supervisor::new(ctx, wr, rejections_rx);
         // A bug must not stop a reconciler silently: report the panic on the WasmReconciler.
         let outcome = std::panic::AssertUnwindSafe(sup.run(rx, updates_rx))
             .catch_unwind()
@@ -373,6 +400,8 @@ fn spawn_supervisor(ctx: Arc<HostContext>, wr: WasmReconciler) -> Supervised {
         generation,
         stop: Some(tx),
         updates,
+        rejections,
+        rejected,
         task,
     }
 }

@@ -26,7 +26,7 @@ use tokio::sync::oneshot;
 
 use super::status::{SetupError, Subject};
 use super::swap::{self, Candidate, Kept, Serving, SwapState};
-use super::{HostContext, UpdatesRx, access, conflict, release};
+use super::{HostContext, RejectionsRx, UpdatesRx, access, conflict, release};
 use crate::contract::Gvk;
 use crate::controller::{self, Clients, Health, Running, Settings};
 use crate::crd::{MAX_RESYNC, WasmReconciler, parse_bounded_duration};
@@ -44,7 +44,15 @@ pub(super) struct Supervisor {
     narrowed: bool,
     /// Whether the primaries a conflict's winner took over were released.
     yielded: bool,
+    /// Modules another replica rolled back (see [`swap::follow_rollback`]).
+    rejections: RejectionsRx,
+    /// Set-up failures in a row not reported because the group's view was not known.
+    unreported: u32,
 }
+
+/// With sharding: how many set-up failures in a row go unreported while it is not known
+/// whether another replica serves the reconciler (1 s + 2 s + 4 s of backoff).
+const UNREPORTED_TRIES: u32 = 3;
 
 /// The owned and related kinds of a reconciler, resolved.
 struct Kinds {
@@ -53,12 +61,14 @@ struct Kinds {
 }
 
 impl Supervisor {
-    pub fn new(ctx: Arc<HostContext>, wr: WasmReconciler) -> Self {
+    pub fn new(ctx: Arc<HostContext>, wr: WasmReconciler, rejections: RejectionsRx) -> Self {
         Supervisor {
             s: Subject::new(ctx, wr),
             kept: Kept::default(),
             narrowed: false,
             yielded: false,
+            rejections,
+            unreported: 0,
         }
     }
 
@@ -92,6 +102,7 @@ impl Supervisor {
             match ready {
                 Ok((settings, candidate, resolved)) => {
                     self.report_serving(true);
+                    self.unreported = 0;
                     let revoked = self
                         .serve(settings, candidate, resolved, &mut stop, &mut updates)
                         .await;
@@ -136,14 +147,20 @@ impl Supervisor {
     }
 
     /// With sharding: whether a healthy replica serves this reconciler, so that its failure
-    /// here is this replica's alone (it withdraws its share rather than report it); also true
-    /// until the group's reports were read once (the next try decides).
-    fn served_elsewhere(&self) -> bool {
-        self.s
-            .ctx
-            .shards
-            .as_ref()
-            .is_some_and(|s| s.serving().served_elsewhere(&self.name()) != Some(false))
+    /// here is this replica's alone (it withdraws its share rather than report it). While
+    /// the group's view is not known yet (see [`crate::sharding::Serving::served_elsewhere`]),
+    /// the first [`UNREPORTED_TRIES`] failures are not reported either (the next try decides).
+    fn served_elsewhere(&mut self) -> bool {
+        let Some(shards) = &self.s.ctx.shards else {
+            return false;
+        };
+        match shards.serving().served_elsewhere(&self.name()) {
+            Some(served) => served,
+            None => {
+                self.unreported += 1;
+                self.unreported <= UNREPORTED_TRIES
+            }
+        }
     }
 
     /// Reports a set-up that failed: `Ready=False`, and `ModuleLoaded=False` when the module
@@ -489,10 +506,14 @@ impl Supervisor {
         let mut cm_events = self.module_events();
         let mut state = SwapState::default();
         let mut tick = tokio::time::interval(Duration::from_millis(100));
-        let (s, kept) = (&mut self.s, &mut self.kept);
+        let (s, kept, rejections) = (&mut self.s, &mut self.kept, &mut self.rejections);
         loop {
             tokio::select! {
                 _ = &mut *stop => break,
+                // Another replica rolled a module back: one decision for the group.
+                Some(bad) = rejections.next() => {
+                    swap::follow_rollback(s, serving, &bad, &mut state).await;
+                }
                 _ = health.changed.notified() => s.degraded(health).await,
                 event = cm_events.next() => {
                     let cm = match event {
@@ -630,7 +651,8 @@ mod tests {
             )
         })
         .await;
-        let mut supervisor = Supervisor::new(context(&h), wr());
+        let mut supervisor =
+            Supervisor::new(context(&h), wr(), futures::channel::mpsc::unbounded().1);
         let (stop, stop_rx) = oneshot::channel();
         let (_updates, updates_rx) = futures::channel::mpsc::unbounded();
         let run = supervisor.run(stop_rx, updates_rx);

@@ -576,6 +576,36 @@ pub(super) async fn watch_rollout(
     }
 }
 
+/// Rolls module `bad` back here because the group rejected it (another replica's rollback,
+/// recorded in the status): the decision is taken once, by the replica that saw the failures,
+/// and every replica follows it. Nothing is written (the deciding replica wrote the status,
+/// the Event and the copy); a replica not serving `bad`, or with nothing to roll back to (it
+/// set up after the swap: its next set-up refuses `bad`), changes nothing.
+pub(super) async fn follow_rollback(
+    s: &mut Subject,
+    serving: &Serving<'_>,
+    bad: &str,
+    state: &mut SwapState,
+) {
+    let slot = serving.slot;
+    let active = slot.active();
+    if active.module.sha256() != bad {
+        return;
+    }
+    if !slot.roll_back() {
+        tracing::warn!(reconciler = %s.name(), module = %short(bad), "the group rejected the module serving here, and there is no previous module to roll back to");
+        return;
+    }
+    let _ = serving.changed.unbounded_send(());
+    state.watching = None;
+    state.rejected = Some((bad.to_string(), active.source_version.clone()));
+    s.status.rejected_sha256 = Some(bad.to_string());
+    metrics::global().hotswap(&s.name(), "rolled_back");
+    let back = slot.active();
+    metrics::global().module_active(&s.name(), Some(back.module.sha256()));
+    tracing::warn!(reconciler = %s.name(), module = %short(bad), back_to = %short(back.module.sha256()), "another replica rolled this module back: rolled back here too");
+}
+
 /// Checks, compiles and dry-runs the module in `cm` (or the OCI module the spec names),
 /// then swaps it in. Ok(None) when the source changed but holds the module already serving,
 /// or one rolled back before.

@@ -185,11 +185,22 @@ impl Serving {
     }
 
     /// Whether a healthy member other than this one serves reconciler `name` (its failure here
-    /// is then this replica's alone: not reported in the shared status). None until the
-    /// others' reports were read once (the caller waits for its next try).
+    /// is then this replica's alone: not reported in the shared status); false when every
+    /// other member that did not withdraw fails it too (or there is none). None while that is
+    /// not known: before the others' reports were read once, or while one of them reports
+    /// neither serving nor failing it (still setting it up).
     pub fn served_elsewhere(&self, name: &str) -> Option<bool> {
         let s = self.state.lock().ok()?;
-        s.judged.then(|| served_by_healthy(&s.others, name))
+        if !s.judged {
+            return None;
+        }
+        if served_by_healthy(&s.others, name) {
+            return Some(true);
+        }
+        let undecided = s.others.iter().any(|o| {
+            !o.serves.contains(name) && !o.failing.contains(name) && !o.failing.contains(UNKNOWN)
+        });
+        (!undecided).then_some(false)
     }
 }
 
@@ -223,11 +234,18 @@ mod tests {
             None,
             "not known before a read"
         );
+        serving.judge(vec![report(&["a"], &[])]);
+        assert_eq!(
+            serving.served_elsewhere("b"),
+            None,
+            "the other is still setting b up"
+        );
         assert!(!serving.judge(vec![]).withdrawn, "alone: keeps its share");
         assert!(
             !serving.judge(vec![report(&["a"], &["b"])]).withdrawn,
             "b fails everywhere: nobody withdraws"
         );
+        assert_eq!(serving.served_elsewhere("b"), Some(false), "reported here");
         assert!(
             !serving.judge(vec![report(&["a", "b"], &["c"])]).withdrawn,
             "the other serves b but is not healthy"
