@@ -92,6 +92,9 @@ reasons! {
     SIGNATURE_INVALID = "SignatureInvalid";
     /// The key modules must be signed with cannot be used.
     SIGNATURE_KEY_INVALID = "SignatureKeyInvalid";
+    /// Event: the key of the signing policy changed, and the serving module's signatures
+    /// verify with the new key: it keeps serving.
+    SIGNATURE_VERIFIED = "SignatureVerified";
     /// The OCI registry cannot be reached.
     REGISTRY_UNREACHABLE = "RegistryUnreachable";
     /// The OCI registry refused the host's credentials.
