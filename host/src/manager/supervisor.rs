@@ -129,6 +129,7 @@ impl Supervisor {
             e.reason,
             reasons::MODULE_UNAVAILABLE
                 | reasons::MODULE_INVALID
+                | reasons::MODULE_QUARANTINED
                 | reasons::DIGEST_MISMATCH
                 | reasons::MODULE_MISMATCH
                 | reasons::MODULE_NOT_FOUND

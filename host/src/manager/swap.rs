@@ -32,7 +32,7 @@ use crate::crd::{
     ActiveModule, MAX_DEADLINE, SourceKind, VerifiedKey, WasmReconciler, parse_bounded_duration,
     parse_quantity,
 };
-use crate::engine::{CallError, Compiled, Limits, Module, sha256_hex};
+use crate::engine::{CallError, Compiled, Limits, LoadError, Module, sha256_hex};
 use crate::modules::copy;
 use crate::modules::slot::{Active, Fit, ModuleSlot};
 use crate::modules::source::{self, ModuleBytes};
@@ -403,10 +403,10 @@ pub(super) async fn candidate(s: &Subject, given: Option<Read>) -> Result<Candid
     })?;
     bytes.bytes = raw;
     let module = loaded.map_err(|e| SetupError {
-        reason: if e.is_module_fault() {
-            reasons::MODULE_INVALID
-        } else {
-            reasons::HOST_BUSY
+        reason: match &e {
+            LoadError::Quarantined { .. } => reasons::MODULE_QUARANTINED,
+            e if e.is_module_fault() => reasons::MODULE_INVALID,
+            _ => reasons::HOST_BUSY,
         },
         message: format!("{} key {}: {e}", source_label(&s.wr), bytes.key),
     })?;
@@ -915,7 +915,6 @@ pub(super) fn short(sha: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::LoadError;
     use kube::core::Status;
 
     fn api_error(code: u16, reason: &str) -> kube::Error {
