@@ -323,14 +323,19 @@ where
     K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
 {
     let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+    let name = name.to_string();
     watcher(api, config)
         .default_backoff()
         .filter_map(move |event| {
             let change = match event {
                 Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o)) => Some(key(Some(o))),
                 Ok(watcher::Event::Delete(_)) => Some(key(None)),
+                Ok(watcher::Event::Init | watcher::Event::InitDone) => None,
                 // The watcher retries with backoff; the key stays as last seen meanwhile.
-                Ok(watcher::Event::Init | watcher::Event::InitDone) | Err(_) => None,
+                Err(e) => {
+                    tracing::warn!(object = %name, error = %e, "cannot watch the object holding a signing key (the host needs list and watch on it); a rotated key is seen at the next set-up");
+                    None
+                }
             };
             futures::future::ready(change)
         })
