@@ -68,6 +68,9 @@ pub struct ArtifactCache {
     dir: PathBuf,
     engine_key: String,
     max_bytes: u64,
+    /// Consecutive crashes during compiles of one digest that quarantine it (0: never; see
+    /// [`crate::quarantine`]).
+    quarantine_after: u32,
 }
 
 impl ArtifactCache {
@@ -82,6 +85,7 @@ impl ArtifactCache {
             dir,
             engine_key: format!("{:016x}", h.finish()),
             max_bytes,
+            quarantine_after: crate::quarantine::DEFAULT_QUARANTINE_AFTER,
         };
         // Deletes what a host that died while writing left behind.
         cache.list();
@@ -91,6 +95,26 @@ impl ArtifactCache {
     /// The directory.
     pub fn dir(&self) -> &Path {
         &self.dir
+    }
+
+    /// Sets the consecutive crashes during compiles of one digest that quarantine it (0: never).
+    pub(crate) fn with_quarantine_after(mut self, after: u32) -> Self {
+        self.quarantine_after = after;
+        self
+    }
+
+    /// Refuses `sha256` if it is quarantined ([`crate::quarantine::check`]).
+    ///
+    /// # Errors
+    /// [`crate::LoadError::Quarantined`].
+    pub(crate) fn check_quarantine(&self, sha256: &str) -> Result<(), crate::LoadError> {
+        crate::quarantine::check(&self.dir, sha256, self.quarantine_after)
+    }
+
+    /// Marks a compile of `sha256` for this cache's tier as under way until the marker is
+    /// dropped ([`crate::quarantine::begin`]).
+    pub(crate) fn compiling(&self, sha256: &str) -> crate::quarantine::Marker {
+        crate::quarantine::begin(&self.path(sha256), self.quarantine_after)
     }
 
     fn path(&self, sha256: &str) -> PathBuf {

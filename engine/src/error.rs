@@ -65,6 +65,20 @@ pub enum LoadError {
     /// `metadata()` failed or returned nonsense.
     #[error("the module's metadata() {0}")]
     Metadata(String),
+    /// Its compile was under way when the host died `crashes` times in a row (an OOM kill, a
+    /// compiler crash): refused before compiling, so one module does not crash-loop every
+    /// replica ([`crate::quarantine`]).
+    #[error(
+        "module sha256 {sha256} is quarantined: the host died {crashes} times in a row while compiling it (out of memory, or a compiler crash); push another module, or delete {markers} in the compiled-module cache to try it again"
+    )]
+    Quarantined {
+        /// The module's sha256.
+        sha256: String,
+        /// The consecutive crashes counted.
+        crashes: u32,
+        /// The marker files to delete to clear it.
+        markers: String,
+    },
     /// No sandbox was free to call `metadata()`: the host is busy, the module is not at fault
     /// (see [`LoadError::is_module_fault`]); loading it again later may succeed.
     #[error("cannot read the module's metadata() now: {0}")]

@@ -39,6 +39,7 @@ mod convert;
 mod determinism;
 mod error;
 mod needs;
+mod quarantine;
 mod queue;
 mod sandbox;
 pub mod text;
@@ -58,6 +59,7 @@ pub use cache::{ArtifactCache, DEFAULT_CACHE_MAX_BYTES};
 pub use determinism::TICK as CLOCK_TICK;
 pub use error::{CallError, LoadError};
 pub use needs::{Needs, NeedsError, needs};
+pub use quarantine::{DEFAULT_QUARANTINE_AFTER, MAX_MARKERS as MAX_QUARANTINE_MARKERS};
 pub use queue::{CallQueue, QueueTimeout, Slot};
 pub use tier::{CompileGate, CompilePermit, FastCompiler, Tier};
 
@@ -134,6 +136,9 @@ pub struct EngineConfig {
     pub fast_compiler: FastCompiler,
     /// The size bound of the on-disk compiled cache (least recently used entries are evicted).
     pub cache_max_bytes: u64,
+    /// Consecutive crashes of the host during compiles of one module after which it is refused
+    /// ([`LoadError::Quarantined`]; 0: never). Needs `cache_dir`, where the markers are kept.
+    pub quarantine_after: u32,
 }
 
 impl Default for EngineConfig {
@@ -152,6 +157,7 @@ impl Default for EngineConfig {
             memory_budget_bytes: u64::MAX,
             fast_compiler: FastCompiler::default(),
             cache_max_bytes: DEFAULT_CACHE_MAX_BYTES,
+            quarantine_after: quarantine::DEFAULT_QUARANTINE_AFTER,
         }
     }
 }
@@ -395,10 +401,10 @@ impl Engine {
             Some(FastTier {
                 compiler: Compiler::new(&fc),
                 linker: Arc::new(new_linker(&fast)?),
-                cache: config
-                    .cache_dir
-                    .clone()
-                    .map(|dir| ArtifactCache::new(dir, &fast, "fast", config.cache_max_bytes)),
+                cache: config.cache_dir.clone().map(|dir| {
+                    ArtifactCache::new(dir, &fast, "fast", config.cache_max_bytes)
+                        .with_quarantine_after(config.quarantine_after)
+                }),
                 inner: fast,
             })
         } else {
@@ -426,10 +432,10 @@ impl Engine {
                 })
                 .map_err(|e| LoadError::Engine(format!("starting the epoch thread: {e}")))?;
         }
-        let cache = config
-            .cache_dir
-            .clone()
-            .map(|dir| ArtifactCache::new(dir, &inner, "optimized", config.cache_max_bytes));
+        let cache = config.cache_dir.clone().map(|dir| {
+            ArtifactCache::new(dir, &inner, "optimized", config.cache_max_bytes)
+                .with_quarantine_after(config.quarantine_after)
+        });
         Ok(Engine {
             inner,
             compiler: Compiler::new(&wc),
@@ -478,6 +484,9 @@ impl Engine {
         let needs = needs::needs(bytes).map_err(|e| LoadError::Compile(e.to_string()))?;
         check_needs(&needs, limits)?;
         let sha256 = sha256_hex(bytes);
+        if let Some(cache) = &self.cache {
+            cache.check_quarantine(&sha256)?;
+        }
         let optimized = self
             .cache
             .as_ref()
@@ -650,6 +659,9 @@ fn build(
         return Ok((link(engine, linker, &component)?, Compiled::FromCache, None));
     }
     let _permit = foreground.as_ref().map(|f| f.gate.acquire());
+    // A crash from here on leaves the marker behind: counted towards quarantine at the next start.
+    let _compiling = cache.map(|c| c.compiling(sha256));
+    tracing::info!(target: "wasmop::engine", sha256 = %sha256, "compiling a module");
     if let (CacheWrite::Now, Some(cache)) = (write, cache) {
         let component = compiler.compile_into_cache(engine, bytes, cache, sha256)?;
         // A component of another world does not stay cached.

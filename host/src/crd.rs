@@ -546,6 +546,22 @@ pub struct ActiveModule {
     /// `oci <repository>@<manifest digest>`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub origin: Option<String>,
+    /// The keys whose signatures verified the module under the signing policy in force (the
+    /// host's `--require-signed-modules` key and `spec.module.oci.verify`'s), re-checked when
+    /// a key's ConfigMap or Secret changes; empty when no signature is required.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub verified_by: Vec<VerifiedKey>,
+}
+
+/// A public key that verified the active module's signature.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct VerifiedKey {
+    /// `sha256:<hex>` of the key's DER SubjectPublicKeyInfo.
+    pub fingerprint: String,
+    /// Where the key was read from: `spec.module.oci.verify.key`, `ConfigMap <ns>/<name> key
+    /// <key>`, `Secret <ns>/<name> key <key>` or `--require-signed-modules <path>`.
+    pub source: String,
 }
 
 /// The longest `spec.limits.deadline` accepted: a module call is meant to be short, and a longer

@@ -80,6 +80,8 @@ pub struct HostOptions {
     pub cache_dir: Option<PathBuf>,
     /// The most the cache directory holds, every file counted.
     pub cache_max_bytes: u64,
+    /// Consecutive crashes during compiles of one module after which it is refused (0: never).
+    pub quarantine_after: u32,
     /// The most memory the running module calls may be capped at together.
     pub module_memory_budget: u64,
     /// The resync period for WasmReconcilers that do not set one.
@@ -129,6 +131,7 @@ impl Default for HostOptions {
             kubeconfig: None,
             cache_dir: None,
             cache_max_bytes: crate::engine::DEFAULT_CACHE_MAX_BYTES,
+            quarantine_after: crate::engine::DEFAULT_QUARANTINE_AFTER,
             module_memory_budget: DEFAULT_MODULE_MEMORY_BUDGET,
             resync: Duration::from_secs(600),
             instance: std::env::var("POD_NAME")
@@ -297,6 +300,7 @@ impl Host {
         let engine = Engine::new(&EngineConfig {
             cache_dir: options.cache_dir.clone(),
             cache_max_bytes: options.cache_max_bytes,
+            quarantine_after: options.quarantine_after,
             memory_budget_bytes: options.module_memory_budget,
             max_instances: options.max_module_calls.max(1),
             max_calls: options.max_module_calls.max(1),

@@ -92,6 +92,12 @@ reasons! {
     SIGNATURE_INVALID = "SignatureInvalid";
     /// The key modules must be signed with cannot be used.
     SIGNATURE_KEY_INVALID = "SignatureKeyInvalid";
+    /// The host died while compiling the module, repeatedly: it is refused until another module
+    /// is pushed or its quarantine markers are deleted.
+    MODULE_QUARANTINED = "ModuleQuarantined";
+    /// Event: the key of the signing policy changed, and the serving module's signatures
+    /// verify with the new key: it keeps serving.
+    SIGNATURE_VERIFIED = "SignatureVerified";
     /// The OCI registry cannot be reached.
     REGISTRY_UNREACHABLE = "RegistryUnreachable";
     /// The OCI registry refused the host's credentials.

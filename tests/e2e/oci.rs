@@ -975,3 +975,128 @@ async fn a_registry_that_never_answers_holds_neither_other_reconcilers_nor_the_s
         .map_err(|_| anyhow::anyhow!("the host did not shut down within {WITHIN:?}"))??;
     env.passed()
 }
+
+/// Writes the public key file `public` into Secret `name`, key `cosign.pub` (the key rotated
+/// in place, as an operator would).
+async fn key_secret(env: &TestEnv, name: &str, public: &std::path::Path) -> anyhow::Result<()> {
+    let secret = Secret {
+        metadata: kube::api::ObjectMeta {
+            name: Some(name.into()),
+            ..Default::default()
+        },
+        data: Some(BTreeMap::from([(
+            "cosign.pub".to_string(),
+            ByteString(std::fs::read(public)?),
+        )])),
+        ..Default::default()
+    };
+    let api: Api<Secret> = env.api();
+    api.patch(
+        name,
+        &PatchParams::apply("e2e").force(),
+        &Patch::Apply(&secret),
+    )
+    .await?;
+    Ok(())
+}
+
+/// `status.activeModule` as the API server holds it (read untyped: every field it has).
+async fn active_raw(client: &Client, wr: &str) -> anyhow::Result<Value> {
+    let resource = kube::api::ApiResource::erase::<WasmReconciler>(&());
+    let api: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
+    let object = api.get(wr).await?;
+    Ok(object.data["status"]["activeModule"].clone())
+}
+
+/// The fingerprints `status.activeModule.verifiedBy` records.
+async fn verified_by(client: &Client, wr: &str) -> anyhow::Result<Vec<String>> {
+    let active = active_raw(client, wr).await?;
+    Ok(active["verifiedBy"]
+        .as_array()
+        .map(|keys| {
+            keys.iter()
+                .filter_map(|k| k["fingerprint"].as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default())
+}
+
+/// The WasmReconciler's `metadata.generation`.
+async fn generation(client: &Client, wr: &str) -> anyhow::Result<Option<i64>> {
+    let api: Api<WasmReconciler> = Api::all(client.clone());
+    Ok(api.get(wr).await?.metadata.generation)
+}
+
+#[tokio::test]
+async fn a_rotated_key_rechecks_the_serving_module_and_status_records_the_verifying_key()
+-> anyhow::Result<()> {
+    let env = TestEnv::get("oci-rotate").await?;
+    let SignedV1 {
+        registry,
+        cosign,
+        public,
+        sha: v1_sha,
+        digest: d1,
+        ..
+    } = signed_v1(&env, "mods/rotate", "first").await?;
+    let (second_key, second_public) = cosign.key_pair("second").await?;
+    let (first, second) = (fingerprint(&public)?, fingerprint(&second_public)?);
+    key_secret(&env, "module-keys", &public).await?;
+    let reference = format!("{}/mods/rotate@{d1}", registry.host);
+    let verify = json!({"keySecret": {"name": "module-keys", "key": "cosign.pub"}});
+    let (wr, _host) = register(&env, "iu", signed_module(&registry, &reference, verify)).await?;
+    let spec_generation = generation(&env.client, &wr).await?;
+
+    // The Secret now holds a key that did not sign v1: it stops serving, the spec untouched.
+    key_secret(&env, "module-keys", &second_public).await?;
+    let (_, _, message) = eventually("Ready=False SignatureInvalid", WAIT, || async {
+        Ok(wr_condition(&env.client, &wr, "Ready")
+            .await?
+            .filter(|(s, r, _)| s == "False" && r == "SignatureInvalid"))
+    })
+    .await?;
+    assert!(
+        message.contains(&d1) && message.contains(&second),
+        "{message}"
+    );
+    assert_eq!(generation(&env.client, &wr).await?, spec_generation);
+
+    // The key rotated back: serving again, verified by the first key.
+    key_secret(&env, "module-keys", &public).await?;
+    eventually("Ready again with the first key", WAIT, || async {
+        Ok(wr_condition(&env.client, &wr, "Ready")
+            .await?
+            .filter(|(s, _, _)| s == "True"))
+    })
+    .await?;
+    let recorded = eventually("verifiedBy names the first key", WAIT, || async {
+        Ok(Some(verified_by(&env.client, &wr).await?).filter(|k| k.contains(&first)))
+    })
+    .await?;
+    assert_eq!(recorded, vec![first.clone()]);
+    assert_eq!(
+        active(&env.client, &wr).await?.map(|a| a.sha256),
+        Some(v1_sha.clone())
+    );
+
+    // Signed by the second key too, and the Secret rotated to it: it keeps serving without a
+    // swap (activeModule.loadedAt unchanged), now verified by the second key.
+    let loaded_at = active_raw(&env.client, &wr).await?["loadedAt"].clone();
+    cosign.sign(&second_key, &reference).await?;
+    key_secret(&env, "module-keys", &second_public).await?;
+    let recorded = eventually("verifiedBy names the second key", WAIT, || async {
+        Ok(Some(verified_by(&env.client, &wr).await?).filter(|k| k.contains(&second)))
+    })
+    .await?;
+    assert_eq!(recorded, vec![second]);
+    let (ready, _, message) = wr_condition(&env.client, &wr, "Ready")
+        .await?
+        .unwrap_or_default();
+    assert_eq!(ready, "True", "{message}");
+    let now = active_raw(&env.client, &wr).await?;
+    assert_eq!(now["loadedAt"], loaded_at, "no swap: {now}");
+    assert_eq!(now["sha256"], json!(v1_sha));
+    assert!(!app_served(&env, "rotated").await?, "v1 serves");
+    assert_eq!(generation(&env.client, &wr).await?, spec_generation);
+    env.passed()
+}

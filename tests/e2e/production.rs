@@ -669,3 +669,90 @@ async fn a_request_storm_does_not_hold_back_the_leader_lease() -> anyhow::Result
     assert_eq!(transitions(&lease), before, "the Lease never changed hands");
     env.passed()
 }
+
+/// How long a host may take to start compiling the Python module (an 18 MB pull first, on a
+/// loaded machine).
+const COMPILE_START: Duration = Duration::from_secs(300);
+
+/// The crashes the quarantine markers of module `sha` in `cache` count (the highest, over the
+/// tiers), if there is a marker.
+fn compile_marker(cache: &Path, sha: &str) -> Option<u32> {
+    std::fs::read_dir(cache)
+        .ok()?
+        .filter_map(Result::ok)
+        .filter(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            name.starts_with(&format!("{sha}-")) && name.ends_with(".compiling")
+        })
+        .filter_map(|e| std::fs::read_to_string(e.path()).ok())
+        .filter_map(|text| text.trim().parse().ok())
+        .max()
+}
+
+/// Item 16 of the reliability issue: a module whose compile kills the host would crash-loop
+/// every replica. Killed twice while compiling the (slow to compile) Python module, the third
+/// host refuses it before compiling, naming the digest and how to clear it.
+#[tokio::test]
+async fn a_module_whose_compile_killed_the_host_twice_is_quarantined() -> anyhow::Result<()> {
+    let env = TestEnv::get("quarantine").await?;
+    let registry = wasmop_testenv::Registry::start().await?;
+    let module = std::fs::read(tenant_module(TenantBuild::First).await?)?;
+    let sha = wasmop::engine::sha256_hex(&module);
+    let digest = oci_push(&registry, "mods/slow:v1", module).await?;
+    oci_pull_secret(&env, &registry, "registry").await?;
+    install_crds(&env.client).await?;
+    service_account(
+        &env.client,
+        &env.namespace,
+        "slow",
+        image_updater_rules(true),
+    )
+    .await?;
+    let wr = format!("{}-slow", env.namespace);
+    let mut spec = reconciler(
+        &env,
+        &wr,
+        "unused",
+        ("example.wasmop.dev/v1", "App"),
+        &[("apps/v1", "Deployment"), ("v1", "Service")],
+        "slow",
+        json!({}),
+    );
+    let reference = format!("{}/mods/slow@{digest}", registry.host);
+    spec["spec"]["module"] = oci_module(&registry, &reference, "registry");
+    apply_reconciler(&env.client, &spec).await?;
+    let cache = tempfile::tempdir()?;
+    let args = ["--namespace", &env.namespace, "--webhook-addr", "off"];
+    for crash in 1..=2 {
+        let mut host = HostProcess::start(&env, cache.path(), &args).await?;
+        // The compile is under way once its marker counts this start: killed in it.
+        eventually(
+            &format!("compile {crash} under way"),
+            COMPILE_START,
+            || async { Ok(compile_marker(cache.path(), &sha).filter(|c| *c == crash)) },
+        )
+        .await
+        .map_err(|e| anyhow::anyhow!("{e}\nhost log:\n{}", host.log_text()))?;
+        host.child.kill().await?;
+        assert_eq!(
+            compile_marker(cache.path(), &sha),
+            Some(crash),
+            "killed during the compile, the marker stays"
+        );
+    }
+    let host = HostProcess::start(&env, cache.path(), &args).await?;
+    let (_, _, message) = eventually("Ready=False ModuleQuarantined", WAIT, || async {
+        Ok(wr_condition(&env.client, &wr, "Ready")
+            .await?
+            .filter(|(s, r, _)| s == "False" && r == "ModuleQuarantined"))
+    })
+    .await
+    .map_err(|e| anyhow::anyhow!("{e}\nhost log:\n{}", host.log_text()))?;
+    assert!(
+        message.contains(&sha) && message.contains(".compiling") && message.contains("2 times"),
+        "{message}"
+    );
+    // Refused before compiling: no third compile was counted.
+    assert_eq!(compile_marker(cache.path(), &sha), Some(2));
+    env.passed()
+}

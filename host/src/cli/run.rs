@@ -27,6 +27,11 @@ pub struct Args {
     /// `768Mi`); keep it well under the volume's size.
     #[arg(long, env = "WASMOP_CACHE_MAX_BYTES", default_value = "768Mi")]
     pub cache_max_bytes: String,
+    /// Refuse a module (`ModuleQuarantined`) once the host died this many times in a row while
+    /// compiling it (an OOM kill, a compiler crash); markers in the cache directory count them.
+    /// 0: never refuse.
+    #[arg(long, env = "WASMOP_QUARANTINE_AFTER", default_value_t = crate::engine::DEFAULT_QUARANTINE_AFTER)]
+    pub quarantine_after: u32,
     /// The most memory the running module calls may be capped at together (a quantity): each
     /// call reserves its `spec.limits.memory`; keep it below the pod's memory limit.
     #[arg(long, env = "WASMOP_MODULE_MEMORY_BUDGET", default_value = "768Mi")]
@@ -419,6 +424,7 @@ pub(crate) async fn run(args: Args) -> Result<ExitCode, CliError> {
         ),
         cache_max_bytes: crate::crd::parse_quantity(&args.cache_max_bytes)
             .map_err(|e| CliError::Other(format!("--cache-max-bytes: {e}")))?,
+        quarantine_after: args.quarantine_after,
         module_memory_budget: crate::crd::parse_quantity(&args.module_memory_budget)
             .map_err(|e| CliError::Other(format!("--module-memory-budget: {e}")))?,
         resync,

@@ -39,12 +39,14 @@
 //! # Layout
 //! - `supervisor`: one reconciler's supervisor (set-up, serve loop);
 //! - `swap`: reading and checking a module, the hot swap, the self-check and the rollback;
+//! - `rekey`: the serving module's signatures checked again when its policy's key changes;
 //! - [`status`]: the WasmReconciler's conditions, status writes and Events;
 //! - [`release`]: the WasmReconciler's finalizer and the release of its primaries;
 //! - [`access`], [`conflict`]: the set-up checks (read access, overlapping reconcilers).
 
 pub mod access;
 pub mod conflict;
+mod rekey;
 pub mod release;
 pub mod status;
 mod supervisor;

@@ -10,8 +10,9 @@
 //! - Condition messages and Event notes are made inert and cut
 //!   ([`MAX_CONDITION_MESSAGE`], [`intents::MAX_EVENT_NOTE`]): they carry text from registries,
 //!   the API server and modules, which must not forge a line or fill the object.
-//! - A field the host cleared (`rejectedSha256`, `ungranted`, `activeModule.origin`) is
-//!   cleared on the object too: the merge patch names it with `null`.
+//! - A field the host cleared (`rejectedSha256`, `ungranted`, `activeModule.origin`,
+//!   `activeModule.verifiedBy`) is cleared on the object too: the merge patch names it with
+//!   `null`.
 
 use std::sync::Arc;
 
@@ -238,7 +239,9 @@ fn status_patch(status: &WasmReconcilerStatus) -> serde_json::Value {
         .get_mut("activeModule")
         .and_then(|a| a.as_object_mut())
     {
-        active.entry("origin").or_insert(serde_json::Value::Null);
+        for cleared in ["origin", "verifiedBy"] {
+            active.entry(cleared).or_insert(serde_json::Value::Null);
+        }
     }
     json!({ "status": value })
 }
@@ -258,7 +261,7 @@ fn outside_text(text: &str, max: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::crd::{ActiveModule, ConfigMapKey};
+    use crate::crd::{ActiveModule, ConfigMapKey, VerifiedKey};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
     fn active(origin: Option<&str>) -> ActiveModule {
@@ -269,6 +272,7 @@ mod tests {
             loaded_at: Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
             source: "compiled".into(),
             origin: origin.map(str::to_string),
+            verified_by: Vec::new(),
         }
     }
 
@@ -308,14 +312,21 @@ mod tests {
         };
         let before = WasmReconcilerStatus {
             observed_generation: Some(1),
-            active_module: Some(active(Some("oci r@sha256:1"))),
+            active_module: Some(ActiveModule {
+                verified_by: vec![VerifiedKey {
+                    fingerprint: "sha256:k".into(),
+                    source: "Secret wasmop-system/keys key cosign.pub".into(),
+                }],
+                ..active(Some("oci r@sha256:1"))
+            }),
             rejected_sha256: Some("x".into()),
             ungranted: vec!["watch v1/Secret".into()],
             module_copy: Some(copy.clone()),
             ..WasmReconcilerStatus::default()
         };
         let mut live = json!({"metadata": {"name": "r"}, "status": before});
-        // Rolled back X, then pushed Y from a ConfigMap: nothing is rejected or ungranted.
+        // Rolled back X, then pushed Y from a ConfigMap: nothing is rejected, ungranted or
+        // verified.
         let after = WasmReconcilerStatus {
             observed_generation: Some(2),
             active_module: Some(active(None)),

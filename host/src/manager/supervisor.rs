@@ -9,6 +9,9 @@
 //!   manager's loop, which waits for a stopped supervisor, is never held by one. A swap from a
 //!   ConfigMap and a rollback wait on no registry and run to their end (their API calls are
 //!   bounded), so their status and copy writes are never cut apart.
+//! - While it serves, a change of the ConfigMap or Secret holding its signing policy's key
+//!   checks the serving module's signatures again ([`rekey`]): a module the new key does not
+//!   verify stops serving as a revoked one does.
 //! - A reconciler that loses a conflict ([`super::conflict`]) or whose ServiceAccount may not
 //!   read its kinds ([`super::access`]) never starts its controller. A conflict's loser releases
 //!   its finalizers on the primaries the winner reconciles ([`release::to_winner`]).
@@ -26,7 +29,7 @@ use tokio::sync::oneshot;
 
 use super::status::{SetupError, Subject};
 use super::swap::{self, Candidate, Kept, Serving, SwapState};
-use super::{HostContext, RejectionsRx, UpdatesRx, access, conflict, release};
+use super::{HostContext, RejectionsRx, UpdatesRx, access, conflict, rekey, release};
 use crate::contract::Gvk;
 use crate::controller::{self, Clients, Health, Running, Settings};
 use crate::crd::{MAX_RESYNC, WasmReconciler, parse_bounded_duration};
@@ -180,6 +183,7 @@ impl Supervisor {
             e.reason,
             reasons::MODULE_UNAVAILABLE
                 | reasons::MODULE_INVALID
+                | reasons::MODULE_QUARANTINED
                 | reasons::DIGEST_MISMATCH
                 | reasons::MODULE_MISMATCH
                 | reasons::MODULE_NOT_FOUND
@@ -426,8 +430,12 @@ impl Supervisor {
             first.fit.clone(),
             first.bytes.resource_version.clone(),
         ));
-        self.kept
-            .keep(first.module.sha256(), first.bytes.bytes, &first.origin);
+        self.kept.keep(
+            first.module.sha256(),
+            first.bytes.bytes,
+            &first.origin,
+            &first.verified_by,
+        );
         if !first.from_copy {
             // The ConfigMap holds another module than the one rolled back.
             self.s.status.rejected_sha256 = None;
@@ -504,6 +512,8 @@ impl Supervisor {
         updates: &mut UpdatesRx,
     ) -> Option<SetupError> {
         let mut cm_events = self.module_events();
+        let mut key_changes = rekey::changes(&self.s);
+        let mut rekey_pending = None;
         let mut state = SwapState::default();
         let mut tick = tokio::time::interval(Duration::from_millis(100));
         let (s, kept, rejections) = (&mut self.s, &mut self.kept, &mut self.rejections);
@@ -526,11 +536,24 @@ impl Supervisor {
                     // its status and copy writes are never cut between them.
                     swap::offer(s, kept, Some(cm), 0, serving, &mut state).await;
                 }
+                Some(change) = key_changes.next() => {
+                    // The key of the signing policy changed: the serving module checked again.
+                    let check = rekey::recheck(s, kept, change, 0, &mut state, &mut rekey_pending);
+                    if unless_stopped(stop, check).await.is_none() {
+                        break;
+                    }
+                    if state.revoked.is_some() {
+                        return state.revoked.take();
+                    }
+                }
                 Some(wr) = updates.next() => {
                     // A new OCI reference replaces a deferred one.
                     s.wr = wr;
                     state.deferred = None;
                     state.refused_version = None;
+                    // The policy may name another key object; a pending re-check is moot.
+                    key_changes = rekey::changes(s);
+                    rekey_pending = None;
                     let offer = swap::offer(s, kept, None, 0, serving, &mut state);
                     if unless_stopped(stop, offer).await.is_none() {
                         break;
@@ -550,6 +573,13 @@ impl Supervisor {
                         if state.revoked.is_some() {
                             return state.revoked.take();
                         }
+                    }
+                    let check = rekey::retry_due(s, kept, &mut state, &mut rekey_pending);
+                    if unless_stopped(stop, check).await.is_none() {
+                        break;
+                    }
+                    if state.revoked.is_some() {
+                        return state.revoked.take();
                     }
                     // A rollback reads no registry; cut between its status write and its copy
                     // write, the copy would hold the rolled-back module and a restart could not

@@ -29,9 +29,10 @@ use crate::contract::Gvk;
 use crate::controller::intents::{self, Primary, Rejected};
 use crate::controller::{Settings, call};
 use crate::crd::{
-    ActiveModule, MAX_DEADLINE, SourceKind, WasmReconciler, parse_bounded_duration, parse_quantity,
+    ActiveModule, MAX_DEADLINE, SourceKind, VerifiedKey, WasmReconciler, parse_bounded_duration,
+    parse_quantity,
 };
-use crate::engine::{CallError, Compiled, Limits, Module, sha256_hex};
+use crate::engine::{CallError, Compiled, Limits, LoadError, Module, sha256_hex};
 use crate::modules::copy;
 use crate::modules::slot::{Active, Fit, ModuleSlot};
 use crate::modules::source::{self, ModuleBytes};
@@ -48,6 +49,17 @@ pub(super) struct Candidate {
     pub(super) from_copy: bool,
     /// Where it came from: `configMap <ns>/<name>` or `oci <repository>@<digest>`.
     pub(super) origin: String,
+    /// The keys whose signatures verified it (none when no signature is required).
+    pub(super) verified_by: Vec<VerifiedKey>,
+}
+
+/// A module read from its source, before it is checked.
+pub(super) struct Read {
+    pub(super) bytes: ModuleBytes,
+    /// See [`Candidate::origin`].
+    pub(super) origin: String,
+    /// See [`Candidate::verified_by`].
+    pub(super) verified_by: Vec<VerifiedKey>,
 }
 
 /// Why a new module was not swapped in.
@@ -144,7 +156,7 @@ fn is_transient(reason: &str) -> bool {
 }
 
 /// The self-check's retry delay after `attempts` deferrals: 1 s doubling to 60 s.
-fn deferral_backoff(attempts: u32) -> Duration {
+pub(super) fn deferral_backoff(attempts: u32) -> Duration {
     Duration::from_secs(1u64 << attempts.min(6)).min(Duration::from_secs(60))
 }
 
@@ -179,26 +191,36 @@ pub(super) struct Serving<'a> {
 
 /// The bytes and origins of the modules a reconciler activated last (the active and the
 /// previous one), by sha256, for the host's copy of the active module and
-/// `status.activeModule.origin`.
+/// `status.activeModule.origin` and `verifiedBy`.
 #[derive(Default)]
 pub(super) struct Kept {
     bytes: Vec<(String, Arc<Vec<u8>>)>,
-    origins: Vec<(String, String)>,
+    origins: Vec<(String, String, Vec<VerifiedKey>)>,
 }
 
 impl Kept {
-    /// Keeps `bytes` (module `sha`, from `origin`) for the copy; only the last two activated
-    /// are kept.
-    pub fn keep(&mut self, sha: &str, bytes: Vec<u8>, origin: &str) {
+    /// Keeps `bytes` (module `sha`, from `origin`, verified by `verified_by`) for the copy;
+    /// only the last two activated are kept.
+    pub fn keep(&mut self, sha: &str, bytes: Vec<u8>, origin: &str, verified_by: &[VerifiedKey]) {
         self.bytes.retain(|(s, _)| s != sha);
         self.bytes.push((sha.to_string(), Arc::new(bytes)));
         while self.bytes.len() > 2 {
             self.bytes.remove(0);
         }
-        self.origins.retain(|(s, _)| s != sha);
-        self.origins.push((sha.to_string(), origin.to_string()));
+        self.origins.retain(|(s, _, _)| s != sha);
+        self.origins
+            .push((sha.to_string(), origin.to_string(), verified_by.to_vec()));
         while self.origins.len() > 2 {
             self.origins.remove(0);
+        }
+    }
+
+    /// Records that module `sha` was verified again, by `keys`.
+    pub fn verified(&mut self, sha: &str, keys: &[VerifiedKey]) {
+        for (s, _, by) in &mut self.origins {
+            if s == sha {
+                *by = keys.to_vec();
+            }
         }
     }
 }
@@ -239,10 +261,7 @@ fn source_label(wr: &WasmReconciler) -> String {
 
 /// Reads the module the spec names: from the ConfigMap (`cm` if given, else from the
 /// cluster), or from the registry.
-pub(super) async fn read_module(
-    s: &Subject,
-    cm: Option<&ConfigMap>,
-) -> Result<(ModuleBytes, String), SetupError> {
+pub(super) async fn read_module(s: &Subject, cm: Option<&ConfigMap>) -> Result<Read, SetupError> {
     let invalid = |message: String| SetupError {
         reason: reasons::INVALID_SPEC,
         message,
@@ -267,7 +286,11 @@ pub(super) async fn read_module(
                 message: e.to_string(),
             })?;
             let origin = format!("configMap {}/{}", source.namespace, source.name);
-            Ok((bytes, origin))
+            Ok(Read {
+                bytes,
+                origin,
+                verified_by: Vec::new(),
+            })
         }
         SourceKind::Oci(spec) => {
             let pulled = oci::fetch(&s.ctx.client, &s.ctx.oci, spec)
@@ -276,20 +299,23 @@ pub(super) async fn read_module(
                     reason: e.reason(),
                     message: e.to_string(),
                 })?;
-            let origin = pulled.origin;
             let bytes = ModuleBytes {
                 bytes: pulled.bytes,
                 key: pulled.layer_digest,
                 resource_version: pulled.manifest_digest,
             };
-            Ok((bytes, origin))
+            Ok(Read {
+                bytes,
+                origin: pulled.origin,
+                verified_by: pulled.verified_by.iter().map(|k| k.recorded()).collect(),
+            })
         }
     }
 }
 
 /// At setup, when the registry cannot serve the module the status records as active (same
 /// origin), the host's copy of it: an outage does not stop a module across host restarts.
-async fn active_from_copy(s: &Subject, e: &SetupError) -> Option<(ModuleBytes, String)> {
+async fn active_from_copy(s: &Subject, e: &SetupError) -> Option<Read> {
     let spec = s.wr.spec.module.oci.as_ref()?;
     if !matches!(
         e.reason,
@@ -319,18 +345,23 @@ async fn active_from_copy(s: &Subject, e: &SetupError) -> Option<(ModuleBytes, S
     let mut bytes = copy::load(&s.ctx.client, copy, &active.sha256).await.ok()?;
     tracing::warn!(reconciler = %s.name(), error = %e.message, "the registry cannot serve the active module; loading the host's copy of it");
     bytes.resource_version = oci::pin(spec).ok()?.digest;
-    Some((bytes, origin))
+    Some(Read {
+        bytes,
+        origin,
+        verified_by: Vec::new(),
+    })
 }
 
 /// Reads the module (from `given` if already read, else from its source), checks and loads
 /// it.
-pub(super) async fn candidate(
-    s: &Subject,
-    given: Option<(ModuleBytes, String)>,
-) -> Result<Candidate, SetupError> {
+pub(super) async fn candidate(s: &Subject, given: Option<Read>) -> Result<Candidate, SetupError> {
     let spec = &s.wr.spec;
     let at_setup = given.is_none();
-    let (mut bytes, origin) = match given {
+    let Read {
+        mut bytes,
+        origin,
+        mut verified_by,
+    } = match given {
         Some(read) => read,
         None => match read_module(s, None).await {
             Ok(read) => read,
@@ -343,6 +374,8 @@ pub(super) async fn candidate(
         bytes = last_good(s, &sha).await?;
         sha = sha256_hex(&bytes.bytes);
         from_copy = true;
+        // A ConfigMap's module (a rollback is only read back for one) carries no signature.
+        verified_by.clear();
     }
     if let Some(pin) = &spec.module.sha256
         && !pin.eq_ignore_ascii_case(&sha)
@@ -370,10 +403,10 @@ pub(super) async fn candidate(
     })?;
     bytes.bytes = raw;
     let module = loaded.map_err(|e| SetupError {
-        reason: if e.is_module_fault() {
-            reasons::MODULE_INVALID
-        } else {
-            reasons::HOST_BUSY
+        reason: match &e {
+            LoadError::Quarantined { .. } => reasons::MODULE_QUARANTINED,
+            e if e.is_module_fault() => reasons::MODULE_INVALID,
+            _ => reasons::HOST_BUSY,
         },
         message: format!("{} key {}: {e}", source_label(&s.wr), bytes.key),
     })?;
@@ -394,6 +427,7 @@ pub(super) async fn candidate(
         bytes,
         from_copy,
         origin,
+        verified_by,
     })
 }
 
@@ -518,7 +552,7 @@ pub(super) async fn offer(
 /// Whether refusal `e` of the spec's OCI module refuses the very artifact that serves: a
 /// signature the current policy does not accept (`spec.module.oci.verify` added, its key
 /// changed). That module must stop serving, not keep serving as an older module would.
-fn revokes(s: &Subject, e: &SetupError) -> bool {
+pub(super) fn revokes(s: &Subject, e: &SetupError) -> bool {
     let signature = matches!(
         e.reason,
         reasons::SIGNATURE_INVALID | reasons::SIGNATURE_KEY_INVALID | reasons::SIGNATURE_REQUIRED
@@ -630,6 +664,11 @@ async fn swap(
     if candidate.module.sha256() == old.module.sha256() {
         metrics::global().hotswap(&s.name(), "unchanged");
         slot.refresh(candidate.bytes.resource_version.clone());
+        // Checked again under the policy now in force: record the keys that verified it.
+        kept.verified(candidate.module.sha256(), &candidate.verified_by);
+        if let Some(active) = &mut s.status.active_module {
+            active.verified_by = candidate.verified_by;
+        }
         return Ok(None);
     }
     if s.status.rejected_sha256.as_deref() == Some(candidate.module.sha256()) {
@@ -659,7 +698,12 @@ async fn swap(
         short(old.module.sha256())
     );
     let tier = candidate.module.tier();
-    kept.keep(&sha, candidate.bytes.bytes, &candidate.origin);
+    kept.keep(
+        &sha,
+        candidate.bytes.bytes,
+        &candidate.origin,
+        &candidate.verified_by,
+    );
     slot.activate(Active::new(
         candidate.module,
         candidate.fit,
@@ -797,8 +841,14 @@ pub(super) async fn activated(
         origin: kept
             .origins
             .iter()
-            .find(|(k, _)| k == m.sha256())
-            .map(|(_, o)| o.clone()),
+            .find(|(k, _, _)| k == m.sha256())
+            .map(|(_, o, _)| o.clone()),
+        verified_by: kept
+            .origins
+            .iter()
+            .find(|(k, _, _)| k == m.sha256())
+            .map(|(_, _, by)| by.clone())
+            .unwrap_or_default(),
     });
     s.status.ungranted = active.fit.ungranted.clone();
     let loaded = !matches!(kind, KubeEventType::Warning);
@@ -895,7 +945,6 @@ pub(super) fn short(sha: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::LoadError;
     use kube::core::Status;
 
     fn api_error(code: u16, reason: &str) -> kube::Error {

@@ -385,6 +385,9 @@ pub struct Pulled {
     pub manifest_digest: String,
     /// Where it came from, for the status ([`Pinned::origin`]).
     pub origin: String,
+    /// The keys whose signatures it was checked against (all of them verified it); empty when
+    /// no signature is required.
+    pub verified_by: Vec<TrustedKey>,
 }
 
 /// Pulls the module `spec` names, with the credentials and trust it names (read from the
@@ -464,7 +467,9 @@ async fn fetch_within(
         });
     }
     signature::verify(&pinned, &access, &keys).await?;
-    pull(&pinned, &access, options.max_module_bytes).await
+    let mut pulled = pull(&pinned, &access, options.max_module_bytes).await?;
+    pulled.verified_by = keys;
+    Ok(pulled)
 }
 
 /// Pulls the module `pinned` names, refusing layers over `cap` bytes.
@@ -524,6 +529,7 @@ pub async fn pull(pinned: &Pinned, access: &Access, cap: u64) -> Result<Pulled, 
         layer_digest: layer.digest,
         manifest_digest: digest,
         origin: pinned.origin(),
+        verified_by: Vec::new(),
     })
 }
 

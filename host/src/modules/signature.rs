@@ -27,6 +27,9 @@
 //! - The `.sig` manifest and its layers are read with bounded reads ([`Reader`]): at most
 //!   [`MAX_SIGNATURES`] layers of at most [`MAX_SIGNATURE_BYTES`] each; OCI referrers are not
 //!   read.
+//! - A key held in a ConfigMap or Secret is followed while its reconciler serves
+//!   ([`key_changes`]: one watch of that one object), so a rotated key re-checks the serving
+//!   module (see `manager::rekey`).
 //!
 //! # Errors
 //! [`SignatureError`]: each variant names the key (its fingerprint and where it came from) and
@@ -36,7 +39,9 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use futures::stream::{BoxStream, StreamExt};
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
 use oci_client::client::{Config, ImageLayer};
 use oci_client::manifest::{OciDescriptor, OciImageManifest};
@@ -50,7 +55,7 @@ use sigstore::crypto::signing_key::SigStoreKeyPair;
 use sigstore::crypto::{CosignVerificationKey, SigningScheme};
 use sigstore::registry::OciReference;
 
-use crate::crd::{LocalKey, OciModule, SignaturePolicy};
+use crate::crd::{LocalKey, OciModule, SignaturePolicy, VerifiedKey};
 use crate::modules::reader::{Reader, registry_text};
 use crate::modules::registry::{Access, Pinned};
 use crate::reasons;
@@ -186,6 +191,15 @@ impl TrustedKey {
         })
     }
 
+    /// How `status.activeModule.verifiedBy` records this key (its fingerprint and where it
+    /// came from; never the key's text).
+    pub fn recorded(&self) -> VerifiedKey {
+        VerifiedKey {
+            fingerprint: self.fingerprint.clone(),
+            source: self.source.clone(),
+        }
+    }
+
     fn verifier(&self) -> Result<PublicKeyVerifier, SignatureError> {
         PublicKeyVerifier::try_from(self.pem.as_bytes()).map_err(|e| SignatureError::Key {
             origin: self.source.clone(),
@@ -221,22 +235,16 @@ async fn policy_key(
     match (&policy.key, &policy.key_config_map, &policy.key_secret) {
         (Some(pem), None, None) => TrustedKey::from_pem(pem, "spec.module.oci.verify.key"),
         (None, Some(key), None) => {
-            let source = format!("ConfigMap {namespace}/{} key {}", key.name, key.key);
             let cm = Api::<ConfigMap>::namespaced(client.clone(), namespace)
                 .get_opt(&key.name)
                 .await;
-            let pem = lookup(cm, &source, |cm| {
-                cm.data.as_ref().and_then(|d| d.get(&key.key)).cloned()
-            })?;
-            TrustedKey::from_pem(&pem, source)
+            config_map_key(cm, namespace, key)
         }
         (None, None, Some(key)) => {
-            let source = format!("Secret {namespace}/{} key {}", key.name, key.key);
             let secret = Api::<Secret>::namespaced(client.clone(), namespace)
                 .get_opt(&key.name)
                 .await;
-            let pem = lookup(secret, &source, |s| secret_text(s, key))?;
-            TrustedKey::from_pem(&pem, source)
+            secret_key(secret, namespace, key)
         }
         _ => Err(SignatureError::Key {
             origin: "spec.module.oci.verify".into(),
@@ -244,6 +252,94 @@ async fn policy_key(
                 .into(),
         }),
     }
+}
+
+/// The key `key` names in ConfigMap `got` (of `namespace`).
+fn config_map_key(
+    got: Result<Option<ConfigMap>, kube::Error>,
+    namespace: &str,
+    key: &LocalKey,
+) -> Result<TrustedKey, SignatureError> {
+    let source = format!("ConfigMap {namespace}/{} key {}", key.name, key.key);
+    let pem = lookup(got, &source, |cm| {
+        cm.data.as_ref().and_then(|d| d.get(&key.key)).cloned()
+    })?;
+    TrustedKey::from_pem(&pem, source)
+}
+
+/// The key `key` names in Secret `got` (of `namespace`).
+fn secret_key(
+    got: Result<Option<Secret>, kube::Error>,
+    namespace: &str,
+    key: &LocalKey,
+) -> Result<TrustedKey, SignatureError> {
+    let source = format!("Secret {namespace}/{} key {}", key.name, key.key);
+    let pem = lookup(got, &source, |s| secret_text(s, key))?;
+    TrustedKey::from_pem(&pem, source)
+}
+
+/// What a change of the object holding a policy's key says: the key it holds now, or why it
+/// holds none (deleted, no such key, not a public key).
+pub type KeyChange = Result<TrustedKey, SignatureError>;
+
+/// The changes of the ConfigMap or Secret (in `namespace`) holding `policy`'s key, each as the
+/// key it then holds: a watch of that one object (a field selector on its name), which lists it
+/// first. Never ends; nothing for a key written in the spec (it changes with the spec).
+///
+/// Caveats: an object deleted while the watch relists (after the watch expired) is not seen
+/// until it is created again or the reconciler is set up again.
+pub fn key_changes(
+    client: &Client,
+    namespace: &str,
+    policy: &SignaturePolicy,
+) -> BoxStream<'static, KeyChange> {
+    let ns = namespace.to_string();
+    match (&policy.key, &policy.key_config_map, &policy.key_secret) {
+        (None, Some(key), None) => {
+            let key = key.clone();
+            let api = Api::<ConfigMap>::namespaced(client.clone(), namespace);
+            object_changes(api, &key.name.clone(), move |cm| {
+                config_map_key(Ok(cm), &ns, &key)
+            })
+        }
+        (None, None, Some(key)) => {
+            let key = key.clone();
+            let api = Api::<Secret>::namespaced(client.clone(), namespace);
+            object_changes(api, &key.name.clone(), move |s| {
+                secret_key(Ok(s), &ns, &key)
+            })
+        }
+        _ => futures::stream::pending().boxed(),
+    }
+}
+
+/// Each state of object `name` that `api` watches, mapped by `key` (`None`: deleted).
+fn object_changes<K>(
+    api: Api<K>,
+    name: &str,
+    key: impl Fn(Option<K>) -> KeyChange + Send + 'static,
+) -> BoxStream<'static, KeyChange>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
+{
+    let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+    let name = name.to_string();
+    watcher(api, config)
+        .default_backoff()
+        .filter_map(move |event| {
+            let change = match event {
+                Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o)) => Some(key(Some(o))),
+                Ok(watcher::Event::Delete(_)) => Some(key(None)),
+                Ok(watcher::Event::Init | watcher::Event::InitDone) => None,
+                // The watcher retries with backoff; the key stays as last seen meanwhile.
+                Err(e) => {
+                    tracing::warn!(object = %name, error = %e, "cannot watch the object holding a signing key (the host needs list and watch on it); a rotated key is seen at the next set-up");
+                    None
+                }
+            };
+            futures::future::ready(change)
+        })
+        .boxed()
 }
 
 fn secret_text(secret: &Secret, key: &LocalKey) -> Option<String> {
