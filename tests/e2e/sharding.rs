@@ -45,12 +45,13 @@ const HOST_NS: &str = "wasmop-system";
 const MODULE_NS: &str = "shard-module";
 /// The WasmReconciler.
 const WR: &str = "widgets";
-/// Lease timings shorter than the defaults (15 s / 10 s / 2 s) keep the test quick, but a renew
+/// Lease timings near the defaults (15 s / 10 s / 2 s), with a shorter retry period; a renew
 /// deadline must outlast the API server's stalls on a loaded 2-core machine: a replica that
 /// cannot renew within it stops by design (fencing), and with 3 s one did (load average ~15,
-/// etcd cancelling requests). Lease 12 s, renew deadline 8 s, retry 1 s.
-const LEASE: Duration = Duration::from_secs(12);
-const RENEW_DEADLINE: Duration = Duration::from_secs(8);
+/// etcd cancelling requests), and with 8 s all three did once beside two busy loops (the API
+/// server did not answer for over 8 s). Lease 20 s, renew deadline 15 s, retry 1 s.
+const LEASE: Duration = Duration::from_secs(20);
+const RENEW_DEADLINE: Duration = Duration::from_secs(15);
 const RETRY: Duration = Duration::from_secs(1);
 /// The WasmReconciler's resync period: longer than the scenario, so that every reconcile in the
 /// records has a cause the scenario made (a spec change, a handover), not a resync.
