@@ -17,10 +17,15 @@
 //! - Markers are tiny (a decimal count) and at most [`MAX_MARKERS`]: the oldest beyond that are
 //!   deleted; they count in the cache's bound like every file of its directory.
 //! - Without a cache directory, or with `after` 0, nothing is written and nothing refused.
+//! - A compile under way holds an exclusive lock on its marker (`flock`), which the kernel
+//!   releases when its process dies: a marker whose lock is held is a compile under way (in
+//!   this process or another sharing the directory), never counted as a crash, and a compile
+//!   that finds the marker of its digest and tier locked runs without one of its own.
 //!
 //! # Caveats
-//! - Hosts sharing one cache directory (not `deploy/`'s layout: each pod has its own volume)
-//!   could count each other's compiles under way as crashes.
+//! - On a file system without working locks (some network file systems), a marker that
+//!   cannot be locked is counted as before: hosts sharing such a directory could count each
+//!   other's compiles under way as crashes.
 
 use std::path::{Path, PathBuf};
 
@@ -36,10 +41,12 @@ pub const MAX_MARKERS: usize = 64;
 /// The extension of a marker.
 const EXTENSION: &str = "compiling";
 
-/// A compile under way: its marker is deleted when this is dropped.
+/// A compile under way: its marker, locked while it lives, is deleted when this is dropped.
 #[derive(Debug)]
 pub(crate) struct Marker {
     path: Option<PathBuf>,
+    /// The marker, open and locked (the lock goes with the process).
+    file: Option<std::fs::File>,
 }
 
 impl Drop for Marker {
@@ -47,7 +54,30 @@ impl Drop for Marker {
         if let Some(path) = self.path.take() {
             let _ = std::fs::remove_file(path);
         }
+        // Unlocked once deleted: nobody sees a finished compile's marker unlocked.
+        self.file.take();
     }
+}
+
+impl Marker {
+    const NONE: Marker = Marker {
+        path: None,
+        file: None,
+    };
+
+    /// What a process killed during the compile leaves: the marker, unlocked.
+    #[cfg(test)]
+    fn crash(mut self) {
+        self.path = None;
+    }
+}
+
+/// Whether a live compile holds `path`'s lock.
+fn held(path: &Path) -> bool {
+    let Ok(file) = std::fs::File::open(path) else {
+        return false;
+    };
+    matches!(file.try_lock(), Err(std::fs::TryLockError::WouldBlock))
 }
 
 /// The marker of the compile whose cache entry is `entry` (`<dir>/<sha256>-<engine>.cwasm`).
@@ -63,6 +93,7 @@ fn markers_of(dir: &Path, sha256: &str) -> Vec<(PathBuf, u32)> {
     read.filter_map(Result::ok)
         .map(|e| e.path())
         .filter(|p| is_marker(p) && name_of(p).starts_with(&format!("{sha256}-")))
+        .filter(|p| !held(p))
         .map(|p| {
             let crashes = crashes_in(&p);
             (p, crashes)
@@ -121,32 +152,57 @@ pub(crate) fn check(dir: &Path, sha256: &str, after: u32) -> Result<(), LoadErro
 /// written is logged, never fatal (the compile runs unguarded).
 pub(crate) fn begin(entry: &Path, after: u32) -> Marker {
     if after == 0 {
-        return Marker { path: None };
+        return Marker::NONE;
     }
     let path = marker_path(entry);
-    let crashes = if path.exists() { crashes_in(&path) } else { 0 };
     if let Some(dir) = path.parent() {
         bound(dir);
     }
-    let count = crashes.saturating_add(1).to_string();
-    match write_marker(&path, count.as_bytes()) {
-        Ok(()) => Marker { path: Some(path) },
+    match lock_marker(&path) {
+        Ok(Some(file)) => Marker {
+            path: Some(path),
+            file: Some(file),
+        },
+        // Another compile of this digest and tier is under way: its marker stands for both.
+        Ok(None) => Marker::NONE,
         Err(e) => {
             tracing::warn!(target: "wasmop::engine::quarantine", path = %path.display(), error = %e, "cannot mark the compile as under way; a crash during it will not count towards quarantine");
-            Marker { path: None }
+            Marker::NONE
         }
     }
 }
 
-fn write_marker(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+/// Opens and locks the marker at `path`, writing one crash more than it recorded (a marker
+/// left unlocked is a dead compile's). None when a live compile holds it.
+fn lock_marker(path: &Path) -> std::io::Result<Option<std::fs::File>> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir)?;
     }
     let mut options = std::fs::File::options();
-    options.write(true).create(true).truncate(true);
+    options.read(true).write(true).create(true);
     #[cfg(unix)]
     std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
-    std::io::Write::write_all(&mut options.open(path)?, bytes)
+    let mut file = options.open(path)?;
+    match file.try_lock() {
+        Ok(()) => {}
+        Err(std::fs::TryLockError::WouldBlock) => return Ok(None),
+        // No working locks here: counted as before (see the caveats).
+        Err(std::fs::TryLockError::Error(e)) => {
+            tracing::debug!(target: "wasmop::engine::quarantine", error = %e, "markers cannot be locked here");
+        }
+    }
+    let crashes = match file.metadata()?.len() {
+        0 => 0,
+        _ => crashes_in(path),
+    };
+    file.set_len(0)?;
+    std::io::Write::write_all(&mut file, crashes.saturating_add(1).to_string().as_bytes())?;
+    Ok(Some(file))
+}
+
+#[cfg(test)]
+fn write_marker(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    std::fs::write(path, bytes)
 }
 
 /// Deletes the oldest markers of `dir` beyond [`MAX_MARKERS`] - 1 (room for one more).
@@ -192,13 +248,13 @@ mod tests {
         let dir = tempfile::tempdir().expect("a temporary directory");
         let (sha, other) = ("ab".repeat(32), "cd".repeat(32));
         // A crash: the marker outlives the process (forgotten, as a killed process would).
-        std::mem::forget(begin(&entry(dir.path(), &sha, "fast"), 2));
+        begin(&entry(dir.path(), &sha, "fast"), 2).crash();
         assert!(
             check(dir.path(), &sha, 2).is_ok(),
             "one crash is not enough"
         );
         // The next start compiles it again, and dies again.
-        std::mem::forget(begin(&entry(dir.path(), &sha, "fast"), 2));
+        begin(&entry(dir.path(), &sha, "fast"), 2).crash();
         let Err(e) = check(dir.path(), &sha, 2) else {
             panic!("two consecutive crashes quarantine the digest")
         };
@@ -223,12 +279,37 @@ mod tests {
         let dir = tempfile::tempdir().expect("a temporary directory");
         let sha = "ab".repeat(32);
         // One crash with both tiers compiling: one crash, not two.
-        std::mem::forget(begin(&entry(dir.path(), &sha, "fast"), 2));
-        std::mem::forget(begin(&entry(dir.path(), &sha, "optimized"), 2));
+        begin(&entry(dir.path(), &sha, "fast"), 2).crash();
+        begin(&entry(dir.path(), &sha, "optimized"), 2).crash();
         assert!(check(dir.path(), &sha, 2).is_ok());
         // The optimized compile dies again: quarantined.
-        std::mem::forget(begin(&entry(dir.path(), &sha, "optimized"), 2));
+        begin(&entry(dir.path(), &sha, "optimized"), 2).crash();
         assert!(check(dir.path(), &sha, 2).is_err());
+    }
+
+    /// Hosts sharing one cache directory: a compile under way in another process (here
+    /// another open of the marker, which `flock` treats the same) is not a crash.
+    #[test]
+    fn a_compile_under_way_elsewhere_is_not_a_crash() {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let sha = "ab".repeat(32);
+        begin(&entry(dir.path(), &sha, "fast"), 2).crash();
+        let under_way = begin(&entry(dir.path(), &sha, "fast"), 2);
+        let beside = begin(&entry(dir.path(), &sha, "fast"), 2);
+        assert!(
+            check(dir.path(), &sha, 2).is_ok(),
+            "one crash, and two compiles under way"
+        );
+        drop(beside);
+        assert!(
+            markers_of(dir.path(), &sha).is_empty() && check(dir.path(), &sha, 2).is_ok(),
+            "the compile beside left the live marker alone"
+        );
+        under_way.crash();
+        assert!(
+            check(dir.path(), &sha, 2).is_err(),
+            "then it died: 2 crashes"
+        );
     }
 
     #[test]
@@ -236,7 +317,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("a temporary directory");
         for i in 0..MAX_MARKERS + 10 {
             let sha = format!("{i:064x}");
-            std::mem::forget(begin(&entry(dir.path(), &sha, "fast"), 2));
+            (begin(&entry(dir.path(), &sha, "fast"), 2).crash());
         }
         let markers: Vec<PathBuf> = std::fs::read_dir(dir.path())
             .expect("the directory")
