@@ -306,6 +306,9 @@ pub fn start(
     // With sharding, a primary is reconciled once every watch has listed its range, and a
     // range change reconciles only the primaries gained.
     let (listed, gained) = settings.shards.as_ref().map(|_| Listed::new()).unzip();
+    if let (Some(shards), Some(listed)) = (&settings.shards, &listed) {
+        shards.follow(listed);
+    }
     let watches = streams::Watches {
         client: &clients.host,
         settings: &settings,

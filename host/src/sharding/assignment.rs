@@ -48,6 +48,8 @@ pub struct Shards {
     server_side: bool,
     /// What this replica serves (reported by the manager, published by the handover).
     serving: super::serving::Serving,
+    /// The listed ranges of each reconciler's watches, told of every change of the active ones.
+    listeds: Mutex<Vec<std::sync::Weak<super::listed::Listed>>>,
 }
 
 /// Why a reconcile was not admitted.
@@ -87,7 +89,8 @@ impl Shards {
             changed: watch::channel(Ranges::empty()).0,
             identity: identity.to_string(),
             server_side,
-            serving: super::serving::Serving::default(),
+            serving: super::serving::Serving::new(identity),
+            listeds: Mutex::default(),
         })
     }
 
@@ -126,8 +129,31 @@ impl Shards {
         }
         s.active = ranges.clone();
         metrics::global().shards().held(&ranges);
+        // Synchronously: a range lost and gained again between two of a watch's reports is
+        // never taken as still listed.
+        if let Ok(mut listeds) = self.listeds.lock() {
+            listeds.retain(|l| match l.upgrade() {
+                Some(listed) => {
+                    listed.active(&ranges);
+                    true
+                }
+                None => false,
+            });
+        }
         // Under the lock, so a watcher never sees an older value after a newer one.
         self.changed.send_replace(ranges);
+    }
+
+    /// Tells `listed` of every change of the active ranges from now on (for as long as it
+    /// lives), starting with the current ones.
+    pub fn follow(&self, listed: &Arc<super::listed::Listed>) {
+        let Ok(s) = self.state.lock() else {
+            return;
+        };
+        listed.active(&s.active);
+        if let Ok(mut listeds) = self.listeds.lock() {
+            listeds.push(Arc::downgrade(listed));
+        }
     }
 
     /// Records a successful renewal of the member Lease: reconciles may be admitted until

@@ -93,6 +93,22 @@ impl Listed {
         }
     }
 
+    /// The active ranges are now `ranges` (called by [`super::Shards::set_active`], see
+    /// [`super::Shards::follow`]): what every watch listed or is listing outside them is no
+    /// longer listed, even by a watch that reports nothing (in backoff), so that a range lost
+    /// and gained again is covered only once every watch listed it again.
+    pub fn active(&self, ranges: &Ranges) {
+        let Ok(mut s) = self.state.lock() else {
+            return;
+        };
+        for i in 0..s.listed.len() {
+            s.listed[i] = s.listed[i].intersection(ranges);
+            s.listing[i] = s.listing[i].as_ref().map(|l| l.intersection(ranges));
+        }
+        // Only shrinks: nothing gained to send.
+        s.recompute();
+    }
+
     /// Whether every watch has listed `hash`.
     pub fn covers(&self, hash: u64) -> bool {
         self.state
@@ -140,6 +156,27 @@ impl Lister {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Review of item 6: a watch in backoff reports nothing while its range is lost and gained
+    /// again; what it listed before the loss must not cover the range.
+    #[test]
+    fn a_range_lost_and_gained_again_is_covered_only_once_listed_again() {
+        let shards = super::super::Shards::new("me", false);
+        let (listed, _gained) = Listed::new();
+        let watch = listed.watch();
+        shards.follow(&listed);
+        let all = Ranges::all();
+        shards.set_active(all.clone());
+        watch.listing(&all);
+        watch.listed();
+        assert!(listed.covers(7));
+        shards.set_active(Ranges::empty());
+        shards.set_active(all.clone());
+        assert!(!listed.covers(7), "lost and gained again: not listed since");
+        watch.listing(&all);
+        watch.listed();
+        assert!(listed.covers(7));
+    }
 
     fn drain(rx: &mut mpsc::UnboundedReceiver<Ranges>) -> Vec<Ranges> {
         std::iter::from_fn(|| rx.try_recv().ok()).collect()
