@@ -33,6 +33,7 @@ use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use kube::Client;
 use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
+use wasm_encoder::ComponentSection;
 use wasmop_testenv::{ControlPlane, HostProcess, Options, eventually};
 
 /// Namespaces of Widgets, and Widgets per namespace (namespaced primaries shard by namespace).
@@ -77,6 +78,16 @@ async fn replica_with(
     dir: &Path,
     extra: &[&str],
 ) -> anyhow::Result<HostProcess> {
+    replica_with_env(cp, dir, extra, Vec::new()).await
+}
+
+/// A sharded host process logging into `dir`, with `extra` arguments and environment `env`.
+async fn replica_with_env(
+    cp: &ControlPlane,
+    dir: &Path,
+    extra: &[&str],
+    env: Vec<(String, Option<String>)>,
+) -> anyhow::Result<HostProcess> {
     let bin = wasmop_binary().await?;
     let secs = |d: Duration| format!("{}s", d.as_secs());
     let args = [
@@ -104,7 +115,7 @@ async fn replica_with(
     .chain(extra.iter().copied())
     .map(str::to_string)
     .collect();
-    HostProcess::start(bin, args, "info,wasmop::sharding=debug", dir).await
+    HostProcess::start_with_env(bin, args, "info,wasmop::sharding=debug", dir, env).await
 }
 
 /// One reconcile as a replica recorded it.
@@ -520,7 +531,110 @@ async fn withdrawal(cp: &ControlPlane) -> anyhow::Result<()> {
         }
     }
     eprintln!("[sharding] withdrawal: {seen} status changes since Ready, none of them Ready=False");
-    group_rollback(&client, &healthy).await
+    group_rollback(&client, &healthy).await?;
+    group_swap(cp, &client, &healthy).await
+}
+
+/// The conditions `Ready` and `ModuleLoaded` of every status in the WasmReconciler's watch
+/// history since `since`, where either is False (a server-side watch timeout ends the stream
+/// once it has sent what changed).
+async fn flips_since(client: &Client, since: &str) -> anyhow::Result<(usize, Vec<String>)> {
+    let wrs: Api<wasmop::crd::WasmReconciler> = Api::all(client.clone());
+    let params = kube::api::WatchParams::default().timeout(5);
+    let mut history = Box::pin(wrs.watch(&params, since).await?);
+    let (mut seen, mut flips) = (0, Vec::new());
+    while let Some(event) = futures::StreamExt::next(&mut history).await {
+        if let kube::api::WatchEvent::Modified(wr) = event? {
+            seen += 1;
+            let conditions = wr.status.map(|s| s.conditions).unwrap_or_default();
+            flips.extend(
+                conditions
+                    .iter()
+                    .filter(|c| {
+                        (c.type_ == "Ready" || c.type_ == "ModuleLoaded") && c.status != "True"
+                    })
+                    .map(|c| format!("{} {} {}: {}", c.type_, c.status, c.reason, c.message)),
+            );
+        }
+    }
+    Ok((seen, flips))
+}
+
+/// Reliability item 7, swaps: one replica decides a new module for the group. A replica that
+/// cannot load it (here its `--max-module-bytes` is under the new module's size) follows
+/// nothing it cannot serve: it withdraws its share, and the status, as its watch history
+/// records it, never says the module was refused; every Widget is then served by the new
+/// module. Its identity sorts after the others', so that it does not decide.
+async fn group_swap(
+    cp: &ControlPlane,
+    client: &Client,
+    healthy: &[HostProcess; 2],
+) -> anyhow::Result<()> {
+    let good = wasmop_test_modules::bytes(wasmop_test_modules::MISBEHAVE);
+    let mut big = good.clone();
+    let padding: Vec<u8> = (0..128u32 << 10)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 24) as u8)
+        .collect();
+    wasm_encoder::CustomSection {
+        name: "wasmop-test-padding".into(),
+        data: padding.into(),
+    }
+    .append_to_component(&mut big);
+    let cap = (good.len() + (64 << 10)).to_string();
+    let dir = replica_logs(cp).join("replica-capped");
+    let hostname = vec![("HOSTNAME".to_string(), Some("zzzz-capped".to_string()))];
+    let capped = replica_with_env(cp, &dir, &["--max-module-bytes", &cap], hostname).await?;
+    eventually("the capped replica serves a share", CONVERGE, || async {
+        let leases = member_leases(client).await?;
+        let serving = leases.iter().filter(|l| !l.2 && !l.1.is_empty()).count();
+        Ok((serving == 3).then_some(()))
+    })
+    .await?;
+    let wrs: Api<wasmop::crd::WasmReconciler> = Api::all(client.clone());
+    let since = wrs
+        .get(WR)
+        .await?
+        .metadata
+        .resource_version
+        .unwrap_or_default();
+    let sha = wasmop::engine::sha256_hex(&big);
+    let cm = wasmop::modules::source::to_config_map(WR, MODULE_NS, &big, "test", "0", &sha)?;
+    Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(client.clone(), MODULE_NS)
+        .patch(WR, &apply_params(), &Patch::Apply(&cm))
+        .await?;
+    let series = format!("wasmop_module_info{{reconciler=\"{WR}\",sha256=\"{sha}\"}}");
+    eventually(
+        "the two healthy replicas serve the new module, the capped one withdrew",
+        CONVERGE,
+        || async {
+            for h in healthy {
+                anyhow::ensure!(
+                    sample(h, &series).await? == 1.0,
+                    "a replica does not serve {sha}"
+                );
+            }
+            let leases = member_leases(client).await?;
+            let capped = leases.iter().find(|l| l.0.starts_with("zzzz-capped"));
+            anyhow::ensure!(
+                capped.is_some_and(|l| l.2 && l.1.is_empty()),
+                "leases {leases:?}"
+            );
+            let active = wrs.get(WR).await?.status.and_then(|s| s.active_module);
+            anyhow::ensure!(
+                active.is_some_and(|a| a.sha256 == sha),
+                "the status records another module"
+            );
+            Ok(Some(()))
+        },
+    )
+    .await?;
+    bump(client, 7).await?;
+    converged(client, "300 Widgets reconciled after the group swapped").await?;
+    let (seen, flips) = flips_since(client, &since).await?;
+    anyhow::ensure!(flips.is_empty(), "the status flipped: {flips:?}");
+    eprintln!("[sharding] group swap: {seen} status changes, no flip; the capped replica withdrew");
+    drop(capped);
+    Ok(())
 }
 
 /// Reliability item 7, rollbacks: a new module that fails on every primary of one replica and

@@ -186,7 +186,8 @@ pub struct Args {
     /// it. Only for clusters whose Secrets may be written to this disk.
     #[arg(long, requires = "record_failures")]
     pub record_secrets: bool,
-    /// The largest module pulled from an OCI registry, in bytes (default 64 MiB).
+    /// The largest module the host loads, in bytes (default 64 MiB): pulled from an OCI
+    /// registry, read from a ConfigMap or from the host's copy.
     #[arg(long, env = "WASMOP_MAX_MODULE_BYTES", default_value_t = crate::modules::oci::DEFAULT_MAX_MODULE_BYTES,
           value_parser = clap::value_parser!(u64).range(1..=(4u64 << 30)))]
     pub max_module_bytes: u64,

@@ -146,33 +146,66 @@ struct Supervised {
     /// New generations that change only the OCI module reference: handed to the running
     /// supervisor, which hot-swaps (the old module keeps serving if the new one cannot load).
     updates: Updates,
-    /// Modules the group rejected (`status.rejectedSha256`, written by whichever replica rolled
-    /// back): handed to the running supervisor, which rolls them back here too.
-    rejections: futures::channel::mpsc::UnboundedSender<String>,
-    /// The last rejection handed over.
-    rejected: Option<String>,
+    /// What the group decided about the module (`status.activeModule`, `rejectedSha256`,
+    /// `moduleCopy`, written by the replica that decided): handed to the running supervisor,
+    /// which follows it (see [`Decided`]).
+    decisions: futures::channel::mpsc::UnboundedSender<Decided>,
+    /// The last decision handed over.
+    decided: Decided,
     task: tokio::task::JoinHandle<()>,
 }
 
-impl Supervised {
-    /// Hands the supervisor a rejection newly recorded in `wr`'s status (its own come back too:
-    /// they find the module rolled back already).
-    fn follow_rejection(&mut self, wr: &WasmReconciler) {
-        let rejected = wr.status.as_ref().and_then(|s| s.rejected_sha256.clone());
-        if let Some(bad) = rejected
-            .as_ref()
-            .filter(|r| Some(*r) != self.rejected.as_ref())
-        {
-            let _ = self.rejections.unbounded_send(bad.clone());
+/// The part of a WasmReconciler's status that the group shares: which module serves, which
+/// was rejected, and where the host's copy is. With sharding one replica decides each
+/// reconciler's module ([`crate::sharding::Serving::decides`]) and records it; the others
+/// follow what they observe here (see [`swap::follow`]).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(super) struct Decided {
+    pub active: Option<crate::crd::ActiveModule>,
+    pub rejected: Option<String>,
+    pub copy: Option<crate::crd::ConfigMapKey>,
+}
+
+impl Decided {
+    /// What `wr`'s status records.
+    fn of(wr: &WasmReconciler) -> Decided {
+        let status = wr.status.clone().unwrap_or_default();
+        Decided {
+            active: status.active_module,
+            rejected: status.rejected_sha256,
+            copy: status.module_copy,
         }
-        self.rejected = rejected;
+    }
+
+    /// The serving module's digest.
+    pub fn active_sha(&self) -> Option<&str> {
+        self.active.as_ref().map(|a| a.sha256.as_str())
+    }
+
+    /// Whether `other` records another module or rejection than this.
+    fn differs(&self, other: &Decided) -> bool {
+        self.active_sha() != other.active_sha()
+            || self.rejected != other.rejected
+            || self.copy != other.copy
+    }
+}
+
+impl Supervised {
+    /// Hands the supervisor a decision newly recorded in `wr`'s status (its own come back too:
+    /// they find it taken already).
+    fn follow_status(&mut self, wr: &WasmReconciler) {
+        let decided = Decided::of(wr);
+        if decided.differs(&self.decided) {
+            let _ = self.decisions.unbounded_send(decided.clone());
+        }
+        self.decided = decided;
     }
 }
 
 type Updates = futures::channel::mpsc::UnboundedSender<WasmReconciler>;
 type UpdatesRx = futures::channel::mpsc::UnboundedReceiver<WasmReconciler>;
-/// Rejections handed to a supervisor (see [`Supervised::follow_rejection`]).
-type RejectionsRx = futures::channel::mpsc::UnboundedReceiver<String>;
+/// Decisions handed to a supervisor (see [`Supervised::follow_status`]).
+type DecisionsRx = futures::channel::mpsc::UnboundedReceiver<Decided>;
 
 /// Whether `new` differs from `old` only in its OCI module reference, so that the running
 /// supervisor can swap the module instead of restarting.
@@ -288,7 +321,7 @@ impl Reconcilers {
         let name = wr.name_any();
         ensure_finalizer(&self.ctx, &wr).await;
         if let Some(s) = self.running.get_mut(&name) {
-            s.follow_rejection(&wr);
+            s.follow_status(&wr);
         }
         let generation = wr.metadata.generation;
         if self
@@ -374,8 +407,9 @@ async fn restart_losers_to(
 fn spawn_supervisor(ctx: Arc<HostContext>, wr: WasmReconciler) -> Supervised {
     let (tx, rx) = oneshot::channel();
     let (updates, updates_rx) = futures::channel::mpsc::unbounded();
-    let (rejections, rejections_rx) = futures::channel::mpsc::unbounded();
-    let rejected = wr.status.as_ref().and_then(|s| s.rejected_sha256.clone());
+    let (decisions, decisions_rx) = futures::channel::mpsc::unbounded();
+    let decided = Decided::of(&wr);
+    let shards = ctx.shards.clone();
     let generation = wr.metadata.generation;
     let name = wr.name_any();
     let component = controller::readiness_component(&name);
@@ -383,12 +417,16 @@ fn spawn_supervisor(ctx: Arc<HostContext>, wr: WasmReconciler) -> Supervised {
     let spawned = wr.clone();
     let slots = ctx.slots.clone();
     let task = tokio::spawn(async move {
-        let mut sup = Supervisor::new(ctx, wr, rejections_rx);
+        let mut sup = Supervisor::new(ctx, wr, decisions_rx);
         // A bug must not stop a reconciler silently: report the panic on the WasmReconciler.
         let outcome = std::panic::AssertUnwindSafe(sup.run(rx, updates_rx))
             .catch_unwind()
             .await;
         if let Err(panic) = outcome {
+            // Stopped here: with sharding, its share goes to a member that serves it.
+            if let Some(shards) = &shards {
+                shards.serving().fails(&sup.name());
+            }
             sup.panicked(&controller::panic_message(panic.as_ref()))
                 .await;
         }
@@ -402,8 +440,8 @@ fn spawn_supervisor(ctx: Arc<HostContext>, wr: WasmReconciler) -> Supervised {
         generation,
         stop: Some(tx),
         updates,
-        rejections,
-        rejected,
+        decisions,
+        decided,
         task,
     }
 }

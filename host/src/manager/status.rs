@@ -81,6 +81,10 @@ pub(super) struct Subject {
     pub wr: WasmReconciler,
     pub status: WasmReconcilerStatus,
     pub events: Recorder,
+    /// With sharding: another replica decides this reconciler's module
+    /// ([`crate::sharding::Serving::decides`]). A follower's status writes leave the fields the
+    /// decider owns (`activeModule`, `rejectedSha256`, `moduleCopy`, `ungranted`) as they are.
+    pub follower: bool,
 }
 
 impl Subject {
@@ -92,6 +96,7 @@ impl Subject {
             wr,
             status,
             events,
+            follower: false,
         }
     }
 
@@ -199,7 +204,7 @@ impl Subject {
     pub async fn write_status(&mut self) {
         self.status.observed_generation = self.wr.metadata.generation;
         let api: Api<WasmReconciler> = Api::all(self.ctx.client.clone());
-        let patch = status_patch(&self.status);
+        let patch = status_patch(&self.status, self.follower);
         if let Err(e) = api
             .patch_status(&self.name(), &PatchParams::default(), &Patch::Merge(&patch))
             .await
@@ -226,12 +231,20 @@ impl Subject {
 /// keeps every field a patch omits, and a stale `rejectedSha256` refused the module again after
 /// a restart.
 ///
+/// A `follower` (see [`Subject::follower`]) writes none of the fields the decider owns.
+///
 /// Caveats: `moduleCopy` is only ever replaced, never cleared: a copy is checked against
 /// `activeModule.sha256` before it is used, and a status read before the copy was written
 /// (a supervisor restarted from a watch event) must not erase it.
-fn status_patch(status: &WasmReconcilerStatus) -> serde_json::Value {
+fn status_patch(status: &WasmReconcilerStatus, follower: bool) -> serde_json::Value {
     let mut value = json!(status);
     let fields = value.as_object_mut().expect("a status is an object");
+    if follower {
+        for decided in ["activeModule", "rejectedSha256", "moduleCopy", "ungranted"] {
+            fields.remove(decided);
+        }
+        return json!({ "status": value });
+    }
     for cleared in ["rejectedSha256", "ungranted"] {
         fields.entry(cleared).or_insert(serde_json::Value::Null);
     }
@@ -332,12 +345,33 @@ mod tests {
             active_module: Some(active(None)),
             ..WasmReconcilerStatus::default()
         };
-        json_patch::merge(&mut live, &status_patch(&after));
+        json_patch::merge(&mut live, &status_patch(&after, false));
         let expected = WasmReconcilerStatus {
             module_copy: Some(copy),
             ..after
         };
         assert_eq!(live["status"], json!(expected));
         assert_eq!(live["metadata"]["name"], "r");
+    }
+
+    /// Review of item 7: a replica that does not decide the module writes its conditions but
+    /// never its older view of the module the group serves.
+    #[test]
+    fn a_follower_leaves_the_decided_fields_alone() {
+        let decided = WasmReconcilerStatus {
+            active_module: Some(active(Some("oci r@sha256:2"))),
+            rejected_sha256: Some("x".into()),
+            ..WasmReconcilerStatus::default()
+        };
+        let mut live = json!({"status": decided});
+        let stale = WasmReconcilerStatus {
+            observed_generation: Some(3),
+            active_module: Some(active(None)),
+            ..WasmReconcilerStatus::default()
+        };
+        json_patch::merge(&mut live, &status_patch(&stale, true));
+        assert_eq!(live["status"]["activeModule"], json!(decided.active_module));
+        assert_eq!(live["status"]["rejectedSha256"], "x");
+        assert_eq!(live["status"]["observedGeneration"], 3);
     }
 }

@@ -29,7 +29,7 @@ use tokio::sync::oneshot;
 
 use super::status::{SetupError, Subject};
 use super::swap::{self, Candidate, Kept, Serving, SwapState};
-use super::{HostContext, RejectionsRx, UpdatesRx, access, conflict, rekey, release};
+use super::{DecisionsRx, HostContext, UpdatesRx, access, conflict, rekey, release};
 use crate::contract::Gvk;
 use crate::controller::{self, Clients, Health, Running, Settings};
 use crate::crd::{MAX_RESYNC, WasmReconciler, parse_bounded_duration};
@@ -47,8 +47,8 @@ pub(super) struct Supervisor {
     narrowed: bool,
     /// Whether the primaries a conflict's winner took over were released.
     yielded: bool,
-    /// Modules another replica rolled back (see [`swap::follow_rollback`]).
-    rejections: RejectionsRx,
+    /// What the group decided about the module (see [`swap::follow`]).
+    decisions: DecisionsRx,
     /// Set-up failures in a row not reported because the group's view was not known.
     unreported: u32,
 }
@@ -64,13 +64,13 @@ struct Kinds {
 }
 
 impl Supervisor {
-    pub fn new(ctx: Arc<HostContext>, wr: WasmReconciler, rejections: RejectionsRx) -> Self {
+    pub fn new(ctx: Arc<HostContext>, wr: WasmReconciler, decisions: DecisionsRx) -> Self {
         Supervisor {
             s: Subject::new(ctx, wr),
             kept: Kept::default(),
             narrowed: false,
             yielded: false,
-            rejections,
+            decisions,
             unreported: 0,
         }
     }
@@ -106,13 +106,17 @@ impl Supervisor {
                 Ok((settings, candidate, resolved)) => {
                     self.report_serving(true);
                     self.unreported = 0;
-                    let revoked = self
+                    let ended = self
                         .serve(settings, candidate, resolved, &mut stop, &mut updates)
                         .await;
-                    // The serving module stopped because the current policy refuses it: set up
-                    // again (which refuses it too, and reports why) until the spec changes.
-                    let Some(e) = revoked else { return };
-                    self.revoked(&e).await;
+                    match ended {
+                        Ended::Stopped => return,
+                        // The serving module stopped because the current policy refuses it:
+                        // set up again (which refuses it too, and reports why) until the spec
+                        // changes.
+                        Ended::Revoked(e) => self.revoked(&e).await,
+                        Ended::SetUpAgain => continue,
+                    }
                 }
                 Err(e) => self.not_started(&e).await,
             }
@@ -131,6 +135,7 @@ impl Supervisor {
 
     /// Checks for a conflict, releases the primaries outside the namespaces once, and sets up.
     async fn prepare(&mut self) -> Result<(Settings, Candidate, (Gvk, Resolved)), SetupError> {
+        self.s.follower = !decides(&self.s);
         self.refuse_if_conflicting().await?;
         if !self.narrowed {
             self.narrowed = release::outside_namespaces(&self.s).await;
@@ -141,12 +146,7 @@ impl Supervisor {
     /// With sharding: tells the group whether this reconciler is set up here (see
     /// [`crate::sharding::serving`]).
     fn report_serving(&self, serving: bool) {
-        if let Some(shards) = &self.s.ctx.shards {
-            match serving {
-                true => shards.serving().serves(&self.name()),
-                false => shards.serving().fails(&self.name()),
-            }
-        }
+        report_serving(&self.s, serving);
     }
 
     /// With sharding: whether a healthy replica serves this reconciler, so that its failure
@@ -362,7 +362,7 @@ impl Supervisor {
         })
     }
 
-    /// Serves until stopped; returns why the serving module was revoked, if it was.
+    /// Serves until stopped, or until the serving module must stop (see [`Ended`]).
     async fn serve(
         &mut self,
         settings: Settings,
@@ -370,14 +370,14 @@ impl Supervisor {
         primary: (Gvk, Resolved),
         stop: &mut oneshot::Receiver<()>,
         updates: &mut UpdatesRx,
-    ) -> Option<SetupError> {
+    ) -> Ended {
         let clients = match self.clients() {
             Ok(c) => c,
             Err(e) => {
                 self.s
                     .condition(reasons::READY, false, e.reason, &e.message);
                 self.s.write_status().await;
-                return None;
+                return Ended::Stopped;
             }
         };
         let (changed_tx, changed_rx) = futures::channel::mpsc::unbounded::<()>();
@@ -391,15 +391,16 @@ impl Supervisor {
             primaries: &primaries,
             changed: &changed_tx,
         };
-        let revoked = self.serve_loop(&serving, &health, stop, updates).await;
+        let ended = self.serve_loop(&serving, &health, stop, updates).await;
         running.stop().await;
-        revoked
+        ended
     }
 
     /// Reports that the serving module stopped because the current signing policy refuses it
     /// (`Ready=False`, `ModuleLoaded=False`, a Warning Event) and takes it out of admission.
     async fn revoked(&mut self, e: &SetupError) {
         let name = self.name();
+        self.report_serving(false);
         self.s.ctx.slots.remove(&name);
         metrics::global().module_active(&name, None);
         let message = format!(
@@ -503,26 +504,30 @@ impl Supervisor {
     }
 
     /// Serves until `stop`: offers each new module, retries deferred swaps, watches rollouts,
-    /// and reports the controller's health.
+    /// follows the group's decisions, and reports the controller's health.
     async fn serve_loop(
         &mut self,
         serving: &Serving<'_>,
         health: &Health,
         stop: &mut oneshot::Receiver<()>,
         updates: &mut UpdatesRx,
-    ) -> Option<SetupError> {
+    ) -> Ended {
         let mut cm_events = self.module_events();
         let mut key_changes = rekey::changes(&self.s);
         let mut rekey_pending = None;
         let mut state = SwapState::default();
         let mut tick = tokio::time::interval(Duration::from_millis(100));
-        let (s, kept, rejections) = (&mut self.s, &mut self.kept, &mut self.rejections);
+        let (s, kept, decisions) = (&mut self.s, &mut self.kept, &mut self.decisions);
         loop {
+            s.follower = !decides(s);
             tokio::select! {
                 _ = &mut *stop => break,
-                // Another replica rolled a module back: one decision for the group.
-                Some(bad) = rejections.next() => {
-                    swap::follow_rollback(s, serving, &bad, &mut state).await;
+                // What the group decided (a swap by the deciding replica, a rollback by any).
+                Some(decided) = decisions.next() => {
+                    swap::follow(s, kept, serving, decided, &mut state).await;
+                    if std::mem::take(&mut state.set_up_again) {
+                        return Ended::SetUpAgain;
+                    }
                 }
                 _ = health.changed.notified() => s.degraded(health).await,
                 event = cm_events.next() => {
@@ -532,6 +537,11 @@ impl Supervisor {
                     };
                     // A newer ConfigMap replaces a deferred one.
                     state.deferred = None;
+                    if s.follower {
+                        // The deciding replica offers it; this one follows the status.
+                        state.undecided = Some(cm);
+                        continue;
+                    }
                     // A ConfigMap's module waits on no registry: the swap runs to its end, so
                     // its status and copy writes are never cut between them.
                     swap::offer(s, kept, Some(cm), 0, serving, &mut state).await;
@@ -542,8 +552,8 @@ impl Supervisor {
                     if unless_stopped(stop, check).await.is_none() {
                         break;
                     }
-                    if state.revoked.is_some() {
-                        return state.revoked.take();
+                    if let Some(e) = state.revoked.take() {
+                        return Ended::Revoked(e);
                     }
                 }
                 Some(wr) = updates.next() => {
@@ -554,41 +564,95 @@ impl Supervisor {
                     // The policy may name another key object; a pending re-check is moot.
                     key_changes = rekey::changes(s);
                     rekey_pending = None;
-                    let offer = swap::offer(s, kept, None, 0, serving, &mut state);
-                    if unless_stopped(stop, offer).await.is_none() {
-                        break;
-                    }
-                    if state.revoked.is_some() {
-                        return state.revoked.take();
+                    if !s.follower {
+                        let offer = swap::offer(s, kept, None, 0, serving, &mut state);
+                        if unless_stopped(stop, offer).await.is_none() {
+                            break;
+                        }
+                        if let Some(e) = state.revoked.take() {
+                            return Ended::Revoked(e);
+                        }
                     }
                     // Records the generation seen even when the module is unchanged.
                     s.write_status().await;
                 }
                 _ = tick.tick() => {
-                    if let Some(d) = state.deferred.take_if(|d| d.at <= tokio::time::Instant::now()) {
-                        let offer = swap::offer(s, kept, d.cm, d.attempts, serving, &mut state);
-                        if unless_stopped(stop, offer).await.is_none() {
-                            break;
-                        }
-                        if state.revoked.is_some() {
-                            return state.revoked.take();
-                        }
-                    }
-                    let check = rekey::retry_due(s, kept, &mut state, &mut rekey_pending);
-                    if unless_stopped(stop, check).await.is_none() {
+                    if unless_stopped(stop, due(s, kept, serving, &mut state, &mut rekey_pending)).await.is_none() {
                         break;
                     }
-                    if state.revoked.is_some() {
-                        return state.revoked.take();
+                    if let Some(e) = state.revoked.take() {
+                        return Ended::Revoked(e);
                     }
                     // A rollback reads no registry; cut between its status write and its copy
-                    // write, the copy would hold the rolled-back module and a restart could not
-                    // serve the good one.
+                    // write, the copy would hold the rolled-back module and a restart could
+                    // not serve the good one.
                     swap::watch_rollout(s, kept, serving, &mut state).await;
                 }
             }
         }
-        None
+        Ended::Stopped
+    }
+}
+
+/// Why a reconciler stopped serving.
+enum Ended {
+    /// `stop` (or the controller could not start).
+    Stopped,
+    /// The current signing policy refuses the serving module.
+    Revoked(SetupError),
+    /// The group rejected the serving module and nothing here serves instead: set up again.
+    SetUpAgain,
+}
+
+/// With sharding: whether this replica decides the reconciler's module for the group (alone:
+/// always).
+fn decides(s: &Subject) -> bool {
+    s.ctx
+        .shards
+        .as_ref()
+        .is_none_or(|shards| shards.serving().decides(&s.name()))
+}
+
+/// The work that is due at a tick, but the rollout watch: a deferred swap, a decision not
+/// followed yet, a module ConfigMap this replica did not offer while another decided (it
+/// decides now), a re-check of signatures.
+async fn due(
+    s: &mut Subject,
+    kept: &mut Kept,
+    serving: &Serving<'_>,
+    state: &mut SwapState,
+    rekey_pending: &mut Option<rekey::Pending>,
+) {
+    let now = tokio::time::Instant::now();
+    if let Some(d) = state.deferred.take_if(|d| d.at <= now) {
+        swap::offer(s, kept, d.cm, d.attempts, serving, state).await;
+        if state.revoked.is_some() {
+            return;
+        }
+    }
+    if let Some(f) = state.following.take_if(|f| f.at <= now) {
+        match s.follower {
+            true => swap::follow_activation(s, kept, serving, &f.sha, f.attempts, state).await,
+            // This replica decides now: what it serves stands.
+            false => report_serving(s, true),
+        }
+    }
+    if !s.follower
+        && let Some(cm) = state.undecided.take()
+    {
+        swap::offer(s, kept, Some(cm), 0, serving, state).await;
+    }
+    rekey::retry_due(s, kept, state, rekey_pending).await;
+}
+
+/// With sharding: tells the group whether reconciler `s` is set up here (see
+/// [`crate::sharding::serving`]).
+fn report_serving(s: &Subject, serving: bool) {
+    if let Some(shards) = &s.ctx.shards {
+        match serving {
+            true => shards.serving().serves(&s.name()),
+            false => shards.serving().fails(&s.name()),
+        }
     }
 }
 

@@ -179,6 +179,22 @@ pub(super) struct SwapState {
     pub(super) deferred: Option<Deferred>,
     /// Why the module serving must stop: the current signing policy refuses it ([`revokes`]).
     pub(super) revoked: Option<SetupError>,
+    /// With sharding, on a replica that does not decide: the module ConfigMap last seen, not
+    /// offered (the decider offers it); offered if this replica becomes the decider.
+    pub(super) undecided: Option<ConfigMap>,
+    /// The group's module this replica could not load yet, and when it tries again.
+    pub(super) following: Option<Following>,
+    /// The group rejected the module serving here and there is nothing to roll back to: the
+    /// reconciler is set up again (which serves the last good module from the copy).
+    pub(super) set_up_again: bool,
+}
+
+/// A decision of the group that this replica has not followed yet.
+pub(super) struct Following {
+    /// The module the group serves.
+    pub(super) sha: String,
+    pub(super) at: tokio::time::Instant,
+    pub(super) attempts: u32,
 }
 
 /// What swaps work with while a reconciler serves.
@@ -285,6 +301,7 @@ pub(super) async fn read_module(s: &Subject, cm: Option<&ConfigMap>) -> Result<R
                 reason: reasons::MODULE_UNAVAILABLE,
                 message: e.to_string(),
             })?;
+
             let origin = format!("configMap {}/{}", source.namespace, source.name);
             Ok(Read {
                 bytes,
@@ -376,6 +393,23 @@ pub(super) async fn candidate(s: &Subject, given: Option<Read>) -> Result<Candid
         from_copy = true;
         // A ConfigMap's module (a rollback is only read back for one) carries no signature.
         verified_by.clear();
+    } else if at_setup && let Some(decided) = undecided_here(s, &sha) {
+        // Another replica decides, and has not taken (or refused) what the ConfigMap holds:
+        // the group's module, from the host's copy.
+        bytes = decided_copy(s, &decided).await?;
+        sha = decided;
+        from_copy = true;
+    }
+    let cap = s.ctx.oci.max_module_bytes;
+    if bytes.bytes.len() as u64 > cap {
+        return Err(SetupError {
+            reason: reasons::MODULE_INVALID,
+            message: format!(
+                "{} holds a module of {} bytes, more than the host's cap of {cap} bytes (raise --max-module-bytes)",
+                source_label(&s.wr),
+                bytes.bytes.len()
+            ),
+        });
     }
     if let Some(pin) = &spec.module.sha256
         && !pin.eq_ignore_ascii_case(&sha)
@@ -429,6 +463,33 @@ pub(super) async fn candidate(s: &Subject, given: Option<Read>) -> Result<Candid
         origin,
         verified_by,
     })
+}
+
+/// With sharding, on a replica that does not decide, for a ConfigMap module: the module the
+/// group serves (`status.activeModule`) when the ConfigMap holds another one, `read`.
+fn undecided_here(s: &Subject, read: &str) -> Option<String> {
+    let active = s.status.active_module.as_ref()?;
+    (s.follower && s.wr.spec.module.config_map.is_some() && active.sha256 != read)
+        .then(|| active.sha256.clone())
+}
+
+/// Module `sha` from the host's copy.
+async fn decided_copy(s: &Subject, sha: &str) -> Result<ModuleBytes, SetupError> {
+    let unavailable = |why: String| SetupError {
+        reason: reasons::MODULE_UNAVAILABLE,
+        message: format!(
+            "the group serves module {} and {why} (another replica decides this reconciler's module)",
+            short(sha)
+        ),
+    };
+    let copy = s
+        .status
+        .module_copy
+        .as_ref()
+        .ok_or_else(|| unavailable("no copy of it is recorded".into()))?;
+    copy::load(&s.ctx.client, copy, sha)
+        .await
+        .map_err(|e| unavailable(format!("its copy cannot be read: {e}")))
 }
 
 /// The module that served before `rejected` was rolled back, from the host's copy.
@@ -610,11 +671,139 @@ pub(super) async fn watch_rollout(
     }
 }
 
+/// Follows what the group decided about the module (see [`super::Decided`]): a rejection is
+/// recorded (and the rejected module rolled back here); on a replica that does not decide, the
+/// shared status fields are taken as observed (its own status writes never overwrite them with
+/// an older view) and the module the group serves is swapped in here ([`follow_activation`]).
+pub(super) async fn follow(
+    s: &mut Subject,
+    kept: &mut Kept,
+    serving: &Serving<'_>,
+    decided: super::Decided,
+    state: &mut SwapState,
+) {
+    if let Some(bad) = decided.rejected.as_deref() {
+        follow_rollback(s, serving, bad, state).await;
+    }
+    if !s.follower && !state.set_up_again {
+        return;
+    }
+    s.status.rejected_sha256 = decided.rejected.clone();
+    s.status.module_copy = decided.copy.clone().or(s.status.module_copy.take());
+    s.status.active_module = decided.active.clone();
+    let Some(sha) = decided.active_sha().filter(|_| !state.set_up_again) else {
+        return;
+    };
+    if sha != serving.slot.active().module.sha256() && decided.rejected.as_deref() != Some(sha) {
+        follow_activation(s, kept, serving, sha, 0, state).await;
+    }
+}
+
+/// Swaps in module `sha`, which the deciding replica checked and swapped in (its status
+/// records it), read from the ConfigMap last seen, the spec's source, or the host's copy. No
+/// self-check and nothing written: the decider did both. A failure to load it here is this
+/// replica's own (a registry unreachable from its node, a cap or budget of its own): it is
+/// reported as failing to its shard group, so that it withdraws its share while a healthy
+/// member serves the module, and retried with backoff.
+pub(super) async fn follow_activation(
+    s: &mut Subject,
+    kept: &mut Kept,
+    serving: &Serving<'_>,
+    sha: &str,
+    attempts: u32,
+    state: &mut SwapState,
+) {
+    state.following = None;
+    let candidate = match decided_module(s, sha, state).await {
+        Ok(c) => c,
+        Err(e) => {
+            let delay = deferral_backoff(attempts);
+            tracing::warn!(reconciler = %s.name(), module = %short(sha), reason = e.reason, error = %e.message, "cannot load the module the group serves; this replica withdraws its share and retries in {delay:?}");
+            if let Some(shards) = &s.ctx.shards {
+                shards.serving().fails(&s.name());
+            }
+            state.following = Some(Following {
+                sha: sha.to_string(),
+                at: tokio::time::Instant::now() + delay,
+                attempts: attempts.saturating_add(1),
+            });
+            return;
+        }
+    };
+    kept.keep(
+        sha,
+        candidate.bytes.bytes,
+        &candidate.origin,
+        &candidate.verified_by,
+    );
+    serving.slot.activate(Active::new(
+        candidate.module,
+        candidate.fit,
+        candidate.bytes.resource_version,
+    ));
+    let _ = serving.changed.unbounded_send(());
+    state.watching = (s.wr.spec.rollout.watch_reconciles > 0).then(|| sha.to_string());
+    if let Some(shards) = &s.ctx.shards {
+        shards.serving().serves(&s.name());
+    }
+    metrics::global().hotswap(&s.name(), "followed");
+    metrics::global().module_active(&s.name(), Some(sha));
+    tracing::info!(reconciler = %s.name(), module = %short(sha), "the group swapped this module in: swapped here too");
+}
+
+/// Module `sha` checked and compiled: from the ConfigMap last seen (or the spec's source read
+/// again) when it holds it, else from the host's copy.
+async fn decided_module(
+    s: &Subject,
+    sha: &str,
+    state: &mut SwapState,
+) -> Result<Candidate, SetupError> {
+    let from_source = read_module(s, state.undecided.as_ref()).await;
+    let read = match from_source {
+        Ok(read) if sha256_hex(&read.bytes.bytes) == sha => {
+            state.undecided = None;
+            read
+        }
+        other => {
+            let copy = s.status.module_copy.as_ref();
+            let loaded = match copy {
+                Some(copy) => copy::load(&s.ctx.client, copy, sha).await.ok(),
+                None => None,
+            };
+            match (loaded, other) {
+                (Some(bytes), _) => Read {
+                    bytes,
+                    origin: s
+                        .status
+                        .active_module
+                        .as_ref()
+                        .and_then(|a| a.origin.clone())
+                        .unwrap_or_default(),
+                    verified_by: Vec::new(),
+                },
+                (None, Err(e)) => return Err(e),
+                (None, Ok(_)) => {
+                    return Err(SetupError {
+                        reason: reasons::MODULE_UNAVAILABLE,
+                        message: format!(
+                            "neither {} nor the host's copy holds module {}",
+                            source_label(&s.wr),
+                            short(sha)
+                        ),
+                    });
+                }
+            }
+        }
+    };
+    candidate(s, Some(read)).await
+}
+
 /// Rolls module `bad` back here because the group rejected it (another replica's rollback,
 /// recorded in the status): the decision is taken once, by the replica that saw the failures,
 /// and every replica follows it. Nothing is written (the deciding replica wrote the status,
-/// the Event and the copy); a replica not serving `bad`, or with nothing to roll back to (it
-/// set up after the swap: its next set-up refuses `bad`), changes nothing.
+/// the Event and the copy), but the rejection is kept here too, so that no later swap on this
+/// replica brings `bad` in; a replica with nothing to roll back to (it set up after the swap)
+/// sets the reconciler up again, which serves the last good module from the host's copy.
 pub(super) async fn follow_rollback(
     s: &mut Subject,
     serving: &Serving<'_>,
@@ -623,11 +812,14 @@ pub(super) async fn follow_rollback(
 ) {
     let slot = serving.slot;
     let active = slot.active();
+    // Recorded even when another module serves here: a deferred swap must not bring it in.
+    s.status.rejected_sha256 = Some(bad.to_string());
     if active.module.sha256() != bad {
         return;
     }
     if !slot.roll_back() {
-        tracing::warn!(reconciler = %s.name(), module = %short(bad), "the group rejected the module serving here, and there is no previous module to roll back to");
+        tracing::warn!(reconciler = %s.name(), module = %short(bad), "the group rejected the module serving here, and there is no previous module to roll back to: setting the reconciler up again");
+        state.set_up_again = true;
         return;
     }
     let _ = serving.changed.unbounded_send(());
@@ -796,6 +988,10 @@ async fn self_check(
 
 /// Makes the host's copy hold the active module and records where it is in the status.
 async fn save_copy(s: &mut Subject, kept: &Kept, module: &Module) {
+    if s.follower {
+        // The deciding replica keeps the copy: one writer.
+        return;
+    }
     let sha = module.sha256();
     let Some((_, bytes)) = kept.bytes.iter().find(|(k, _)| k == sha) else {
         return;
@@ -927,6 +1123,9 @@ async fn rolled_back(
     tracing::warn!(reconciler = %s.name(), "{message}");
     metrics::global().hotswap(&s.name(), "rolled_back");
     s.status.rejected_sha256 = Some(bad.to_string());
+    // Any replica that sees the failures decides a rollback for the group: it writes the
+    // shared fields and the copy even where another replica decides swaps.
+    let follower = std::mem::replace(&mut s.follower, false);
     activated(
         s,
         kept,
@@ -936,6 +1135,7 @@ async fn rolled_back(
         message,
     )
     .await;
+    s.follower = follower;
 }
 
 pub(super) fn short(sha: &str) -> String {

@@ -203,7 +203,7 @@ impl Handover {
         let others = members
             .iter()
             .filter(|m| m.live && m.identity != me)
-            .map(|m| m.report.clone())
+            .map(|m| (m.identity.clone(), m.report.clone()))
             .collect();
         let withdrawn = self.shards.serving().judge(others).withdrawn;
         let desired = ring::assignment(&ring_members(&live, &members, &me, withdrawn), &me);

@@ -109,8 +109,8 @@ fn joined_within(names: &BTreeSet<String>, max: usize) -> (String, usize) {
 #[derive(Debug, Default)]
 struct State {
     mine: Report,
-    /// What the live members other than this one that have not withdrawn report.
-    others: Vec<Report>,
+    /// What the live members other than this one that have not withdrawn report, by identity.
+    others: Vec<(String, Report)>,
     /// Whether the others' reports were read at least once.
     judged: bool,
 }
@@ -118,10 +118,20 @@ struct State {
 /// This replica's report, and what it knows of the others'.
 #[derive(Debug, Default)]
 pub struct Serving {
+    /// This replica's identity (its member Lease's holder).
+    identity: String,
     state: Mutex<State>,
 }
 
 impl Serving {
+    /// Nothing served yet, for the member `identity`.
+    pub fn new(identity: &str) -> Self {
+        Serving {
+            identity: identity.to_string(),
+            state: Mutex::default(),
+        }
+    }
+
     /// Reconciler `name` is set up and serving here.
     pub fn serves(&self, name: &str) {
         self.update(|s| {
@@ -154,11 +164,11 @@ impl Serving {
 
     /// Takes the others' reports (live members other than this one) and decides whether this
     /// replica withdraws; returns the report to publish.
-    pub fn judge(&self, others: Vec<Report>) -> Report {
+    pub fn judge(&self, others: Vec<(String, Report)>) -> Report {
         let Ok(mut s) = self.state.lock() else {
             return Report::default();
         };
-        s.others = others.into_iter().filter(|o| !o.withdrawn).collect();
+        s.others = others.into_iter().filter(|(_, o)| !o.withdrawn).collect();
         s.judged = true;
         let withdraw = !s.mine.failing.is_empty()
             && s.mine
@@ -184,35 +194,60 @@ impl Serving {
             .unwrap_or_default()
     }
 
-    /// Whether a healthy member other than this one serves reconciler `name` (its failure here
-    /// is then this replica's alone: not reported in the shared status); false when every
-    /// other member that did not withdraw fails it too (or there is none). None while that is
-    /// not known: before the others' reports were read once, or while one of them reports
-    /// neither serving nor failing it (still setting it up).
+    /// Whether this replica withdrew while a healthy member other than this one serves
+    /// reconciler `name` (its failure here is then this replica's alone: not reported in the
+    /// shared status); false when every other member that did not withdraw fails it too (or
+    /// there is none). None while that is not known: before the others' reports were read
+    /// once, while one of them reports neither serving nor failing it (still setting it up),
+    /// or while a healthy member serves it but this replica has not withdrawn yet (the next
+    /// judgement decides).
     pub fn served_elsewhere(&self, name: &str) -> Option<bool> {
         let s = self.state.lock().ok()?;
         if !s.judged {
             return None;
         }
         if served_by_healthy(&s.others, name) {
-            return Some(true);
+            return s.mine.withdrawn.then_some(true);
         }
-        let undecided = s.others.iter().any(|o| {
+        let undecided = s.others.iter().any(|(_, o)| {
             !o.serves.contains(name) && !o.failing.contains(name) && !o.failing.contains(UNKNOWN)
         });
         (!undecided).then_some(false)
     }
+
+    /// Whether this replica takes the group's decisions about reconciler `name`'s module
+    /// (swaps and the host's copy): it serves `name`, and no member that did not withdraw and
+    /// serves `name` too has a smaller identity. A withdrawn replica decides only while no
+    /// other member serves `name`. The others follow what the decider records in the status.
+    ///
+    /// Caveats: before the others' reports were read once, every replica decides (as a
+    /// replica alone does); two replicas may then decide the same change, each recording the
+    /// same outcome.
+    pub fn decides(&self, name: &str) -> bool {
+        let Ok(s) = self.state.lock() else {
+            return true;
+        };
+        let mut servers = s.others.iter().filter(|(_, o)| o.serves.contains(name));
+        match s.mine.withdrawn {
+            true => servers.next().is_none(),
+            false => servers.all(|(identity, _)| *identity > self.identity),
+        }
+    }
 }
 
-fn served_by_healthy(others: &[Report], name: &str) -> bool {
+fn served_by_healthy(others: &[(String, Report)], name: &str) -> bool {
     others
         .iter()
-        .any(|o| o.healthy() && o.serves.contains(name))
+        .any(|(_, o)| o.healthy() && o.serves.contains(name))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn other(r: Report) -> (String, Report) {
+        ("other".to_string(), r)
+    }
 
     fn report(serves: &[&str], failing: &[&str]) -> Report {
         Report {
@@ -226,7 +261,7 @@ mod tests {
     /// member serves it, and only then.
     #[test]
     fn a_replica_withdraws_only_while_a_healthy_member_serves_what_fails_on_it() {
-        let serving = Serving::default();
+        let serving = Serving::new("b");
         serving.serves("a");
         serving.fails("b");
         assert_eq!(
@@ -234,7 +269,7 @@ mod tests {
             None,
             "not known before a read"
         );
-        serving.judge(vec![report(&["a"], &[])]);
+        serving.judge(vec![other(report(&["a"], &[]))]);
         assert_eq!(
             serving.served_elsewhere("b"),
             None,
@@ -242,28 +277,67 @@ mod tests {
         );
         assert!(!serving.judge(vec![]).withdrawn, "alone: keeps its share");
         assert!(
-            !serving.judge(vec![report(&["a"], &["b"])]).withdrawn,
+            !serving.judge(vec![other(report(&["a"], &["b"]))]).withdrawn,
             "b fails everywhere: nobody withdraws"
         );
         assert_eq!(serving.served_elsewhere("b"), Some(false), "reported here");
         assert!(
-            !serving.judge(vec![report(&["a", "b"], &["c"])]).withdrawn,
+            !serving
+                .judge(vec![other(report(&["a", "b"], &["c"]))])
+                .withdrawn,
             "the other serves b but is not healthy"
         );
-        let withdrawn = serving.judge(vec![report(&["a", "b"], &[])]);
+        let withdrawn = serving.judge(vec![other(report(&["a", "b"], &[]))]);
         assert!(withdrawn.withdrawn);
         assert_eq!(serving.served_elsewhere("b"), Some(true));
         let mut gone = report(&["a", "b"], &[]);
         gone.withdrawn = true;
         assert!(
-            !serving.judge(vec![gone]).withdrawn,
+            !serving.judge(vec![other(gone)]).withdrawn,
             "a withdrawn member serves nothing"
         );
         serving.serves("b");
         assert!(
-            !serving.judge(vec![report(&["a", "b"], &[])]).withdrawn,
+            !serving
+                .judge(vec![other(report(&["a", "b"], &[]))])
+                .withdrawn,
             "set up again: rejoins"
         );
+    }
+
+    /// Review of item 7: before this replica withdrew, its failure is not left to the others
+    /// to report (it is reported if it stays).
+    #[test]
+    fn a_failure_is_left_to_the_others_only_once_withdrawn() {
+        let serving = Serving::new("b");
+        serving.judge(vec![other(report(&["x"], &[]))]);
+        serving.fails("x");
+        assert_eq!(serving.served_elsewhere("x"), None, "not withdrawn yet");
+        assert!(serving.judge(vec![other(report(&["x"], &[]))]).withdrawn);
+        assert_eq!(serving.served_elsewhere("x"), Some(true));
+    }
+
+    /// Item 7: one member decides each reconciler's module for the group.
+    #[test]
+    fn one_member_decides_for_each_reconciler() {
+        let b = Serving::new("b");
+        b.serves("x");
+        b.serves("y");
+        assert!(b.decides("x"), "alone, before a read");
+        b.judge(vec![
+            ("a".into(), report(&["x"], &[])),
+            ("c".into(), report(&["x", "y"], &[])),
+        ]);
+        assert!(!b.decides("x"), "a serves x and comes first");
+        assert!(b.decides("y"), "b comes before c");
+        let mut gone = report(&["x"], &[]);
+        gone.withdrawn = true;
+        b.judge(vec![("a".into(), gone)]);
+        assert!(b.decides("x"), "a withdrew");
+        b.fails("z");
+        let withdrawn = b.judge(vec![("c".into(), report(&["x", "z"], &[]))]);
+        assert!(withdrawn.withdrawn);
+        assert!(!b.decides("x"), "withdrawn, while c serves x");
     }
 
     #[test]
