@@ -462,6 +462,7 @@ impl Supervisor {
             m.metadata().version,
             swap::short(m.sha256())
         );
+        let copy = !self.s.follower;
         swap::activated(
             &mut self.s,
             &mut self.kept,
@@ -469,6 +470,7 @@ impl Supervisor {
             KubeEventType::Normal,
             reasons::STARTED,
             message,
+            copy,
         )
         .await;
     }

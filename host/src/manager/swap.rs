@@ -682,8 +682,16 @@ pub(super) async fn follow(
     decided: super::Decided,
     state: &mut SwapState,
 ) {
-    if let Some(bad) = decided.rejected.as_deref() {
-        follow_rollback(s, serving, bad, state).await;
+    if let Some(bad) = decided.rejected.as_deref()
+        && follow_rollback(s, serving, bad, state).await
+        && !s.follower
+    {
+        // Another replica rolled back: the deciding one keeps the copy and the status on the
+        // module that serves again (its own writes since may have named `bad`).
+        let active = serving.slot.active();
+        record_active(s, kept, &active);
+        save_copy(s, kept, &active.module).await;
+        s.write_status().await;
     }
     if !s.follower && !state.set_up_again {
         return;
@@ -809,18 +817,18 @@ pub(super) async fn follow_rollback(
     serving: &Serving<'_>,
     bad: &str,
     state: &mut SwapState,
-) {
+) -> bool {
     let slot = serving.slot;
     let active = slot.active();
     // Recorded even when another module serves here: a deferred swap must not bring it in.
     s.status.rejected_sha256 = Some(bad.to_string());
     if active.module.sha256() != bad {
-        return;
+        return false;
     }
     if !slot.roll_back() {
         tracing::warn!(reconciler = %s.name(), module = %short(bad), "the group rejected the module serving here, and there is no previous module to roll back to: setting the reconciler up again");
         state.set_up_again = true;
-        return;
+        return false;
     }
     let _ = serving.changed.unbounded_send(());
     state.watching = None;
@@ -830,6 +838,7 @@ pub(super) async fn follow_rollback(
     let back = slot.active();
     metrics::global().module_active(&s.name(), Some(back.module.sha256()));
     tracing::warn!(reconciler = %s.name(), module = %short(bad), back_to = %short(back.module.sha256()), "another replica rolled this module back: rolled back here too");
+    true
 }
 
 /// Checks, compiles and dry-runs the module in `cm` (or the OCI module the spec names),
@@ -921,6 +930,7 @@ async fn swap(
         KubeEventType::Normal,
         reasons::MODULE_SWAPPED,
         message,
+        !s.follower,
     )
     .await;
     Ok(Some(sha))
@@ -1013,7 +1023,8 @@ async fn save_copy(s: &mut Subject, kept: &Kept, module: &Module) {
 
 /// Records `slot`'s active module in the status and conditions, and tells users with an
 /// Event of type `kind`. A Warning is a rollback: the old module serves again, but
-/// `ModuleLoaded` is False (the pushed one was refused); a Normal one sets it True.
+/// `ModuleLoaded` is False (the pushed one was refused); a Normal one sets it True. The host's
+/// copy is written when `copy` (by the replica that decides the module, see [`follow`]).
 pub(super) async fn activated(
     s: &mut Subject,
     kept: &mut Kept,
@@ -1021,10 +1032,52 @@ pub(super) async fn activated(
     kind: KubeEventType,
     reason: &str,
     message: String,
+    copy: bool,
 ) {
     let active = slot.active();
     let m = &active.module;
     metrics::global().module_active(&s.name(), Some(m.sha256()));
+    record_active(s, kept, &active);
+    s.status.ungranted = active.fit.ungranted.clone();
+    let loaded = !matches!(kind, KubeEventType::Warning);
+    s.condition(reasons::MODULE_LOADED, loaded, reason, &message);
+    let watching = format!("watching {}", s.wr.spec.primary.kind);
+    s.condition(reasons::READY, true, reasons::RECONCILING, &watching);
+    if !s
+        .status
+        .conditions
+        .iter()
+        .any(|c| c.type_ == reasons::DEGRADED)
+    {
+        s.condition(reasons::DEGRADED, false, reasons::ALL_WRITES_ALLOWED, "");
+    }
+    if !loaded {
+        // A rollback: the copy holds the good module again before the status records the
+        // bad one as rejected, so a restart between the two writes can still serve it.
+        if copy {
+            save_copy(s, kept, m).await;
+        }
+        s.write_status().await;
+        s.event_on_wr(kind, reason, &message).await;
+        return;
+    }
+    s.write_status().await;
+    s.event_on_wr(kind, reason, &message).await;
+    if !copy {
+        return;
+    }
+    // The copy (gzip of up to --max-module-bytes, then a ConfigMap write) comes after the
+    // status, so the status names the serving module as soon as it serves.
+    let copy_before = s.status.module_copy.clone();
+    save_copy(s, kept, m).await;
+    if s.status.module_copy != copy_before {
+        s.write_status().await;
+    }
+}
+
+/// Records module `active` as the one serving in `status.activeModule`.
+fn record_active(s: &mut Subject, kept: &Kept, active: &Active) {
+    let m = &active.module;
     s.status.active_module = Some(ActiveModule {
         sha256: m.sha256().to_string(),
         name: m.metadata().name.clone(),
@@ -1046,36 +1099,6 @@ pub(super) async fn activated(
             .map(|(_, _, by)| by.clone())
             .unwrap_or_default(),
     });
-    s.status.ungranted = active.fit.ungranted.clone();
-    let loaded = !matches!(kind, KubeEventType::Warning);
-    s.condition(reasons::MODULE_LOADED, loaded, reason, &message);
-    let watching = format!("watching {}", s.wr.spec.primary.kind);
-    s.condition(reasons::READY, true, reasons::RECONCILING, &watching);
-    if !s
-        .status
-        .conditions
-        .iter()
-        .any(|c| c.type_ == reasons::DEGRADED)
-    {
-        s.condition(reasons::DEGRADED, false, reasons::ALL_WRITES_ALLOWED, "");
-    }
-    if !loaded {
-        // A rollback: the copy holds the good module again before the status records the
-        // bad one as rejected, so a restart between the two writes can still serve it.
-        save_copy(s, kept, m).await;
-        s.write_status().await;
-        s.event_on_wr(kind, reason, &message).await;
-        return;
-    }
-    s.write_status().await;
-    s.event_on_wr(kind, reason, &message).await;
-    // The copy (gzip of up to --max-module-bytes, then a ConfigMap write) comes after the
-    // status, so the status names the serving module as soon as it serves.
-    let copy_before = s.status.module_copy.clone();
-    save_copy(s, kept, m).await;
-    if s.status.module_copy != copy_before {
-        s.write_status().await;
-    }
 }
 
 /// Reports module `e` refused (`ModuleLoaded=False`, Warning Events on the WasmReconciler and
@@ -1125,6 +1148,7 @@ async fn rolled_back(
     s.status.rejected_sha256 = Some(bad.to_string());
     // Any replica that sees the failures decides a rollback for the group: it writes the
     // shared fields and the copy even where another replica decides swaps.
+    // The copy stays the deciding replica's to write: it writes it when it follows.
     let follower = std::mem::replace(&mut s.follower, false);
     activated(
         s,
@@ -1133,6 +1157,7 @@ async fn rolled_back(
         KubeEventType::Warning,
         reasons::ROLLED_BACK,
         message,
+        !follower,
     )
     .await;
     s.follower = follower;
