@@ -359,6 +359,7 @@ async fn admitted(
                 // Gained, and some watch has not listed it yet: reconciled once they all did
                 // (the controller's `gained_primaries`).
                 Ok(_) if !shared.listed.as_ref().is_some_and(|l| l.covers(hash)) => {
+                    tracing::debug!(target: "wasmop::sharding::listed", primary = %key, "in a range not listed by every watch yet: reconciled once they all listed it");
                     return Ok(Action::await_change());
                 }
                 Ok(a) => Some(a),
