@@ -690,6 +690,17 @@ pub(super) async fn follow(
         // module that serves again (its own writes since may have named `bad`).
         let active = serving.slot.active();
         record_active(s, kept, &active);
+        let message = format!(
+            "another replica saw module {} fail and rolled it back to {} (push a fixed module to try again)",
+            short(bad),
+            short(active.module.sha256())
+        );
+        s.condition(
+            reasons::MODULE_LOADED,
+            false,
+            reasons::ROLLED_BACK,
+            &message,
+        );
         save_copy(s, kept, &active.module).await;
         s.write_status().await;
     }
