@@ -14,6 +14,10 @@
 //!   ([`CREATE_ONLY`]), so it creates the child or fails with 409 when the name is held; only
 //!   then is the holder read, and the child applied only if this primary controls it. A
 //!   new child costs one request, as the floor does.
+//! - The status of a reconcile that created children is not written when the caller allows it
+//!   to wait ([`Applier::apply`]'s `defer_status`): the module computed it without those
+//!   children, and their creation calls for the next reconcile, which sees them and writes its
+//!   own (see the controller's `reconcile` for why that next reconcile always comes).
 //! - Every request goes through the client it is given: the reconciler's impersonating client, so
 //!   the module's ServiceAccount's RBAC decides; nothing is written with the host's own rights.
 //! - Pruning deletes only children of this primary (controller ownerReference uid) that carry
@@ -97,6 +101,8 @@ pub struct ApplyReport {
     pub actions: usize,
     /// Whether the status was written.
     pub status_written: bool,
+    /// Whether the status was held back because children were created (see the guarantees).
+    pub status_deferred: bool,
     /// The children this apply created (they were not in the watch cache, and no object held
     /// their name).
     pub created: Vec<Target>,
@@ -260,14 +266,15 @@ impl Applier {
 
     /// Applies `validated` for `primary` (as read, with its resourceVersion), pruning against
     /// `observed`. `applied` is what this field manager last applied for the primary; writes
-    /// that would change nothing are skipped (see [`super::noop`]).
+    /// that would change nothing are skipped (see [`super::noop`]). With `defer_status`, the
+    /// status is not written when this apply created children (see the guarantees).
     pub async fn apply(
         &self,
         primary: &DynamicObject,
         primary_resource: &Resolved,
         observed: &[Observed],
         validated: Validated,
-        applied: Applied,
+        (applied, defer_status): (Applied, bool),
     ) -> ApplyReport {
         let mut report = ApplyReport {
             remembered: applied,
@@ -314,8 +321,12 @@ impl Applier {
         }
 
         if let Some(status) = &validated.status {
-            self.traced_status(primary, primary_resource, status, &mut report)
-                .await;
+            if defer_status && !report.created.is_empty() {
+                report.status_deferred = true;
+            } else {
+                self.traced_status(primary, primary_resource, status, &mut report)
+                    .await;
+            }
         }
 
         if !validated.events.is_empty() {
@@ -936,7 +947,7 @@ mod tests {
             ..Validated::default()
         };
         let report = applier
-            .apply(&primary, &resolved, &[], validated, Applied::new())
+            .apply(&primary, &resolved, &[], validated, (Applied::new(), false))
             .await;
         assert!(report.failures.is_empty(), "{:?}", report.failures);
         assert_eq!(report.applied, 50);
@@ -948,5 +959,94 @@ mod tests {
             APPLY_CONCURRENCY,
             "children must be written {APPLY_CONCURRENCY} at a time, no more (and no fewer)"
         );
+    }
+
+    /// A fake API server that answers discovery for ConfigMaps, echoes every PATCH and records
+    /// `METHOD path` of every other request.
+    fn recording_client(seen: Arc<std::sync::Mutex<Vec<String>>>) -> Client {
+        let service = tower::service_fn(move |req: http::Request<Body>| {
+            let seen = seen.clone();
+            async move {
+                let (method, path) = (req.method().clone(), req.uri().path().to_string());
+                let body = req.into_body().collect().await?.to_bytes().to_vec();
+                if path == "/api/v1" {
+                    let list = json!({"kind": "APIResourceList", "groupVersion": "v1", "resources": [
+                        {"name": "configmaps", "singularName": "configmap", "namespaced": true,
+                         "kind": "ConfigMap", "verbs": ["get", "list", "patch"]}]});
+                    return Ok::<_, BoxError>(
+                        http::Response::builder()
+                            .status(200)
+                            .body(Body::from(serde_json::to_vec(&list)?))?,
+                    );
+                }
+                if let Ok(mut seen) = seen.lock() {
+                    seen.push(format!("{method} {path}"));
+                }
+                Ok(http::Response::builder()
+                    .status(200)
+                    .body(Body::from(body))?)
+            }
+        });
+        Client::new(service, "default")
+    }
+
+    #[tokio::test]
+    async fn the_status_of_an_apply_that_created_children_waits_when_allowed() {
+        for defer in [true, false] {
+            let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+            let client = recording_client(seen.clone());
+            let discovery = Discovery::new(client.clone());
+            let recorder = Recorder::new(
+                client.clone(),
+                Reporter {
+                    controller: "test".into(),
+                    instance: None,
+                },
+            );
+            let applier = Applier::new(client.clone(), client, "t", discovery.clone(), recorder);
+            let kind = Gvk::new("v1", "ConfigMap");
+            let resolved = match discovery.resolve(&kind).await {
+                Ok(r) => r,
+                Err(e) => panic!("the fake discovery: {e}"),
+            };
+            let primary: DynamicObject = match serde_json::from_value(json!({
+                "apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": "primary", "namespace": "ns", "uid": "u-1", "resourceVersion": "1"}
+            })) {
+                Ok(p) => p,
+                Err(e) => panic!("literal: {e}"),
+            };
+            let validated = Validated {
+                children: vec![PreparedSet {
+                    kind,
+                    namespaced: true,
+                    objects: vec![PreparedChild {
+                        namespace: Some("ns".into()),
+                        name: "c".into(),
+                        object: json!({"apiVersion": "v1", "kind": "ConfigMap",
+                            "metadata": {"name": "c", "namespace": "ns"}}),
+                    }],
+                }],
+                status: Some(crate::contract::Status {
+                    fields: json!({"phase": "Creating"}),
+                    conditions: vec![],
+                }),
+                ..Validated::default()
+            };
+            let report = applier
+                .apply(&primary, &resolved, &[], validated, (Applied::new(), defer))
+                .await;
+            assert!(report.failures.is_empty(), "{:?}", report.failures);
+            let seen = seen.lock().map(|s| s.clone()).unwrap_or_default();
+            let child = "PATCH /api/v1/namespaces/ns/configmaps/c".to_string();
+            let status = "PATCH /api/v1/namespaces/ns/configmaps/primary/status".to_string();
+            if defer {
+                assert_eq!(seen, vec![child], "only the child: the status waits");
+                assert!(report.status_deferred && !report.status_written);
+            } else {
+                assert_eq!(seen, vec![child, status]);
+                assert!(!report.status_deferred && report.status_written);
+            }
+        }
     }
 }
