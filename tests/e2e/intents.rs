@@ -54,6 +54,134 @@ async fn recreate_by_someone_else(cms: &Api<ConfigMap>, name: &str) -> anyhow::R
         .await?)
 }
 
+/// The intent of child ConfigMap `name` of `owner` with `data`, as the applier gets it.
+fn child_set(name: &str, data: Value, owner: &ConfigMap) -> anyhow::Result<PreparedSet> {
+    let object = serde_json::to_value(config_map(name, data, Some(owner))?)?;
+    Ok(PreparedSet {
+        kind: Gvk::new("v1", "ConfigMap"),
+        namespaced: true,
+        objects: vec![wasmop::controller::intents::PreparedChild {
+            namespace: owner.namespace(),
+            name: name.into(),
+            object,
+        }],
+    })
+}
+
+/// A new child's first apply is its only request, on the real API server: it creates the child
+/// under the field manager's Apply entry alone (so a field the module drops later is removed),
+/// fails on a name someone else holds (the object untouched, the failure naming it), and
+/// applies over a child of this primary that the cache has not caught up with.
+#[tokio::test]
+async fn a_new_childs_first_apply_creates_it_or_refuses_a_name_someone_else_holds()
+-> anyhow::Result<()> {
+    let env = TestEnv::get("intents-create").await?;
+    let cms: Api<ConfigMap> = env.api();
+    let owner = cms
+        .create(
+            &PostParams::default(),
+            &config_map("owner", json!({}), None)?,
+        )
+        .await?;
+    let discovery = Discovery::new(env.client.clone());
+    let resolved = discovery.resolve(&Gvk::new("v1", "ConfigMap")).await?;
+    let recorder = Recorder::new(
+        env.client.clone(),
+        Reporter {
+            controller: "wasmop-e2e".into(),
+            instance: None,
+        },
+    );
+    let applier = Applier::new(
+        env.client.clone(),
+        env.client.clone(),
+        "create",
+        discovery,
+        recorder,
+    );
+    let apply = |set: PreparedSet, observed: Vec<Observed>| {
+        let (applier, resolved, owner) = (&applier, &resolved, &owner);
+        async move {
+            let primary = dynamic(owner)?;
+            let validated = Validated {
+                children: vec![set],
+                ..Validated::default()
+            };
+            let report = applier
+                .apply(&primary, resolved, &observed, validated, Default::default())
+                .await;
+            Ok::<_, anyhow::Error>(report)
+        }
+    };
+
+    // A free name: created by the apply, under the Apply entry only.
+    let report = apply(
+        child_set("fresh", json!({"a": "1", "b": "2"}), &owner)?,
+        vec![],
+    )
+    .await?;
+    assert!(report.failures.is_empty(), "{:?}", report.failures);
+    assert_eq!((report.applied, report.created.len()), (1, 1));
+    let fresh = cms.get("fresh").await?;
+    let managers: Vec<(String, String)> = fresh
+        .metadata
+        .managed_fields
+        .iter()
+        .flatten()
+        .map(|m| {
+            (
+                m.manager.clone().unwrap_or_default(),
+                m.operation.clone().unwrap_or_default(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        managers,
+        vec![("wasmop/create".to_string(), "Apply".to_string())]
+    );
+    // The module drops a field: the next apply removes it.
+    let observed = vec![Observed {
+        kind: Gvk::new("v1", "ConfigMap"),
+        objects: vec![dynamic(&fresh)?],
+    }];
+    let report = apply(child_set("fresh", json!({"a": "1"}), &owner)?, observed).await?;
+    assert!(report.failures.is_empty(), "{:?}", report.failures);
+    let data = cms.get("fresh").await?.data.unwrap_or_default();
+    assert_eq!(data.keys().collect::<Vec<_>>(), vec!["a"], "{data:?}");
+
+    // A name someone else holds: refused, their object untouched.
+    let theirs = cms
+        .create(
+            &PostParams::default(),
+            &config_map("held", json!({"who": "someone-else"}), None)?,
+        )
+        .await?;
+    let report = apply(child_set("held", json!({"who": "owner"}), &owner)?, vec![]).await?;
+    assert_eq!(report.failures.len(), 1, "{:?}", report.failures);
+    assert!(
+        report.failures[0].message.contains("already exists"),
+        "{:?}",
+        report.failures
+    );
+    assert!(report.created.is_empty());
+    let after = cms.get("held").await?;
+    assert_eq!(after.resource_version(), theirs.resource_version());
+    assert!(after.owner_references().is_empty());
+
+    // A child of this primary that the cache does not show yet: applied over.
+    cms.create(
+        &PostParams::default(),
+        &config_map("mine", json!({"v": "1"}), Some(&owner))?,
+    )
+    .await?;
+    let report = apply(child_set("mine", json!({"v": "2"}), &owner)?, vec![]).await?;
+    assert!(report.failures.is_empty(), "{:?}", report.failures);
+    assert_eq!((report.applied, report.created.len()), (1, 0));
+    let data = cms.get("mine").await?.data.unwrap_or_default();
+    assert_eq!(data.get("v").map(String::as_str), Some("2"));
+    env.passed()
+}
+
 #[tokio::test]
 async fn prunes_and_deletes_on_a_stale_observation_spare_an_object_recreated_under_the_same_name()
 -> anyhow::Result<()> {

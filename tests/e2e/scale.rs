@@ -294,3 +294,188 @@ async fn a_reconciler_with_two_namespaces_watches_exactly_those() -> anyhow::Res
     host.shutdown().await?;
     env.passed()
 }
+
+/// The API server's requests by `verb resource/subresource`, for the counted resources, reads
+/// (GET) included.
+async fn api_requests(client: &Client) -> anyhow::Result<BTreeMap<String, f64>> {
+    let request = http::Request::get("/metrics").body(Vec::new())?;
+    let text = client.request_text(request).await?;
+    let mut requests = BTreeMap::new();
+    for line in text
+        .lines()
+        .filter(|l| l.starts_with("apiserver_request_total{"))
+    {
+        let (Some(resource), Some(verb)) = (label(line, "resource"), label(line, "verb")) else {
+            continue;
+        };
+        if !WATCHED.contains(&resource) || !(WRITES.contains(&verb) || verb == "GET") {
+            continue;
+        }
+        let value: f64 = line
+            .rsplit(' ')
+            .next()
+            .and_then(|v| v.parse().ok())
+            .ok_or_else(|| anyhow::anyhow!("unparsable metrics line: {line}"))?;
+        let subresource = label(line, "subresource").unwrap_or_default();
+        *requests
+            .entry(format!("{verb} {resource}/{subresource}"))
+            .or_insert(0.0) += value;
+    }
+    Ok(requests)
+}
+
+/// The reasons of every status the Apps were seen with, by App (a watch from before the first
+/// App exists: every version the API server stored).
+type Seen = std::sync::Arc<std::sync::Mutex<BTreeMap<String, Vec<String>>>>;
+
+fn watch_statuses(api: kube::Api<DynamicObject>) -> (Seen, tokio::task::JoinHandle<()>) {
+    use futures::StreamExt;
+    let seen: Seen = Seen::default();
+    let into = seen.clone();
+    let task = tokio::spawn(async move {
+        let mut stream =
+            kube::runtime::watcher(api, kube::runtime::watcher::Config::default()).boxed();
+        while let Some(event) = stream.next().await {
+            let Ok(kube::runtime::watcher::Event::Apply(app)) = event else {
+                continue;
+            };
+            let reasons: Vec<String> = app.data["status"]["conditions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|c| c["reason"].as_str().map(str::to_string))
+                .collect();
+            if let Ok(mut seen) = into.lock() {
+                seen.entry(app.metadata.name.clone().unwrap_or_default())
+                    .or_default()
+                    .extend(reasons);
+            }
+        }
+    });
+    (seen, task)
+}
+
+/// What converging new Apps costs, counted by the API server (writes and reads of the kinds the
+/// image-updater touches) and, for Events, by the Event objects (one create, then one patch per
+/// repetition in a series): no GET before a child's first apply (the apply itself carries the
+/// check that nobody else holds the name), one apply per child, one finalizer write per App
+/// (the module finalizes), one Event per change the module reports, and no status computed
+/// before the App's children were seen (the `DeploymentCreating` status of a reconcile that
+/// created them is not written: the next reconcile, which sees them, writes the status).
+#[tokio::test]
+async fn converging_apps_reads_nothing_and_writes_each_child_once() -> anyhow::Result<()> {
+    let env = TestEnv::with("scale-requests", Plane::Fresh, Turn::Shared).await?;
+    const N: usize = 20;
+    let (_, _) = image_updater(
+        &env,
+        "image-updater",
+        wasmop_test_modules::IMAGE_UPDATER,
+        true,
+        json!({"limits": {"deadline": "2s", "memory": "64Mi", "concurrency": 4}}),
+    )
+    .await?;
+    let apps = apps(&env.client, &env.namespace);
+    let (seen, watch) = watch_statuses(apps.clone());
+    let host = start_host(&env, None).await?;
+    let before = api_requests(&env.client).await?;
+    for i in 0..N {
+        apps.create(&PostParams::default(), &app(&format!("app-{i}"))?)
+            .await?;
+    }
+    eventually(
+        "every App rolled out and its status at its generation",
+        Duration::from_secs(300),
+        || async {
+            let list = apps.list(&ListParams::default()).await?;
+            let done = list.items.len() == N
+                && list.items.iter().all(|a| {
+                    let s = &a.data["status"];
+                    s["observedGeneration"] == json!(a.metadata.generation.unwrap_or(1))
+                        && s["readyReplicas"] == json!(1)
+                        && s["conditions"].as_array().is_some_and(|cs| {
+                            cs.iter()
+                                .any(|c| c["type"] == "Progressing" && c["status"] == "False")
+                        })
+                })
+                && seen.lock().is_ok_and(|s| s.len() == N);
+            Ok(done.then_some(()))
+        },
+    )
+    .await?;
+    let after = api_requests(&env.client).await?;
+    host.shutdown().await?;
+    watch.abort();
+    let requests: BTreeMap<String, f64> = after
+        .iter()
+        .map(|(k, v)| (k.clone(), v - before.get(k).copied().unwrap_or(0.0)))
+        .filter(|(_, v)| *v > 0.0)
+        .collect();
+    let count = |key: &str| requests.get(key).copied().unwrap_or(0.0);
+    // The module's Events on the Apps: one request per Event object and per repetition.
+    let module_events: f64 = events_of(&env.client, &env.namespace)
+        .await?
+        .iter()
+        .filter(|e| {
+            e.reporting_controller
+                .as_deref()
+                .is_some_and(|c| c.starts_with("wasmop/"))
+                && e.regarding.as_ref().and_then(|r| r.kind.as_deref()) == Some("App")
+        })
+        .map(|e| f64::from(e.series.as_ref().map_or(1, |s| s.count)))
+        .sum();
+    let n = N as f64;
+    let per_app = |v: f64| v / n;
+    println!(
+        "[scale] converging {N} Apps: requests {requests:?}; module Events {module_events}; per App: child applies {:.2}, reads {:.2}, finalizer {:.2}, status {:.2}, Events {:.2}",
+        per_app(count("APPLY deployments/") + count("APPLY services/")),
+        per_app(count("GET deployments/") + count("GET services/")),
+        per_app(count("PATCH apps/")),
+        per_app(count("APPLY apps/status")),
+        per_app(module_events),
+    );
+    let early: Vec<String> = seen
+        .lock()
+        .map_err(|_| anyhow::anyhow!("the status watch panicked"))?
+        .iter()
+        .filter(|(_, reasons)| reasons.iter().any(|r| r == "DeploymentCreating"))
+        .map(|(name, _)| name.clone())
+        .collect();
+    // Every broken expectation at once (a failure shows all of them).
+    let mut problems = Vec::new();
+    let reads = count("GET deployments/") + count("GET services/");
+    if reads != 0.0 {
+        problems.push(format!(
+            "{reads} reads of children (a new child's first apply needs none)"
+        ));
+    }
+    for (key, what) in [
+        ("APPLY deployments/", "Deployment applies"),
+        ("APPLY services/", "Service applies"),
+        ("PATCH apps/", "finalizer writes"),
+    ] {
+        if count(key) != n {
+            problems.push(format!("{} {what}, not one per App", count(key)));
+        }
+    }
+    if module_events != n {
+        problems.push(format!("{module_events} Event requests, not one per App"));
+    }
+    if !early.is_empty() {
+        problems.push(format!(
+            "a status computed before the children were seen was written for {} Apps: {early:?}",
+            early.len()
+        ));
+    }
+    assert!(problems.is_empty(), "{problems:#?}\nrequests: {requests:?}");
+    env.passed()
+}
+
+/// Every Event (events.k8s.io/v1) in namespace `ns`.
+async fn events_of(
+    client: &Client,
+    ns: &str,
+) -> anyhow::Result<Vec<k8s_openapi::api::events::v1::Event>> {
+    let api: kube::Api<k8s_openapi::api::events::v1::Event> =
+        kube::Api::namespaced(client.clone(), ns);
+    Ok(api.list(&ListParams::default()).await?.items)
+}

@@ -9,6 +9,15 @@
 //! [`super::noop`]): a converged reconciler writes nothing.
 //!
 //! # Guarantees
+//! - A child the watch cache does not hold as this primary's is never taken over: its first
+//!   apply carries a resourceVersion precondition no stored object matches
+//!   ([`CREATE_ONLY`]), so it creates the child or fails with 409 when the name is held; only
+//!   then is the holder read, and the child applied only if this primary controls it. A
+//!   new child costs one request, as the floor does.
+//! - The status of a reconcile that created children is not written when the caller allows it
+//!   to wait ([`Applier::apply`]'s `defer_status`): the module computed it without those
+//!   children, and their creation calls for the next reconcile, which sees them and writes its
+//!   own (see the controller's `reconcile` for why that next reconcile always comes).
 //! - Every request goes through the client it is given: the reconciler's impersonating client, so
 //!   the module's ServiceAccount's RBAC decides; nothing is written with the host's own rights.
 //! - Pruning deletes only children of this primary (controller ownerReference uid) that carry
@@ -92,6 +101,11 @@ pub struct ApplyReport {
     pub actions: usize,
     /// Whether the status was written.
     pub status_written: bool,
+    /// Whether the status was held back because children were created (see the guarantees).
+    pub status_deferred: bool,
+    /// The children this apply created (they were not in the watch cache, and no object held
+    /// their name).
+    pub created: Vec<Target>,
     /// Events recorded.
     pub events: usize,
     /// Every failed write.
@@ -125,8 +139,22 @@ fn classify(intent: String, e: &kube::Error) -> WriteFailure {
     }
 }
 
-/// How many children of one set are written at once (each costs a GET when new, and an apply).
+/// How many children of one set are written at once (one apply each).
 pub const APPLY_CONCURRENCY: usize = 8;
+
+/// The resourceVersion precondition of a new child's first apply. The API server creates an
+/// absent object from an apply and drops the resourceVersion it carries (storage assigns one);
+/// an existing object must hold exactly this version or the apply fails with 409 Conflict.
+/// No object stored in etcd holds version 1: etcd starts at revision 1 and its first write is
+/// revision 2. So the apply creates the child or fails when anyone holds the name, the check
+/// a GET made before, in the same request. (A create, POST, would check the same, but it
+/// records its fields under an `Update` entry of the field manager, which later applies do not
+/// own: fields the module drops would never be removed.)
+pub const CREATE_ONLY: &str = "1";
+
+fn is_conflict(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == 409)
+}
 
 fn is_not_found(e: &kube::Error) -> bool {
     matches!(e, kube::Error::Api(s) if s.code == 404)
@@ -238,14 +266,15 @@ impl Applier {
 
     /// Applies `validated` for `primary` (as read, with its resourceVersion), pruning against
     /// `observed`. `applied` is what this field manager last applied for the primary; writes
-    /// that would change nothing are skipped (see [`super::noop`]).
+    /// that would change nothing are skipped (see [`super::noop`]). With `defer_status`, the
+    /// status is not written when this apply created children (see the guarantees).
     pub async fn apply(
         &self,
         primary: &DynamicObject,
         primary_resource: &Resolved,
         observed: &[Observed],
         validated: Validated,
-        applied: Applied,
+        (applied, defer_status): (Applied, bool),
     ) -> ApplyReport {
         let mut report = ApplyReport {
             remembered: applied,
@@ -292,8 +321,12 @@ impl Applier {
         }
 
         if let Some(status) = &validated.status {
-            self.traced_status(primary, primary_resource, status, &mut report)
-                .await;
+            if defer_status && !report.created.is_empty() {
+                report.status_deferred = true;
+            } else {
+                self.traced_status(primary, primary_resource, status, &mut report)
+                    .await;
+            }
         }
 
         if !validated.events.is_empty() {
@@ -387,17 +420,21 @@ impl Applier {
                 self.write_child(write, target, fingerprint, unchanged)
             })
             .collect();
-        let results: Vec<Result<(Target, u64, bool), WriteFailure>> = futures::stream::iter(writes)
-            .buffer_unordered(APPLY_CONCURRENCY)
-            .collect()
-            .await;
+        let results: Vec<Result<(Target, u64, Wrote), WriteFailure>> =
+            futures::stream::iter(writes)
+                .buffer_unordered(APPLY_CONCURRENCY)
+                .collect()
+                .await;
         for result in results {
             match result {
-                Ok((target, fingerprint, written)) => {
-                    if written {
-                        report.applied += 1;
-                    } else {
-                        report.unchanged += 1;
+                Ok((target, fingerprint, wrote)) => {
+                    match wrote {
+                        Wrote::Unchanged => report.unchanged += 1,
+                        Wrote::Changed => report.applied += 1,
+                        Wrote::Created => {
+                            report.applied += 1;
+                            report.created.push(target.clone());
+                        }
                     }
                     report.remembered.insert(target, fingerprint);
                 }
@@ -418,9 +455,9 @@ impl Applier {
         target: Target,
         fingerprint: u64,
         unchanged: bool,
-    ) -> Result<(Target, u64, bool), WriteFailure> {
+    ) -> Result<(Target, u64, Wrote), WriteFailure> {
         if unchanged {
-            return Ok((target, fingerprint, false));
+            return Ok((target, fingerprint, Wrote::Unchanged));
         }
         let Write {
             set,
@@ -438,21 +475,39 @@ impl Applier {
         );
         // Server-side apply with force would take over an object of the same name that
         // someone else made (and a later prune would delete it): a child not yet known as
-        // ours is checked first. Ours are the only ones the watch cache may not have caught
-        // up with.
+        // ours is created only if the name is free ([`CREATE_ONLY`]); when it is held, the
+        // holder is read and must be this primary's (ours are the only ones the watch cache
+        // may not have caught up with).
         if !known {
+            let mut create = child.object.clone();
+            if let Some(meta) = create.get_mut("metadata").and_then(Value::as_object_mut) {
+                meta.insert("resourceVersion".into(), CREATE_ONLY.into());
+            }
+            match api.patch(&child.name, params, &Patch::Apply(&create)).await {
+                Ok(_) => return Ok((target, fingerprint, Wrote::Created)),
+                Err(e) if is_conflict(&e) => {}
+                Err(e) => return Err(classify(intent, &e)),
+            }
             let reader = api_for(&self.reader, resolved, child.namespace.as_deref());
             match reader.get_opt(&child.name).await {
                 Ok(Some(existing)) if !controlled_by(&existing, primary_uid) => {
                     return Err(taken(intent, &existing));
                 }
-                Ok(_) => {}
+                Ok(Some(_)) => {}
+                // Deleted since: the apply creates it.
+                Ok(None) => {
+                    return api
+                        .patch(&child.name, params, &Patch::Apply(&child.object))
+                        .await
+                        .map(|_| (target, fingerprint, Wrote::Created))
+                        .map_err(|e| classify(intent, &e));
+                }
                 Err(e) => return Err(classify(intent, &e)),
             }
         }
         api.patch(&child.name, params, &Patch::Apply(&child.object))
             .await
-            .map(|_| (target, fingerprint, true))
+            .map(|_| (target, fingerprint, Wrote::Changed))
             .map_err(|e| classify(intent, &e))
     }
 
@@ -728,6 +783,17 @@ pub fn controlled_by(object: &DynamicObject, uid: &str) -> bool {
     controller_of(&object.metadata).is_some_and(|o| o.uid == uid)
 }
 
+/// What writing one child did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Wrote {
+    /// Nothing: it would change nothing.
+    Unchanged,
+    /// Applied over an object of this primary.
+    Changed,
+    /// Created (its name was free).
+    Created,
+}
+
 /// One child to write, and what it is written with.
 struct Write<'a> {
     set: &'a PreparedSet,
@@ -881,16 +947,106 @@ mod tests {
             ..Validated::default()
         };
         let report = applier
-            .apply(&primary, &resolved, &[], validated, Applied::new())
+            .apply(&primary, &resolved, &[], validated, (Applied::new(), false))
             .await;
         assert!(report.failures.is_empty(), "{:?}", report.failures);
         assert_eq!(report.applied, 50);
-        // Each new child costs a GET (is the name taken?) and an apply.
-        assert_eq!(flight.total.load(Ordering::SeqCst), 100);
+        // Each new child costs one apply: it carries the check that nobody holds the name.
+        assert_eq!(flight.total.load(Ordering::SeqCst), 50);
+        assert_eq!(report.created.len(), 50);
         assert_eq!(
             flight.max.load(Ordering::SeqCst),
             APPLY_CONCURRENCY,
             "children must be written {APPLY_CONCURRENCY} at a time, no more (and no fewer)"
         );
+    }
+
+    /// A fake API server that answers discovery for ConfigMaps, echoes every PATCH and records
+    /// `METHOD path` of every other request.
+    fn recording_client(seen: Arc<std::sync::Mutex<Vec<String>>>) -> Client {
+        let service = tower::service_fn(move |req: http::Request<Body>| {
+            let seen = seen.clone();
+            async move {
+                let (method, path) = (req.method().clone(), req.uri().path().to_string());
+                let body = req.into_body().collect().await?.to_bytes().to_vec();
+                if path == "/api/v1" {
+                    let list = json!({"kind": "APIResourceList", "groupVersion": "v1", "resources": [
+                        {"name": "configmaps", "singularName": "configmap", "namespaced": true,
+                         "kind": "ConfigMap", "verbs": ["get", "list", "patch"]}]});
+                    return Ok::<_, BoxError>(
+                        http::Response::builder()
+                            .status(200)
+                            .body(Body::from(serde_json::to_vec(&list)?))?,
+                    );
+                }
+                if let Ok(mut seen) = seen.lock() {
+                    seen.push(format!("{method} {path}"));
+                }
+                Ok(http::Response::builder()
+                    .status(200)
+                    .body(Body::from(body))?)
+            }
+        });
+        Client::new(service, "default")
+    }
+
+    #[tokio::test]
+    async fn the_status_of_an_apply_that_created_children_waits_when_allowed() {
+        for defer in [true, false] {
+            let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+            let client = recording_client(seen.clone());
+            let discovery = Discovery::new(client.clone());
+            let recorder = Recorder::new(
+                client.clone(),
+                Reporter {
+                    controller: "test".into(),
+                    instance: None,
+                },
+            );
+            let applier = Applier::new(client.clone(), client, "t", discovery.clone(), recorder);
+            let kind = Gvk::new("v1", "ConfigMap");
+            let resolved = match discovery.resolve(&kind).await {
+                Ok(r) => r,
+                Err(e) => panic!("the fake discovery: {e}"),
+            };
+            let primary: DynamicObject = match serde_json::from_value(json!({
+                "apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": "primary", "namespace": "ns", "uid": "u-1", "resourceVersion": "1"}
+            })) {
+                Ok(p) => p,
+                Err(e) => panic!("literal: {e}"),
+            };
+            let validated = Validated {
+                children: vec![PreparedSet {
+                    kind,
+                    namespaced: true,
+                    objects: vec![PreparedChild {
+                        namespace: Some("ns".into()),
+                        name: "c".into(),
+                        object: json!({"apiVersion": "v1", "kind": "ConfigMap",
+                            "metadata": {"name": "c", "namespace": "ns"}}),
+                    }],
+                }],
+                status: Some(crate::contract::Status {
+                    fields: json!({"phase": "Creating"}),
+                    conditions: vec![],
+                }),
+                ..Validated::default()
+            };
+            let report = applier
+                .apply(&primary, &resolved, &[], validated, (Applied::new(), defer))
+                .await;
+            assert!(report.failures.is_empty(), "{:?}", report.failures);
+            let seen = seen.lock().map(|s| s.clone()).unwrap_or_default();
+            let child = "PATCH /api/v1/namespaces/ns/configmaps/c".to_string();
+            let status = "PATCH /api/v1/namespaces/ns/configmaps/primary/status".to_string();
+            if defer {
+                assert_eq!(seen, vec![child], "only the child: the status waits");
+                assert!(report.status_deferred && !report.status_written);
+            } else {
+                assert_eq!(seen, vec![child, status]);
+                assert!(!report.status_deferred && report.status_written);
+            }
+        }
     }
 }

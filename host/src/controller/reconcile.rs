@@ -8,6 +8,9 @@
 //! requeue-after when it is shorter than the (jittered) resync, else at the resync; a
 //! `finalize` that is not done yet and asked for no requeue runs again after a second
 //! ([`next_schedule`]).
+//! - The status a reconcile (not a finalize) that created children computed without them is
+//!   not written, once in a row at most: the children's creation events call for the next
+//!   reconcile, which sees them and writes its own.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -612,10 +615,11 @@ async fn answer(
 }
 
 /// Applies `validated` for `current` and remembers what is applied; records the counts on
-/// the reconcile's span.
+/// the reconcile's span. The status of a reconcile (not a finalize) that created
+/// children may wait for the next (see the module docs).
 async fn apply(
     shared: &Shared,
-    key: &ObjectKey,
+    (key, export): (&ObjectKey, Export),
     current: &DynamicObject,
     observed: &[Observed],
     validated: Validated,
@@ -631,16 +635,24 @@ async fn apply(
         .record("intents.status", validated.status.is_some())
         .record("intents.events", validated.events.len() as i64);
     let applied = shared.states.applied(key);
+    let defer = export == Export::Reconcile && shared.states.may_defer_status(key);
     let resolved = &shared.settings.primary.resolved;
     let report = shared
         .applier
-        .apply(current, resolved, observed, validated, applied)
+        .apply(current, resolved, observed, validated, (applied, defer))
         .await;
     span.record("apply.applied", report.applied as i64)
         .record("apply.unchanged", report.unchanged as i64)
         .record("apply.pruned", report.pruned as i64)
         .record("apply.failed", report.failures.len() as i64);
     shared.states.remember(key, report.remembered.clone());
+    shared.states.status_deferred(key, report.status_deferred);
+    if report.status_deferred {
+        tracing::debug!(
+            created = report.created.len(),
+            "status held back: this reconcile created children, the next one sees them"
+        );
+    }
     report
 }
 
@@ -752,7 +764,7 @@ async fn run_once(
     )
     .await?;
     let requeue = validated.requeue_after;
-    let report = apply(shared, &key, &current, &observed, validated).await;
+    let report = apply(shared, (&key, export), &current, &observed, validated).await;
     write_failures(shared, primary, &key, &report).await?;
     match finalizer::after_finalize(done, report.failures.len()) {
         After::Incomplete => {

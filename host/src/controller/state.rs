@@ -9,6 +9,7 @@
 //!   (success, failure, what it applied) brings no state back.
 //! - Freeing a primary also frees its pending work-queue entry (the queue metrics) and its
 //!   Forbidden report.
+//! - A status is held back at most once in a row ([`States::may_defer_status`]).
 //!
 //! # Caveats
 //! [`tracked_objects`] reads a process-wide registry, by reconciler name: two hosts in one
@@ -38,6 +39,8 @@ pub(super) struct ObjectState {
     scheduled: Option<(Instant, Trigger)>,
     /// What this reconciler's field manager last applied for the primary (see [`noop`]).
     applied: noop::Applied,
+    /// Whether the last reconcile held its status back.
+    status_deferred: bool,
 }
 
 /// The trigger of a reconcile that starts with the object's state `st`, the primary at `rv`
@@ -140,6 +143,24 @@ impl States {
             .ok()
             .and_then(|o| o.get(key).map(|st| st.applied.clone()))
             .unwrap_or_default()
+    }
+
+    /// Whether the status of the next reconcile of `key` may be held back: not twice in a row.
+    pub(super) fn may_defer_status(&self, key: &ObjectKey) -> bool {
+        self.objects
+            .lock()
+            .ok()
+            .and_then(|o| o.get(key).map(|st| !st.status_deferred))
+            .unwrap_or(true)
+    }
+
+    /// Records whether the last reconcile of `key` held its status back.
+    pub(super) fn status_deferred(&self, key: &ObjectKey, deferred: bool) {
+        if let Ok(mut objects) = self.objects.lock()
+            && let Some(st) = objects.get_mut(key)
+        {
+            st.status_deferred = deferred;
+        }
     }
 
     /// Remembers what is now applied for `key` (not for a primary forgotten meanwhile).
@@ -309,6 +330,22 @@ mod tests {
         st.pending = None;
         assert_eq!(trigger_of(&st, Some("1"), "new"), Trigger::ModuleChanged);
         assert_eq!(trigger_of(&st, Some("1"), "m"), Trigger::Requeue);
+    }
+
+    #[test]
+    fn a_status_waits_at_most_once_in_a_row() {
+        let states = States::new(
+            "state-test-deferred",
+            Arc::new(Health::default()),
+            crate::operations::metrics::global().queue("state-test-deferred"),
+        );
+        let key = ObjectKey::new(Some("ns".into()), "p");
+        states.begin(&key, Some("1"), "m");
+        assert!(states.may_defer_status(&key));
+        states.status_deferred(&key, true);
+        assert!(!states.may_defer_status(&key), "not twice in a row");
+        states.status_deferred(&key, false);
+        assert!(states.may_defer_status(&key));
     }
 
     #[test]
