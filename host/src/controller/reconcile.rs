@@ -392,7 +392,11 @@ async fn admitted(
     let started = Instant::now();
     // With sharding, the record says how many children the caches held (a gained primary
     // must not be reconciled before its children are listed).
-    let children = admitted.as_ref().map(|_| shared.cached_children(&primary));
+    // Counted only when the record is written (a walk of the owned caches per reconcile).
+    let children = admitted
+        .as_ref()
+        .filter(|_| tracing::enabled!(target: "wasmop::sharding", tracing::Level::DEBUG))
+        .map(|_| shared.cached_children(&primary));
     let m = metrics::global();
     shared.states.queue().started(&key.to_string());
     m.active(&shared.settings.name, 1);
