@@ -4,7 +4,8 @@
 # tests spend most of their time waiting on their control planes:
 #
 #   1. provisioning (Go builds of the control plane, registry, collector, crane and cosign into
-#      the cache; nothing to do when the cache is warm) runs beside clippy and the test build;
+#      the cache; nothing to do when the cache is warm) runs beside the test build, which is
+#      also clippy's run (clippy-driver as the workspace wrapper);
 #   2. the end-to-end binary (tests/e2e) runs beside every other test binary.
 #
 # Each step is a row of the phase table (scripts/phases.sh); overlapping rows say so. The
@@ -43,9 +44,19 @@ start_background "$LOGS/provision.log" \
   $PHASES run "provision (beside clippy and the test build)" "$TESTENV" provision
 provision=${background[-1]}
 
-$PHASES run clippy $CARGO clippy --workspace --all-targets -- -D warnings ||
-  failed "clippy failed"
-$PHASES run "build tests" $CARGO test --workspace --no-run || failed "the test build failed"
+# Clippy lints the workspace's crates while they are built for the tests (clippy-driver as
+# cargo's workspace wrapper, what `cargo clippy` itself uses, with `-D warnings` as
+# `cargo clippy -- -D warnings` passes it): one compile of every crate instead of a check of
+# every dependency for clippy and a build of the same for the tests (`make clippy` alone still
+# runs `cargo clippy`). The wrapper only changes how the workspace's own crates are compiled, so
+# every cargo below (and the nested `cargo build -p wasmop` of the tests, which inherits this
+# environment) finds them built; dependencies are the same artifacts as without it.
+CLIPPY_DRIVER=$("${RUSTC:-rustc}" --print sysroot)/bin/clippy-driver
+[ -x "$CLIPPY_DRIVER" ] || failed "no clippy-driver at $CLIPPY_DRIVER (rustup component add clippy)"
+export RUSTC_WORKSPACE_WRAPPER=$CLIPPY_DRIVER
+export CLIPPY_ARGS="-D__CLIPPY_HACKERY__warnings__CLIPPY_HACKERY__"
+$PHASES run "clippy + build tests (one compile)" $CARGO test --workspace --all-targets --no-run ||
+  failed "clippy or the test build failed"
 
 say "waiting for provisioning"
 wait "$provision"
@@ -56,7 +67,12 @@ cat "$LOGS/provision.log"
 
 # 2. The end-to-end binary (its output streams here) beside the other tests (to a log).
 say "the end-to-end tests run beside the other tests (their output: $LOGS/other-tests.log)"
-$PHASES cargo-test "end-to-end tests (tests/e2e)" $CARGO test -p wasmop-testenv --test e2e &
+# Four tests at a time (the harness's default is one per core): most of an end-to-end test is
+# waiting on its control plane and hosts, not CPU; the tests that need the machine or the
+# process to themselves still run alone (their Turn::Alone, tests/README.md).
+# E2E_TEST_THREADS=N changes it.
+$PHASES cargo-test "end-to-end tests (tests/e2e)" \
+  $CARGO test -p wasmop-testenv --test e2e -- --test-threads="${E2E_TEST_THREADS:-4}" &
 e2e=$!
 $PHASES cargo-test "other tests (beside the end-to-end tests)" bash -c "
   $CARGO test --workspace --exclude wasmop-testenv &&

@@ -365,6 +365,10 @@ fn make_image(
     for name in wasmop_testenv::cargo::per_package_variables() {
         cmd.env_remove(name);
     }
+    // Nor `make test`'s clippy wrapper (scripts/test-run.sh): the musl build is `make image`'s,
+    // with plain rustc, in a target directory kept across runs and clones.
+    cmd.env_remove("RUSTC_WORKSPACE_WRAPPER")
+        .env_remove("CLIPPY_ARGS");
     let out = cmd.output().context("running scripts/image.sh")?;
     anyhow::ensure!(
         out.status.success(),

@@ -32,10 +32,17 @@ fn main() {
         .map(Path::to_path_buf)
         .unwrap_or_default();
     let out_dir = PathBuf::from(std::env::var("OUT_DIR").unwrap_or_default());
+    // What the Rust guests are built from, and nothing else: a directory is watched as a whole
+    // (cargo compares the newest mtime under it), and the Python example and SDK beside these
+    // (examples/tenant, guest-sdk/python) get `__pycache__` written by every run of their
+    // tests, which would rebuild this crate and relink every test binary using it each time.
     for watched in [
-        "guest-sdk",
+        "guest-sdk/src",
+        "guest-sdk/Cargo.toml",
         "wit",
-        "examples",
+        "examples/image-updater",
+        "examples/primary-replica",
+        "examples/configmap-propagator",
         "tests/guests",
         "Cargo.lock",
         "Cargo.toml",
