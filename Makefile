@@ -70,8 +70,10 @@ imports:
 clippy: prereqs-rust
 	$(PHASES) run clippy $(CARGO) clippy --workspace --all-targets -- -D warnings
 
+# `--workspace`: the dependencies are built with the features the whole workspace unifies, so
+# the test build reuses them (with `-p` a cold run built tokio, kube, rustls... twice).
 testenv: prereqs-rust
-	$(PHASES) run "build testenv" $(CARGO) build -p wasmop-testenv --bin testenv
+	$(PHASES) run "build testenv" $(CARGO) build --workspace --bin testenv
 
 ## Find or build (first time: minutes, with progress) the control-plane binaries.
 provision: prereqs-cluster testenv
