@@ -61,7 +61,7 @@ fi
 
 if [ -z "${CRANE:-}" ]; then
     TESTENV=${TESTENV:-$TARGET_DIR/debug/testenv}
-    [ -x "$TESTENV" ] || "$CARGO" build -p wasmop-testenv --bin testenv
+    [ -x "$TESTENV" ] || "$CARGO" build --workspace --bin testenv
     CRANE=$("$TESTENV" which crane)
 fi
 [ -x "$CRANE" ] || fail "crane not found at $CRANE"
