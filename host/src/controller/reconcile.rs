@@ -337,6 +337,7 @@ fn reconcile_span(
         apply.unchanged = Empty,
         apply.pruned = Empty,
         apply.failed = Empty,
+        apply.status_deferred = Empty,
         outcome = Empty,
         otel.status_code = Empty,
         otel.status_description = Empty,
@@ -648,7 +649,8 @@ async fn apply(
     span.record("apply.applied", report.applied as i64)
         .record("apply.unchanged", report.unchanged as i64)
         .record("apply.pruned", report.pruned as i64)
-        .record("apply.failed", report.failures.len() as i64);
+        .record("apply.failed", report.failures.len() as i64)
+        .record("apply.status_deferred", report.status_deferred);
     shared.states.remember(key, report.remembered.clone());
     shared.states.status_deferred(key, report.status_deferred);
     if report.status_deferred {
