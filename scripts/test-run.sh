@@ -71,7 +71,10 @@ say "the end-to-end tests run beside the other tests (their output: $LOGS/other-
 # waiting on its control plane and hosts, not CPU; the tests that need the machine or the
 # process to themselves still run alone (their Turn::Alone, tests/README.md).
 # E2E_TEST_THREADS=N changes it.
-$PHASES cargo-test "end-to-end tests (tests/e2e)" \
+# Each test's turn (tests/src/turns.rs) goes to a timeline: seconds waited and held.
+TIMELINE=$LOGS/e2e-timeline.tsv
+rm -f "$TIMELINE"
+WASMOP_TEST_TIMELINE=$TIMELINE $PHASES cargo-test "end-to-end tests (tests/e2e)" \
   $CARGO test -p wasmop-testenv --test e2e -- --test-threads="${E2E_TEST_THREADS:-4}" &
 e2e=$!
 $PHASES cargo-test "other tests (beside the end-to-end tests)" bash -c "
@@ -81,6 +84,17 @@ $PHASES cargo-test "other tests (beside the end-to-end tests)" bash -c "
 other=$?
 wait "$e2e"
 e2e_status=$?
+
+# The lone turns run one after another with nothing beside them: their sum is the floor of
+# the end-to-end tests' time. The longest shared turns follow.
+timeline() {
+  [ -s "$TIMELINE" ] || return 0
+  say "end-to-end turns (seconds held; lone turns in total: $(awk -F'\t' '$2 == "Alone" { s += $4 } END { printf "%.0f", s }' "$TIMELINE") s; $TIMELINE):"
+  { grep -P '\tAlone\t' "$TIMELINE" | sort -t$'\t' -k4,4 -rn
+    grep -P '\tShared\t' "$TIMELINE" | sort -t$'\t' -k4,4 -rn | head -8
+  } | awk -F'\t' '{ printf "  %-6s %7s  %s\n", $2, $4, $1 }' >&2
+}
+timeline
 
 say "output of the other tests ($LOGS/other-tests.log):"
 cat "$LOGS/other-tests.log"

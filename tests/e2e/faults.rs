@@ -5,10 +5,10 @@
 //! deleted nor duplicated: same uids, watch histories without DELETED), no finalizer is stuck,
 //! the final status matches the last spec, and `/readyz` tells the truth meanwhile.
 //!
-//! Its faults (the API server down for 20 s) would break any test sharing its control plane:
-//! these tests share a control plane of their own (`Plane::Own("faults")`), and each runs alone
-//! in the e2e process (`Turn::Alone`): two of them take the API server down, and none competes
-//! with other tests for the 2 cores while its timings run.
+//! Its faults (the API server down for 20 s, etcd compacted) would break any test sharing its
+//! control plane: each test has a control plane of its own (`Plane::Fresh`), stopped when it
+//! ends, and runs beside the other tests (`Turn::Shared`): what it asserts is what the objects
+//! and the host's `/readyz` record, with waits generous enough for a loaded machine.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -31,9 +31,9 @@ use wasmop_testenv::{HostProcess, Plane, TestEnv, Turn, eventually};
 /// How long kube-apiserver stays down in the restart test.
 const DOWN: Duration = Duration::from_secs(20);
 
-/// A test's namespace on the faults' own control plane, alone in the process.
+/// A test's namespace on a control plane of its own.
 async fn faults_env(prefix: &str) -> anyhow::Result<TestEnv> {
-    TestEnv::with(prefix, Plane::Own("faults"), Turn::Alone).await
+    TestEnv::with(prefix, Plane::Fresh, Turn::Shared).await
 }
 
 /// A host process serving `env`'s WasmReconcilers (with debug logs of the controller and of

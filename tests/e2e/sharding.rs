@@ -4,8 +4,9 @@
 //!
 //! Each scenario runs on a control plane of its own: one with the `ShardedListAndWatch` feature
 //! gate (the hosts detect it and let the API server filter their watches), one without (the
-//! hosts filter on their side). Each runs alone in the e2e process
-//! ([`wasmop_testenv::alone`]): four hosts and a control plane are enough for a 2-core machine.
+//! hosts filter on their side). Each runs on a control plane of its own, beside the other
+//! tests of the e2e process but not beside another scenario of this file ([`scenario_turn`]):
+//! four hosts and a control plane at a time are enough for a 2-core machine.
 //!
 //! The proof, from records rather than timing:
 //! - the objects: every Widget's `status.observedGeneration` catches up with each spec change
@@ -708,9 +709,21 @@ async fn group_rollback(client: &Client, healthy: &[HostProcess; 2]) -> anyhow::
     Ok(())
 }
 
+/// A shared turn of the e2e process, and one scenario of this file at a time (each runs four
+/// hosts and a control plane of its own).
+async fn scenario_turn() -> (
+    wasmop_testenv::turns::TurnGuard,
+    tokio::sync::MutexGuard<'static, ()>,
+) {
+    static SCENARIO: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    let scenario = SCENARIO.lock().await;
+    let turn = wasmop_testenv::turns::take(wasmop_testenv::Turn::Shared).await;
+    (turn, scenario)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_that_cannot_set_the_reconciler_up_withdraws_its_share() -> anyhow::Result<()> {
-    let _alone = wasmop_testenv::alone().await;
+    let _turn = scenario_turn().await;
     let cp = ControlPlane::start(Options::default()).await?;
     let result = withdrawal(&cp).await;
     if result.is_err() {
@@ -725,7 +738,7 @@ async fn a_replica_that_cannot_set_the_reconciler_up_withdraws_its_share() -> an
 }
 
 async fn scenario(gate: bool) -> anyhow::Result<()> {
-    let _alone = wasmop_testenv::alone().await;
+    let _turn = scenario_turn().await;
     let cp = ControlPlane::start(Options {
         feature_gates: if gate {
             vec!["ShardedListAndWatch".to_string()]

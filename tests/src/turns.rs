@@ -7,16 +7,24 @@
 //! # Guarantees
 //! - While a lone turn is held, no other turn is; a lone turn is given once every shared turn
 //!   has been returned.
-//! - Shared turns never wait for a lone turn that is only waiting: a test may take several
-//!   shared turns (one per [`crate::TestEnv`]) without deadlocking against a lone test queued
-//!   in between.
+//! - A lone turn asked for goes before the tests that have not started: while one waits, a
+//!   test thread (libtest names it after its test, `suite::test`) that holds no turn yet gets
+//!   none, so a lone test waits only for the tests already running, not for a gap that may never
+//!   come while the other threads keep starting tests.
+//! - A test never deadlocks against a waiting lone turn: a thread that already holds a shared
+//!   turn, or is not a test's thread (a runtime worker), gets a further shared turn at once.
+//! - With `WASMOP_TEST_TIMELINE=<file>` set, each returned turn appends a line to that file:
+//!   the test (its thread's name), the turn, the seconds waited for it and the seconds held
+//!   (`make test` sets it and prints the lone turns, whose sum is the suite's floor).
 //!
 //! # Caveats
 //! - A test holding a shared turn that asks for a lone one waits forever.
-//! - A lone test waits for a gap between the shared tests of the other threads; with the test
-//!   harness's few threads such gaps come at every test's end.
+//! - A test that takes a second shared turn on a thread of its own whose name looks like a
+//!   test's (`a::b`) waits for the lone turns queued meanwhile.
 
+use std::io::Write;
 use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
 
@@ -33,12 +41,54 @@ pub enum Turn {
 struct State {
     shared: usize,
     alone: bool,
+    /// Lone turns asked for and not yet given.
+    lone_waiting: usize,
+    /// The threads holding shared turns, by name (one entry per turn).
+    holders: Vec<String>,
 }
 
 static STATE: Mutex<State> = Mutex::new(State {
     shared: 0,
     alone: false,
+    lone_waiting: 0,
+    holders: Vec::new(),
 });
+
+/// This thread's name, if it is a test's (libtest names a test's thread after the test's path).
+fn test_thread() -> Option<String> {
+    std::thread::current()
+        .name()
+        .filter(|name| name.contains("::"))
+        .map(str::to_string)
+}
+
+impl State {
+    /// Whether the test on this thread may take a shared turn now.
+    fn shared_allowed(&self, thread: Option<&str>) -> bool {
+        let starting = thread.is_some_and(|t| !self.holders.iter().any(|h| h == t));
+        !self.alone && !(starting && self.lone_waiting > 0)
+    }
+}
+
+/// Counts a lone turn as waiting until it is given or its future is dropped.
+struct LoneWaiting;
+
+impl LoneWaiting {
+    fn new() -> Self {
+        state().lone_waiting += 1;
+        LoneWaiting
+    }
+}
+
+impl Drop for LoneWaiting {
+    fn drop(&mut self) {
+        {
+            let mut s = state();
+            s.lone_waiting = s.lone_waiting.saturating_sub(1);
+        }
+        CHANGED.notify_waiters();
+    }
+}
 static CHANGED: Notify = Notify::const_new();
 
 fn state() -> MutexGuard<'static, State> {
@@ -49,17 +99,47 @@ fn state() -> MutexGuard<'static, State> {
 
 /// A turn held until dropped.
 #[derive(Debug)]
-pub struct TurnGuard(Turn);
+pub struct TurnGuard {
+    turn: Turn,
+    thread: Option<String>,
+    waited: Duration,
+    since: Instant,
+}
 
 impl TurnGuard {
     /// Which turn this is.
     pub fn turn(&self) -> Turn {
-        self.0
+        self.turn
+    }
+}
+
+/// Appends `guard`'s line to the timeline file, if one is asked for (best effort: a test
+/// never fails for its timeline).
+fn record(guard: &TurnGuard) {
+    let Some(path) = std::env::var_os("WASMOP_TEST_TIMELINE") else {
+        return;
+    };
+    let test = guard.thread.as_deref().unwrap_or("(not a test's thread)");
+    let line = format!(
+        "{test}\t{:?}\t{:.1}\t{:.1}\n",
+        guard.turn,
+        guard.waited.as_secs_f64(),
+        guard.since.elapsed().as_secs_f64()
+    );
+    if let Ok(mut file) = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+    {
+        let _ = file.write_all(line.as_bytes());
     }
 }
 
 /// Waits for a turn of this kind and takes it.
 pub async fn take(turn: Turn) -> TurnGuard {
+    let asked = Instant::now();
+    let thread = test_thread();
+    let waiting = (turn == Turn::Alone).then(LoneWaiting::new);
     loop {
         let notified = CHANGED.notified();
         tokio::pin!(notified);
@@ -67,13 +147,16 @@ pub async fn take(turn: Turn) -> TurnGuard {
         {
             let mut s = state();
             match turn {
-                Turn::Shared if !s.alone => {
+                Turn::Shared if s.shared_allowed(thread.as_deref()) => {
                     s.shared += 1;
-                    return TurnGuard(turn);
+                    s.holders.extend(thread.clone());
+                    return TurnGuard::new(turn, thread, asked);
                 }
                 Turn::Alone if !s.alone && s.shared == 0 => {
                     s.alone = true;
-                    return TurnGuard(turn);
+                    drop(s);
+                    drop(waiting);
+                    return TurnGuard::new(turn, thread, asked);
                 }
                 _ => {}
             }
@@ -87,12 +170,33 @@ pub async fn alone() -> TurnGuard {
     take(Turn::Alone).await
 }
 
+impl TurnGuard {
+    fn new(turn: Turn, thread: Option<String>, asked: Instant) -> Self {
+        TurnGuard {
+            turn,
+            thread,
+            waited: asked.elapsed(),
+            since: Instant::now(),
+        }
+    }
+}
+
 impl Drop for TurnGuard {
     fn drop(&mut self) {
+        record(self);
         {
             let mut s = state();
-            match self.0 {
-                Turn::Shared => s.shared = s.shared.saturating_sub(1),
+            match self.turn {
+                Turn::Shared => {
+                    s.shared = s.shared.saturating_sub(1);
+                    if let Some(i) = s
+                        .holders
+                        .iter()
+                        .position(|h| Some(h) == self.thread.as_ref())
+                    {
+                        s.holders.swap_remove(i);
+                    }
+                }
                 Turn::Alone => s.alone = false,
             }
         }
@@ -131,6 +235,47 @@ mod tests {
         drop(lone);
         let shared = tokio::time::timeout(SOON, shared).await??;
         anyhow::ensure!(shared.turn() == Turn::Shared);
+        drop(shared);
+        a_waiting_lone_turn_goes_before_tests_not_started().await
+    }
+
+    /// (Part of the test above: the turns are process-wide, so their tests run one at a time.)
+    async fn a_waiting_lone_turn_goes_before_tests_not_started() -> anyhow::Result<()> {
+        let first = take(Turn::Shared).await;
+        let lone = tokio::spawn(alone());
+        tokio::time::sleep(SETTLE).await;
+        // Another test's thread, starting now: it holds no turn, so it waits for the lone one.
+        let (granted, got) = std::sync::mpsc::channel();
+        let (release, released) = std::sync::mpsc::channel::<()>();
+        let newcomer = std::thread::Builder::new()
+            .name("suite::newcomer".into())
+            .spawn(move || {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()?;
+                let turn = rt.block_on(take(Turn::Shared));
+                granted.send(turn.turn())?;
+                released.recv()?;
+                anyhow::Ok(())
+            })?;
+        anyhow::ensure!(
+            got.recv_timeout(SETTLE).is_err(),
+            "a test not started got a shared turn before a waiting lone one"
+        );
+        // This test's own further turn is not held up (no deadlock against the lone turn).
+        let second = tokio::time::timeout(SOON, take(Turn::Shared)).await?;
+        drop((first, second));
+        let lone = tokio::time::timeout(SOON, lone).await??;
+        anyhow::ensure!(
+            got.recv_timeout(SETTLE).is_err(),
+            "a shared turn beside a lone one"
+        );
+        drop(lone);
+        anyhow::ensure!(got.recv_timeout(SOON)? == Turn::Shared);
+        release.send(())?;
+        newcomer
+            .join()
+            .map_err(|_| anyhow::anyhow!("the newcomer thread panicked"))??;
         Ok(())
     }
 }
