@@ -66,7 +66,8 @@ impl State {
     /// Whether the test on this thread may take a shared turn now.
     fn shared_allowed(&self, thread: Option<&str>) -> bool {
         let starting = thread.is_some_and(|t| !self.holders.iter().any(|h| h == t));
-        !self.alone && !(starting && self.lone_waiting > 0)
+        let queued_behind_lone = starting && self.lone_waiting > 0;
+        !self.alone && !queued_behind_lone
     }
 }
 
