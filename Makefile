@@ -12,7 +12,7 @@ export CARGO_TERM_COLOR ?= never
 # CARGO_INCREMENTAL=1 for quicker edit-and-rerun cycles in a working copy.
 export CARGO_INCREMENTAL ?= 0
 
-.PHONY: help test fmt-check imports clippy provision cluster demo testenv crds
+.PHONY: help test fmt-check imports clippy provision cluster demo testenv crds monitoring
 
 ## Print the targets and what they do (the `##` lines of Makefile and mk/*.mk).
 help:
@@ -87,9 +87,16 @@ cluster: prereqs-cluster testenv
 demo: prereqs-demo testenv
 	DEMO_ONCE=$(DEMO_ONCE) TESTENV=$(TESTENV) bash scripts/demo.sh
 
-## Regenerate deploy/crds/ from the Rust types (host/src/crd.rs); host/tests/crds.rs checks it.
+## Regenerate deploy/crds/ and the chart's crds/ from the Rust types (host/src/crd.rs);
+## host/tests/crds.rs checks both.
 crds: prereqs-rust
 	$(CARGO) run -p wasmop --bin wasmop -- crdgen > deploy/crds/wasmreconciler.yaml.new
+	cp deploy/crds/wasmreconciler.yaml.new deploy/helm/wasmop/crds/wasmreconciler.yaml
 	mv deploy/crds/wasmreconciler.yaml.new deploy/crds/wasmreconciler.yaml
+
+## Write deploy/monitoring/prometheusrule.yaml and the chart's copies of the alerts and the
+## dashboard from deploy/monitoring/alerts.yaml and dashboard.json (tests check they are current).
+monitoring:
+	python3 scripts/monitoring.py
 
 -include mk/*.mk

@@ -1,13 +1,19 @@
-//! The checked-in CRDs are exactly what the Rust types generate.
+//! The checked-in CRDs (deploy/'s and the Helm chart's) are exactly what the Rust types generate.
 
 #[test]
 fn checked_in_crds_match_the_rust_types() {
-    let path =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/crds/wasmreconciler.yaml");
-    let checked_in = std::fs::read_to_string(&path).unwrap_or_default();
     let generated = wasmop::crd::crds_yaml();
-    assert!(
-        checked_in == generated,
-        "deploy/crds/wasmreconciler.yaml has drifted from the Rust types in host/src/crd.rs; regenerate it:\n  cargo run -p wasmop -- crdgen > deploy/crds/wasmreconciler.yaml"
-    );
+    for file in [
+        "deploy/crds/wasmreconciler.yaml",
+        "deploy/helm/wasmop/crds/wasmreconciler.yaml",
+    ] {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("..")
+            .join(file);
+        let checked_in = std::fs::read_to_string(&path).unwrap_or_default();
+        assert!(
+            checked_in == generated,
+            "{file} has drifted from the Rust types in host/src/crd.rs; regenerate it: make crds"
+        );
+    }
 }

@@ -9,7 +9,9 @@
 //! extracts that entrypoint and, with it, pushes and signs the example's module to the registry
 //! and runs the host against the cluster with a token of deploy/'s ServiceAccount until a
 //! WasmReconciler and an App converge through that process; kustomize's `images:` retargets
-//! deploy/'s Deployment to the image.
+//! deploy/'s Deployment to the image. Then the same image and module through the Helm chart, on
+//! a fresh plane (`chart::install_upgrade_uninstall`): install, a module reconciling, upgrade,
+//! uninstall.
 
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -50,7 +52,7 @@ fn kubectl(env: &TestEnv, args: &[&str]) -> anyhow::Result<String> {
 }
 
 /// A kubeconfig for ServiceAccount `ns/name`, with a token from the TokenRequest API.
-async fn service_account_kubeconfig(
+pub(crate) async fn service_account_kubeconfig(
     env: &TestEnv,
     ns: &str,
     name: &str,
@@ -507,7 +509,8 @@ fn push_signed_module(
 }
 
 #[tokio::test]
-async fn the_image_from_the_registry_runs_with_the_deploy_service_account() -> anyhow::Result<()> {
+async fn the_image_from_the_registry_runs_with_the_deploy_service_account_and_the_helm_chart()
+-> anyhow::Result<()> {
     let _serial = serial().await;
     let registry = wasmop_testenv::Registry::start().await?;
     let crane_bin = tokio::task::spawn_blocking(wasmop_testenv::assets::crane_binary).await??;
@@ -668,7 +671,7 @@ async fn the_image_from_the_registry_runs_with_the_deploy_service_account() -> a
     apps(&env.client, "demo")
         .create(&PostParams::default(), &app)
         .await?;
-    let converged = converge(&env, &module).await;
+    let converged = converge(&env, &module, "from-image").await;
     if let Err(e) = converged {
         anyhow::bail!("{e}\nthe image's host logged:\n{}", host.log_text());
     }
@@ -681,12 +684,24 @@ async fn the_image_from_the_registry_runs_with_the_deploy_service_account() -> a
     );
     let status = host.terminate(std::time::Duration::from_secs(40)).await?;
     assert!(status.success(), "the image's host exited with {status}");
-    env.passed()
+    env.passed()?;
+
+    // The same image and module, installed with the Helm chart on a control plane of its own.
+    crate::chart::install_upgrade_uninstall(&crate::chart::Built {
+        repository: &repository,
+        digest,
+        wasmop: &wasmop,
+        reconciler: &wr,
+        module: &module,
+        pull_secret: &secret,
+        work: work.path(),
+    })
+    .await
 }
 
 /// Waits until WasmReconciler image-updater is Ready with the OCI module `module` active
-/// (verified against the key, pulled) and App demo/from-image is Available with its Deployment.
-async fn converge(env: &TestEnv, module: &str) -> anyhow::Result<()> {
+/// (verified against the key, pulled) and App demo/`app` is Available with its Deployment.
+pub(crate) async fn converge(env: &TestEnv, module: &str, app: &str) -> anyhow::Result<()> {
     let reconcilers: Api<WasmReconciler> = Api::all(env.client.clone());
     eventually(
         "image-updater Ready with the signed OCI module",
@@ -708,12 +723,12 @@ async fn converge(env: &TestEnv, module: &str) -> anyhow::Result<()> {
     )
     .await?;
     let deployments: Api<Deployment> = Api::namespaced(env.client.clone(), "demo");
-    eventually("App from-image's Deployment", WAIT, || async {
-        Ok(deployments.get_opt("from-image").await?)
+    eventually(&format!("App {app}'s Deployment"), WAIT, || async {
+        Ok(deployments.get_opt(app).await?)
     })
     .await?;
-    eventually("App from-image Available", WAIT, || async {
-        let app = apps(&env.client, "demo").get("from-image").await?;
+    eventually(&format!("App {app} Available"), WAIT, || async {
+        let app = apps(&env.client, "demo").get(app).await?;
         Ok(available(&app).then_some(()))
     })
     .await

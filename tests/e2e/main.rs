@@ -10,7 +10,8 @@
 //! [`wasmop_testenv::Turn`]):
 //! - `faults` breaks its control plane (the API server down for 20 s, etcd compacted): a plane of
 //!   its own, and each test alone;
-//! - `deploy` installs deploy/ and runs a host serving every WasmReconciler: a plane of its own;
+//! - `deploy` installs deploy/ and runs a host serving every WasmReconciler: a plane of its own
+//!   (and the Helm chart of the same image on a fresh plane, `chart::install_upgrade_uninstall`);
 //! - `scale` counts the API server's writes and open watches: a fresh plane per test;
 //! - `servers` measures this process's memory and process-wide server metrics: alone;
 //! - `sharding` starts a fresh plane per scenario with four host processes: alone.
@@ -18,6 +19,7 @@
 mod support;
 
 mod author;
+mod chart;
 mod clientauth;
 mod deploy;
 mod examples;
@@ -26,6 +28,7 @@ mod host;
 mod hotswap;
 mod intents;
 mod lifecycle;
+mod monitoring;
 mod oci;
 mod production;
 mod python;

@@ -133,6 +133,46 @@ const CRANE: Component = Component {
     binaries: &[("crane", "github.com/google/go-containerregistry/cmd/crane")],
 };
 
+/// The pinned Helm release (`cmd/helm`): lints, renders and installs the chart in
+/// deploy/helm/wasmop (the chart tests and the deploy test).
+pub const HELM_VERSION: &str = "v3.22.0";
+
+/// The Kubernetes minor version of the client libraries the pinned Helm is built with: what
+/// `helm template` and `helm lint` assume without a cluster.
+const HELM_KUBERNETES_MINOR: &str = "37";
+
+const HELM: Component = Component {
+    name: "helm",
+    version: HELM_VERSION,
+    binaries: &[("helm", "helm.sh/helm/v3/cmd/helm")],
+};
+
+/// The pinned Prometheus module (`cmd/promtool`): checks and unit-tests the alert rules in
+/// deploy/monitoring/.
+pub const PROMTOOL_VERSION: &str = "v0.316.0";
+
+const PROMTOOL: Component = Component {
+    name: "promtool",
+    version: PROMTOOL_VERSION,
+    binaries: &[("promtool", "github.com/prometheus/prometheus/cmd/promtool")],
+};
+
+/// Finds, or builds, the helm binary (same order as the control plane's binaries).
+///
+/// # Errors
+/// As [`Assets::provide`].
+pub fn helm_binary() -> Result<PathBuf> {
+    single_binary(HELM)
+}
+
+/// Finds, or builds, the promtool binary (same order as the control plane's binaries).
+///
+/// # Errors
+/// As [`Assets::provide`].
+pub fn promtool_binary() -> Result<PathBuf> {
+    single_binary(PROMTOOL)
+}
+
 /// Finds, or builds, the OCI registry binary (same order as the control plane's binaries).
 ///
 /// # Errors
@@ -400,6 +440,23 @@ fn build_component(cache: &Path, component: Component) -> Result<()> {
             ] {
                 ldflags.push_str(&format!(" -X '{pkg}.{key}={value}'"));
             }
+        }
+    }
+    if component.name == HELM.name {
+        // As Helm's Makefile sets them: without these, `helm version` is the module's and
+        // `helm template` and `helm lint` assume Kubernetes v1.20 (the chart needs >= 1.30).
+        // The Kubernetes minor is that of the client-go Helm v3.22 builds with (v0.37).
+        ldflags.push_str(&format!(
+            " -X 'helm.sh/helm/v3/internal/version.version={}'",
+            component.version
+        ));
+        for pkg in [
+            "helm.sh/helm/v3/pkg/chartutil",
+            "helm.sh/helm/v3/pkg/lint/rules",
+        ] {
+            ldflags.push_str(&format!(
+                " -X '{pkg}.k8sVersionMajor=1' -X '{pkg}.k8sVersionMinor={HELM_KUBERNETES_MINOR}'"
+            ));
         }
     }
     // With several packages, `-o DIR/` writes one binary each, named after the package; a single

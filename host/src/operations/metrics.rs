@@ -117,6 +117,14 @@ pub struct RejectLabels {
     pub reason: String,
 }
 
+/// `{component}`: a readiness component (`startup`, `admission`, `api-server`, `manager`,
+/// `reconciler/<name>`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ComponentLabel {
+    /// The component, as `/readyz` names it.
+    pub component: String,
+}
+
 type Hist<L> = Family<L, Histogram, fn() -> Histogram>;
 
 fn seconds_buckets() -> Histogram {
@@ -148,6 +156,8 @@ pub struct Metrics {
     server_rejected: Family<RejectLabels, Counter>,
     cache_objects: Family<CacheLabels, Gauge>,
     reconcile_limit: Gauge,
+    component_ready: Family<ComponentLabel, Gauge>,
+    webhook_cert_expiry: Gauge,
     active_sha: Mutex<HashMap<String, String>>,
     shards: ShardMetrics,
 }
@@ -182,6 +192,8 @@ impl Metrics {
             server_rejected: Family::default(),
             cache_objects: Family::default(),
             reconcile_limit: Gauge::default(),
+            component_ready: Family::default(),
+            webhook_cert_expiry: Gauge::default(),
             active_sha: Mutex::default(),
             shards: ShardMetrics::default(),
             registry: Registry::default(),
@@ -288,7 +300,40 @@ impl Metrics {
             "The host-wide bound on reconciles at once (--max-concurrent-reconciles)",
             m.reconcile_limit.clone(),
         );
+        registry.register(
+            "wasmop_component_ready",
+            "1 when a readiness component is ready (its caches listed and synced), 0 while it is pending",
+            m.component_ready.clone(),
+        );
+        registry.register(
+            "wasmop_webhook_certificate_expiry_timestamp_seconds",
+            "When the webhook's serving certificate expires (Unix seconds), as last loaded",
+            m.webhook_cert_expiry.clone(),
+        );
         Metrics { registry, ..m }
+    }
+
+    /// Readiness component `component` is ready (`Some(true)`), pending (`Some(false)`) or gone
+    /// (`None`: its series is removed).
+    pub fn component_ready(&self, component: &str, ready: Option<bool>) {
+        let label = ComponentLabel {
+            component: component.to_string(),
+        };
+        match ready {
+            Some(ready) => {
+                self.component_ready
+                    .get_or_create(&label)
+                    .set(i64::from(ready));
+            }
+            None => {
+                self.component_ready.remove(&label);
+            }
+        }
+    }
+
+    /// The webhook's serving certificate (as last loaded) expires at `unix_seconds`.
+    pub fn webhook_certificate_expiry(&self, unix_seconds: i64) {
+        self.webhook_cert_expiry.set(unix_seconds);
     }
 
     /// A connection of `server` opened (`delta` 1) or closed (-1).

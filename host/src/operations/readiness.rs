@@ -15,6 +15,8 @@
 //!
 //! # Guarantees
 //! - Process-wide, like the `/readyz` it feeds; a poisoned lock reads as not ready.
+//! - Every change is mirrored in `wasmop_component_ready{component}` (1 ready, 0 pending; the
+//!   series goes with a forgotten component), so alerts see a cache that does not sync.
 //! - Not ready before anything registers.
 //!
 //! # Errors
@@ -22,6 +24,8 @@
 
 use std::collections::BTreeMap;
 use std::sync::{Mutex, OnceLock};
+
+use crate::operations::metrics;
 
 /// The process's readiness.
 #[derive(Debug, Default)]
@@ -41,6 +45,7 @@ impl Readiness {
         if let Ok(mut c) = self.components.lock() {
             c.insert(component.to_string(), false);
         }
+        metrics::global().component_ready(component, Some(false));
     }
 
     /// `component` is ready.
@@ -48,6 +53,7 @@ impl Readiness {
         if let Ok(mut c) = self.components.lock() {
             c.insert(component.to_string(), true);
         }
+        metrics::global().component_ready(component, Some(true));
     }
 
     /// `component` stopped; it no longer counts.
@@ -55,6 +61,7 @@ impl Readiness {
         if let Ok(mut c) = self.components.lock() {
             c.remove(component);
         }
+        metrics::global().component_ready(component, None);
     }
 
     /// Ok when ready, else the pending components.

@@ -12,6 +12,10 @@
 //!   pair that loads and matches; a pair that does not (half updated) is logged and the last
 //!   good one is served.
 //!
+//! - The serving certificate's expiry, each time a certificate is loaded (at start and when the
+//!   directory's files changed, on the next handshake), is exported as
+//!   `wasmop_webhook_certificate_expiry_timestamp_seconds`.
+//!
 //! - With a [`ClientAuth`] (`--webhook-client-ca`), the server asks every client for a
 //!   certificate and ends the handshake of one without an accepted certificate ([`clients`]).
 //!
@@ -207,8 +211,24 @@ impl ServingCert {
                 what: "the webhook key".into(),
                 detail: e.to_string(),
             })?;
+        if let Some(expiry) = not_after(&chain[0]) {
+            crate::operations::metrics::global().webhook_certificate_expiry(expiry);
+        }
         Ok(CertifiedKey::from_der(chain, key, provider)?)
     }
+}
+
+/// When a certificate expires, in Unix seconds (None when it does not parse; rustls then
+/// refuses it anyway).
+fn not_after(cert: &CertificateDer<'_>) -> Option<i64> {
+    use x509_cert::der::Decode as _;
+    let cert = x509_cert::Certificate::from_der(cert.as_ref()).ok()?;
+    let at = cert
+        .tbs_certificate()
+        .validity()
+        .not_after
+        .to_unix_duration();
+    i64::try_from(at.as_secs()).ok()
 }
 
 /// A certificate that never changes (generated).

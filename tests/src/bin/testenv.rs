@@ -22,7 +22,7 @@ enum Cmd {
     /// control plane, the registry, the collector, crane and cosign.
     Provision,
     /// Print the path of one provided binary (etcd, kube-apiserver, kubectl, kwok, registry,
-    /// cosign, crane, ...), building it first if needed.
+    /// cosign, crane, helm, promtool, ...), building it first if needed.
     Which {
         /// The binary's name.
         binary: String,
@@ -72,6 +72,13 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             let cosign =
                 tokio::task::spawn_blocking(wasmop_testenv::assets::cosign_binary).await??;
             println!("cosign: {}", cosign.display());
+            // The chart tests and the deploy test's `helm install` (deploy/helm/wasmop).
+            let helm = tokio::task::spawn_blocking(wasmop_testenv::assets::helm_binary).await??;
+            println!("helm: {}", helm.display());
+            // The alert rules' checks and unit tests (deploy/monitoring/).
+            let promtool =
+                tokio::task::spawn_blocking(wasmop_testenv::assets::promtool_binary).await??;
+            println!("promtool: {}", promtool.display());
             eprintln!("provisioned in {:.1}s", start.elapsed().as_secs_f64());
         }
         Cmd::Which { binary } => {
@@ -79,6 +86,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 "registry" => Some(wasmop_testenv::assets::registry_binary as Provide),
                 "cosign" => Some(wasmop_testenv::assets::cosign_binary as Provide),
                 "crane" => Some(wasmop_testenv::assets::crane_binary as Provide),
+                "helm" => Some(wasmop_testenv::assets::helm_binary as Provide),
+                "promtool" => Some(wasmop_testenv::assets::promtool_binary as Provide),
                 _ => None,
             };
             if let Some(provide) = tool {
@@ -95,7 +104,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 "kubectl" => assets.kubectl,
                 "kwok" => assets.kwok,
                 other => anyhow::bail!(
-                    "unknown binary {other:?}: one of etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, kwok, registry, cosign, crane"
+                    "unknown binary {other:?}: one of etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, kwok, registry, cosign, crane, helm, promtool"
                 ),
             };
             println!("{}", path.display());
