@@ -86,6 +86,9 @@ pub struct HostOptions {
     pub module_memory_budget: u64,
     /// The resync period for WasmReconcilers that do not set one.
     pub resync: Duration,
+    /// How long a status in flux may be held back before it is written (zero: every status
+    /// is written at once; see `controller::hold`).
+    pub status_debounce: Duration,
     /// The name this host reports Events with.
     pub instance: String,
     /// Serve only WasmReconcilers matching this label selector (None: all). Lets several hosts
@@ -134,6 +137,7 @@ impl Default for HostOptions {
             quarantine_after: crate::engine::DEFAULT_QUARANTINE_AFTER,
             module_memory_budget: DEFAULT_MODULE_MEMORY_BUDGET,
             resync: Duration::from_secs(600),
+            status_debounce: crate::controller::hold::DEFAULT_DEBOUNCE,
             instance: std::env::var("POD_NAME")
                 .or_else(|_| std::env::var("HOSTNAME"))
                 .unwrap_or_else(|_| "wasmop".into()),
@@ -315,6 +319,7 @@ impl Host {
             config,
             instance: options.instance.clone(),
             default_resync: options.resync,
+            status_debounce: options.status_debounce,
             selector: options.selector.clone(),
             failures: options
                 .record_failures

@@ -40,6 +40,9 @@ use crate::process::{KEEP_MARKER, Process, Reaper, tail};
 pub struct Options {
     /// How many kwok nodes to create (at least 1).
     pub nodes: usize,
+    /// How many pods each kwok node takes (its `pods` capacity; at least 1). Benchmarks that
+    /// run more pods than `nodes * 110` raise it, so every pod is scheduled.
+    pub pods_per_node: u32,
     /// Budget for each readiness wait.
     pub ready_timeout: Duration,
     /// kube-apiserver feature gates to turn on (e.g. `ShardedListAndWatch`).
@@ -54,6 +57,7 @@ impl Default for Options {
     fn default() -> Self {
         Options {
             nodes: 2,
+            pods_per_node: 110,
             ready_timeout: Duration::from_secs(90),
             feature_gates: Vec::new(),
             webhook_client_cert: true,
@@ -538,6 +542,7 @@ impl ControlPlane {
     async fn create_nodes(&mut self, options: &Options) -> Result<()> {
         let client = client_from_kubeconfig(&self.kubeconfig).await?;
         let nodes: Api<Node> = Api::all(client.clone());
+        let pods = options.pods_per_node.max(1).to_string();
         for i in 0..options.nodes.max(1) {
             let name = format!("kwok-node-{i}");
             let node: Node = serde_json::from_value(serde_json::json!({
@@ -555,8 +560,8 @@ impl ControlPlane {
                     }
                 },
                 "status": {
-                    "allocatable": { "cpu": "32", "memory": "256Gi", "pods": "110" },
-                    "capacity": { "cpu": "32", "memory": "256Gi", "pods": "110" }
+                    "allocatable": { "cpu": "32", "memory": "256Gi", "pods": pods },
+                    "capacity": { "cpu": "32", "memory": "256Gi", "pods": pods }
                 }
             }))
             .map_err(|e| Error::Kubeconfig { path: PathBuf::new(), detail: format!("node template: {e}") })?;

@@ -41,6 +41,18 @@ fn label<'a>(labels: &'a str, name: &str) -> &'a str {
         .unwrap_or("")
 }
 
+/// Whether requests to `group`/`resource`/`sub` are a controller of Apps' own: Apps (and their
+/// status), Deployments and Services (not their status, which the controller-manager writes),
+/// and `events.k8s.io` Events (the controller-manager's own Events are core/v1).
+fn controller_kind(group: &str, resource: &str, sub: &str) -> bool {
+    match resource {
+        "apps" => group == crate::native::GROUP,
+        "deployments" | "services" => sub.is_empty(),
+        "events" => group == "events.k8s.io",
+        _ => false,
+    }
+}
+
 impl Requests {
     /// Parses a Prometheus text exposition.
     pub fn parse(text: &str) -> Self {
@@ -101,17 +113,38 @@ impl Requests {
         self.0
             .iter()
             .filter(|((verb, group, resource, sub), _)| {
-                WRITE_VERBS.contains(&verb.as_str())
-                    && match resource.as_str() {
-                        "apps" => group == crate::native::GROUP,
-                        "deployments" | "services" => sub.is_empty(),
-                        "events" => group == "events.k8s.io",
-                        _ => false,
-                    }
+                WRITE_VERBS.contains(&verb.as_str()) && controller_kind(group, resource, sub)
             })
             .map(|(_, v)| v)
             // (An empty f64 sum is -0.0.)
             .fold(0.0, |a, b| a + b)
+    }
+
+    /// What a controller of Apps costs per App (`apps` of them): its writes (see
+    /// [`Requests::controller_writes`]) and its reads (GET) of the same kinds, by
+    /// `VERB resource[/sub]`, without the bench's own App creates (`POST apps`, one per App).
+    pub fn per_app_by_kind(&self, apps: usize) -> Vec<(String, f64)> {
+        let mut out: BTreeMap<String, f64> = BTreeMap::new();
+        for ((verb, group, resource, sub), v) in &self.0 {
+            let counted = WRITE_VERBS.contains(&verb.as_str()) || verb == "GET";
+            if !counted || !controller_kind(group, resource, sub) {
+                continue;
+            }
+            let what = if sub.is_empty() {
+                resource.clone()
+            } else {
+                format!("{resource}/{sub}")
+            };
+            *out.entry(format!("{verb} {what}")).or_insert(0.0) += v;
+        }
+        if let Some(creates) = out.get_mut("POST apps") {
+            *creates -= apps as f64;
+        }
+        let apps = apps.max(1) as f64;
+        out.into_iter()
+            .filter(|(_, v)| *v > 0.0)
+            .map(|(k, v)| (k, v / apps))
+            .collect()
     }
 
     /// Every request counted.
@@ -202,5 +235,30 @@ apiserver_request_total{code="200",group="coordination.k8s.io",resource="leases"
         assert_eq!(leases.lease_writes(), 9.0);
         assert_eq!(label("a=\"1\",verb=\"GET\"", "verb"), "GET");
         assert_eq!(label("verb=\"GET\",a=\"1\"", "verb"), "GET");
+    }
+
+    #[test]
+    fn requests_per_app_leave_out_the_bench_creates_and_others_kinds() {
+        let group = crate::native::GROUP;
+        let text = format!(
+            r#"apiserver_request_total{{group="{group}",resource="apps",subresource="",verb="POST"}} 10
+apiserver_request_total{{group="{group}",resource="apps",subresource="status",verb="APPLY"}} 10
+apiserver_request_total{{group="apps",resource="deployments",subresource="",verb="APPLY"}} 10
+apiserver_request_total{{group="apps",resource="deployments",subresource="",verb="GET"}} 5
+apiserver_request_total{{group="apps",resource="deployments",subresource="status",verb="PUT"}} 30
+apiserver_request_total{{group="",resource="events",subresource="",verb="POST"}} 40
+apiserver_request_total{{group="events.k8s.io",resource="events",subresource="",verb="POST"}} 10
+"#
+        );
+        let per_app = Requests::parse(&text).per_app_by_kind(10);
+        assert_eq!(
+            per_app,
+            vec![
+                ("APPLY apps/status".to_string(), 1.0),
+                ("APPLY deployments".to_string(), 1.0),
+                ("GET deployments".to_string(), 0.5),
+                ("POST events".to_string(), 1.0),
+            ]
+        );
     }
 }

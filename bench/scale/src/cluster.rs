@@ -2,6 +2,8 @@
 //!
 //! # Guarantees
 //! - Every contender gets a control plane started with the same [`wasmop_testenv::Options`].
+//! - Its kwok nodes take every pod of the run ([`pods_per_node`]): no App waits on a Pending
+//!   pod, so the runs measure convergence, not a requeue loop.
 //! - [`Cluster::apply_yaml`] applies a user's manifests as `kubectl apply --server-side` would
 //!   (kinds resolved by discovery) and waits until applied CRDs are Established.
 //!
@@ -59,24 +61,33 @@ impl std::fmt::Debug for Cluster {
     }
 }
 
+/// The `pods` capacity each of `nodes` kwok nodes needs so that `pods` pods (and the control
+/// plane's own, none here) all fit, with room to spare; never below the kubelet default 110.
+pub fn pods_per_node(pods: usize, nodes: usize) -> u32 {
+    let each = pods.div_ceil(nodes.max(1)) + 10;
+    u32::try_from(each).unwrap_or(u32::MAX).max(110)
+}
+
 impl Cluster {
     /// Starts a fresh control plane, installs the App CRD and creates namespace `demo`.
     ///
     /// # Errors
     /// See the module docs.
     pub async fn start() -> Result<Self> {
-        Self::start_with(Vec::new()).await
+        Self::start_with(Vec::new(), 0).await
     }
 
-    /// As [`Cluster::start`], with kube-apiserver `feature_gates` on (the same options
-    /// otherwise).
+    /// As [`Cluster::start`], with kube-apiserver `feature_gates` on and room for `pods` pods
+    /// on its kwok nodes (the same options otherwise).
     ///
     /// # Errors
     /// See the module docs.
-    pub async fn start_with(feature_gates: Vec<String>) -> Result<Self> {
+    pub async fn start_with(feature_gates: Vec<String>, pods: usize) -> Result<Self> {
+        let defaults = Options::default();
         let plane = ControlPlane::start(Options {
             feature_gates,
-            ..Options::default()
+            pods_per_node: pods_per_node(pods, defaults.nodes),
+            ..defaults
         })
         .await?;
         let client = plane.client().await?;
@@ -189,5 +200,18 @@ impl Cluster {
         )
         .await
         .map_err(|e| Error::Other(format!("{e:#}")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_pod_of_a_run_has_a_node() {
+        assert_eq!(pods_per_node(50, 2), 110, "the kubelet default at least");
+        assert_eq!(pods_per_node(1_000, 2), 510);
+        assert_eq!(pods_per_node(10_000, 2), 5_010);
+        assert!(u64::from(pods_per_node(10_001, 2)) * 2 >= 10_001);
     }
 }

@@ -92,6 +92,25 @@ pub fn table(n: usize, rows: &[Measurement]) -> String {
     }
     let _ = writeln!(
         out,
+        "\nrequests per App by verb and resource (the contender's writes and reads of Apps, Deployments, Services and events.k8s.io Events during convergence; the bench's App creates left out):"
+    );
+    for m in rows {
+        let per_app = m.converge_requests.per_app_by_kind(n);
+        let total: f64 = per_app.iter().map(|(_, v)| v).sum();
+        let each = per_app
+            .iter()
+            .map(|(k, v)| format!("{k} {v:.2}"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let _ = writeln!(
+            out,
+            "  {} (c={}): {total:.2} per App: {each}",
+            m.label(),
+            m.tuning.concurrency
+        );
+    }
+    let _ = writeln!(
+        out,
         "\nall API requests during convergence, top 12 by verb and resource:"
     );
     for m in rows {

@@ -184,7 +184,8 @@ pub async fn measure(
             format!(" (feature gates {})", gates.join(","))
         }
     );
-    let cluster = Cluster::start_with(gates).await?;
+    // One pod per App (replicas 1): every pod has a node.
+    let cluster = Cluster::start_with(gates, n).await?;
     let client = cluster.client.clone();
     cluster.namespaces(&tuning.layout.namespaces(n)).await?;
     let dir = run_dir(contender, n, tuning);

@@ -39,6 +39,11 @@ pub struct Args {
     /// The resync period of WasmReconcilers that do not set one.
     #[arg(long, env = "WASMOP_RESYNC", default_value = "10m")]
     pub resync: String,
+    /// How long a status may be held back while the module is in flux (it asked for a
+    /// requeue sooner than the resync): a newer one replaces it, and one is written by then.
+    /// `0s` writes every status at once. At most 10m.
+    #[arg(long, env = "WASMOP_STATUS_DEBOUNCE", default_value = "5s")]
+    pub status_debounce: String,
     /// Serve only WasmReconcilers matching this label selector (e.g. `shard=a`).
     #[arg(long, env = "WASMOP_SELECTOR")]
     pub selector: Option<String>,
@@ -345,6 +350,13 @@ fn shared_certificate(args: &Args) -> Result<(), CliError> {
 
 pub(crate) async fn run(args: Args) -> Result<ExitCode, CliError> {
     let resync = duration("resync", &args.resync)?;
+    let status_debounce = duration("status-debounce", &args.status_debounce)?;
+    if status_debounce > std::time::Duration::from_secs(600) {
+        return Err(CliError::Other(format!(
+            "--status-debounce: {} is longer than the maximum of 10m",
+            args.status_debounce
+        )));
+    }
     // Checked before anything starts, with the flag's name in the message.
     crate::operations::ratelimit::RateLimit::new(args.kube_qps, args.kube_burst)
         .map_err(|e| CliError::Other(e.to_string()))?;
@@ -429,6 +441,7 @@ pub(crate) async fn run(args: Args) -> Result<ExitCode, CliError> {
         module_memory_budget: crate::crd::parse_quantity(&args.module_memory_budget)
             .map_err(|e| CliError::Other(format!("--module-memory-budget: {e}")))?,
         resync,
+        status_debounce,
         selector: args.selector,
         metrics_addr: parse_addr("metrics-addr", &args.metrics_addr)?,
         metrics_limits: limits(

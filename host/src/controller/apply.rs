@@ -14,10 +14,10 @@
 //!   ([`CREATE_ONLY`]), so it creates the child or fails with 409 when the name is held; only
 //!   then is the holder read, and the child applied only if this primary controls it. A
 //!   new child costs one request, as the floor does.
-//! - The status of a reconcile that created children is not written when the caller allows it
-//!   to wait ([`Applier::apply`]'s `defer_status`): the module computed it without those
-//!   children, and their creation calls for the next reconcile, which sees them and writes its
-//!   own (see the controller's `reconcile` for why that next reconcile always comes).
+//! - A status that would be written is held back as the caller allows ([`Applier::apply`]'s
+//!   [`StatusHold`]): after this apply created children (the module computed it without them,
+//!   and their creation calls for the next reconcile), or while the module is in flux (see
+//!   [`super::hold`]).
 //! - Every request goes through the client it is given: the reconciler's impersonating client, so
 //!   the module's ServiceAccount's RBAC decides; nothing is written with the host's own rights.
 //! - Pruning deletes only children of this primary (controller ownerReference uid) that carry
@@ -50,6 +50,7 @@ use tracing::field::Empty;
 use tracing::{Instrument, info_span};
 
 use crate::contract::{Action, EventType, Gvk, ObjectRef, Propagation};
+use crate::controller::hold::StatusHold;
 use crate::controller::intents::{PreparedSet, Validated, status_object};
 use crate::controller::noop::{self, Applied, Target};
 use crate::discovery::{Discovery, Resolved};
@@ -266,15 +267,15 @@ impl Applier {
 
     /// Applies `validated` for `primary` (as read, with its resourceVersion), pruning against
     /// `observed`. `applied` is what this field manager last applied for the primary; writes
-    /// that would change nothing are skipped (see [`super::noop`]). With `defer_status`, the
-    /// status is not written when this apply created children (see the guarantees).
+    /// that would change nothing are skipped (see [`super::noop`]). A status that would be
+    /// written is held back as `hold` allows (see [`super::hold`]).
     pub async fn apply(
         &self,
         primary: &DynamicObject,
         primary_resource: &Resolved,
         observed: &[Observed],
         validated: Validated,
-        (applied, defer_status): (Applied, bool),
+        (applied, hold): (Applied, StatusHold),
     ) -> ApplyReport {
         let mut report = ApplyReport {
             remembered: applied,
@@ -321,11 +322,21 @@ impl Applier {
         }
 
         if let Some(status) = &validated.status {
-            if defer_status && !report.created.is_empty() {
-                report.status_deferred = true;
-            } else {
-                self.traced_status(primary, primary_resource, status, &mut report)
-                    .await;
+            match status_plan(primary, status, &report.remembered) {
+                StatusPlan::Write(write)
+                    if hold.holds(
+                        !report.created.is_empty(),
+                        primary.data.get("status"),
+                        primary.metadata.generation.unwrap_or_default(),
+                    ) =>
+                {
+                    drop(write);
+                    report.status_deferred = true;
+                }
+                plan => {
+                    self.traced_status(primary, primary_resource, plan, &mut report)
+                        .await
+                }
             }
         }
 
@@ -343,12 +354,12 @@ impl Applier {
         report
     }
 
-    /// Writes `status` (see [`Applier::status`]) in its own span, with the counts recorded.
+    /// Carries out `plan` (see [`Applier::status`]) in its own span, with the counts recorded.
     async fn traced_status(
         &self,
         primary: &DynamicObject,
         primary_resource: &Resolved,
-        status: &crate::contract::Status,
+        plan: StatusPlan,
         report: &mut ApplyReport,
     ) {
         let span = info_span!(
@@ -359,7 +370,7 @@ impl Applier {
         );
         async {
             let (unchanged, failures) = (report.unchanged, report.failures.len());
-            self.status(primary, primary_resource, status, report).await;
+            self.status(primary, primary_resource, plan, report).await;
             let current = tracing::Span::current();
             current.record("written", report.status_written);
             current.record("unchanged", report.unchanged > unchanged);
@@ -689,54 +700,32 @@ impl Applier {
         }
     }
 
+    /// Carries out a status plan: an unchanged status is counted, a write is sent (only the
+    /// module's fields, under this field manager; the resourceVersion makes a write based on a
+    /// stale read a conflict).
     async fn status(
         &self,
         primary: &DynamicObject,
         resource: &Resolved,
-        status: &crate::contract::Status,
+        plan: StatusPlan,
         report: &mut ApplyReport,
     ) {
-        let previous = primary.data.get("status");
-        let generation = primary.metadata.generation.unwrap_or_default();
-        let now = k8s_openapi::jiff::Timestamp::now()
-            .round(k8s_openapi::jiff::Unit::Second)
-            .unwrap_or_else(|_| k8s_openapi::jiff::Timestamp::now());
-        let wanted = status_object(status, previous, generation, &now.to_string());
-        let Some(types) = primary.types.as_ref() else {
-            report.failures.push(WriteFailure {
-                intent: "status".into(),
-                kind: FailureKind::Invalid,
-                message: "the primary has no apiVersion and kind".into(),
-            });
-            return;
+        let write = match plan {
+            StatusPlan::Unchanged => {
+                report.unchanged += 1;
+                return;
+            }
+            StatusPlan::Invalid(failure) => {
+                report.failures.push(failure);
+                return;
+            }
+            StatusPlan::Write(write) => write,
         };
-        let target: Target = (
-            crate::contract::Gvk::new(&types.api_version, &types.kind),
-            primary.namespace(),
-            primary.name_any(),
-        );
-        let fingerprint = noop::fingerprint(&wanted);
-        let observed = previous.cloned().unwrap_or(Value::Null);
-        // Equal to what is there: nothing to write (whoever wrote it); remembered only when this
-        // field manager applied it, so a field the module drops is still removed by an apply.
-        let remembered = report.remembered.get(&target);
-        if (remembered == Some(&fingerprint) && noop::covers(&wanted, &observed))
-            || (remembered.is_none() && previous == Some(&wanted))
-        {
-            report.unchanged += 1;
-            return;
-        }
-        // Only the module's fields, under this field manager; the resourceVersion makes a write
-        // based on a stale read a conflict.
-        let patch = serde_json::json!({
-            "apiVersion": types.api_version,
-            "kind": types.kind,
-            "metadata": {
-                "name": primary.name_any(),
-                "resourceVersion": primary.resource_version(),
-            },
-            "status": wanted,
-        });
+        let StatusWrite {
+            target,
+            fingerprint,
+            patch,
+        } = *write;
         let intent = format!(
             "status of {}",
             display_name(primary.namespace().as_deref(), &primary.name_any())
@@ -754,6 +743,73 @@ impl Applier {
             Err(e) => report.failures.push(classify(intent, &e)),
         }
     }
+}
+
+/// What to do with the status a module asked for.
+enum StatusPlan {
+    /// It is already there: nothing to write.
+    Unchanged,
+    /// It cannot be written.
+    Invalid(WriteFailure),
+    /// Write it (boxed: the other variants are small).
+    Write(Box<StatusWrite>),
+}
+
+/// A status write: the apply patch, and what is remembered once it succeeded.
+struct StatusWrite {
+    target: Target,
+    fingerprint: u64,
+    patch: Value,
+}
+
+/// The plan for writing `status` on `primary`, given what this field manager last applied.
+fn status_plan(
+    primary: &DynamicObject,
+    status: &crate::contract::Status,
+    remembered: &Applied,
+) -> StatusPlan {
+    let previous = primary.data.get("status");
+    let generation = primary.metadata.generation.unwrap_or_default();
+    let now = k8s_openapi::jiff::Timestamp::now()
+        .round(k8s_openapi::jiff::Unit::Second)
+        .unwrap_or_else(|_| k8s_openapi::jiff::Timestamp::now());
+    let wanted = status_object(status, previous, generation, &now.to_string());
+    let Some(types) = primary.types.as_ref() else {
+        return StatusPlan::Invalid(WriteFailure {
+            intent: "status".into(),
+            kind: FailureKind::Invalid,
+            message: "the primary has no apiVersion and kind".into(),
+        });
+    };
+    let target: Target = (
+        crate::contract::Gvk::new(&types.api_version, &types.kind),
+        primary.namespace(),
+        primary.name_any(),
+    );
+    let fingerprint = noop::fingerprint(&wanted);
+    let observed = previous.cloned().unwrap_or(Value::Null);
+    // Equal to what is there: nothing to write (whoever wrote it); remembered only when this
+    // field manager applied it, so a field the module drops is still removed by an apply.
+    let last = remembered.get(&target);
+    if (last == Some(&fingerprint) && noop::covers(&wanted, &observed))
+        || (last.is_none() && previous == Some(&wanted))
+    {
+        return StatusPlan::Unchanged;
+    }
+    let patch = serde_json::json!({
+        "apiVersion": types.api_version,
+        "kind": types.kind,
+        "metadata": {
+            "name": primary.name_any(),
+            "resourceVersion": primary.resource_version(),
+        },
+        "status": wanted,
+    });
+    StatusPlan::Write(Box::new(StatusWrite {
+        target,
+        fingerprint,
+        patch,
+    }))
 }
 
 /// The uid the host observed for `target`: the primary's, or an observed child's.
@@ -947,7 +1003,13 @@ mod tests {
             ..Validated::default()
         };
         let report = applier
-            .apply(&primary, &resolved, &[], validated, (Applied::new(), false))
+            .apply(
+                &primary,
+                &resolved,
+                &[],
+                validated,
+                (Applied::new(), StatusHold::NEVER),
+            )
             .await;
         assert!(report.failures.is_empty(), "{:?}", report.failures);
         assert_eq!(report.applied, 50);
@@ -992,6 +1054,10 @@ mod tests {
 
     #[tokio::test]
     async fn the_status_of_an_apply_that_created_children_waits_when_allowed() {
+        let created_only = StatusHold {
+            if_created: true,
+            in_flux: false,
+        };
         for defer in [true, false] {
             let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
             let client = recording_client(seen.clone());
@@ -1034,7 +1100,20 @@ mod tests {
                 ..Validated::default()
             };
             let report = applier
-                .apply(&primary, &resolved, &[], validated, (Applied::new(), defer))
+                .apply(
+                    &primary,
+                    &resolved,
+                    &[],
+                    validated,
+                    (
+                        Applied::new(),
+                        if defer {
+                            created_only
+                        } else {
+                            StatusHold::NEVER
+                        },
+                    ),
+                )
                 .await;
             assert!(report.failures.is_empty(), "{:?}", report.failures);
             let seen = seen.lock().map(|s| s.clone()).unwrap_or_default();

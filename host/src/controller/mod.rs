@@ -78,6 +78,8 @@ pub mod call;
 pub mod compact;
 pub mod finalizer;
 pub mod health;
+pub mod hold;
+pub mod inputs;
 pub mod intents;
 pub mod limit;
 pub mod noop;
@@ -220,6 +222,9 @@ pub struct Settings {
     pub reconcile_limit: limit::ReconcileLimit,
     /// Resync period.
     pub resync: Duration,
+    /// How long a status in flux may be held back (`--status-debounce`; zero: never, see
+    /// [`hold`]).
+    pub status_debounce: Duration,
     /// The config JSON handed to the module.
     pub config: String,
     /// The impersonated user (`system:serviceaccount:<ns>:<name>`).

@@ -10,7 +10,11 @@
 //! ([`next_schedule`]).
 //! - The status a reconcile (not a finalize) that created children computed without them is
 //!   not written, once in a row at most: the children's creation events call for the next
-//!   reconcile, which sees them and writes its own.
+//!   reconcile, which sees them and writes its own. A status in flux may wait for the
+//!   debounce (see [`super::hold`]); the next reconcile is then due by its end at the latest.
+//! - A `reconcile` whose inputs are those of the last call, which succeeded, asked for no
+//!   requeue, wrote everything and held nothing back, does not call the module
+//!   (see [`super::inputs`]); it is counted in `wasmop_reconcile_skipped_total`.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -28,6 +32,8 @@ use super::cache::{self, Cache};
 use super::call::{self, Check, Export};
 use super::compact::Compact;
 use super::finalizer::{self, After, Before};
+use super::hold::{self, StatusHold};
+use super::inputs;
 use super::intents::{self, Grant, Primary, Validated};
 use super::state::States;
 use super::triggers::{object_ref_of, primary_ref};
@@ -338,6 +344,7 @@ fn reconcile_span(
         apply.pruned = Empty,
         apply.failed = Empty,
         apply.status_deferred = Empty,
+        inputs.unchanged = Empty,
         outcome = Empty,
         otel.status_code = Empty,
         otel.status_description = Empty,
@@ -640,11 +647,19 @@ async fn apply(
         .record("intents.status", validated.status.is_some())
         .record("intents.events", validated.events.len() as i64);
     let applied = shared.states.applied(key);
-    let defer = export == Export::Reconcile && shared.states.may_defer_status(key);
+    let hold = match export {
+        Export::Reconcile => StatusHold::of(
+            shared.states.held_since(key),
+            validated.requeue_after,
+            (shared.settings.resync, shared.settings.status_debounce),
+            Instant::now(),
+        ),
+        Export::Finalize => StatusHold::NEVER,
+    };
     let resolved = &shared.settings.primary.resolved;
     let report = shared
         .applier
-        .apply(current, resolved, observed, validated, (applied, defer))
+        .apply(current, resolved, observed, validated, (applied, hold))
         .await;
     span.record("apply.applied", report.applied as i64)
         .record("apply.unchanged", report.unchanged as i64)
@@ -652,11 +667,11 @@ async fn apply(
         .record("apply.failed", report.failures.len() as i64)
         .record("apply.status_deferred", report.status_deferred);
     shared.states.remember(key, report.remembered.clone());
-    shared.states.status_deferred(key, report.status_deferred);
+    shared.states.status_held(key, report.status_deferred);
     if report.status_deferred {
         tracing::debug!(
             created = report.created.len(),
-            "status held back: this reconcile created children, the next one sees them"
+            "status held back: children were created or the module is in flux; a later reconcile writes its own"
         );
     }
     report
@@ -752,6 +767,13 @@ async fn run_once(
     };
     let export = Export::of(primary.metadata.deletion_timestamp.is_some());
     let (request, observed) = request(shared, active, &current, &key, (trigger, attempt))?;
+    let inputs = (export == Export::Reconcile)
+        .then(|| inputs::fingerprint(&request, active.module.sha256()));
+    if let Some(fingerprint) = inputs
+        && shared.states.settled(&key, fingerprint)
+    {
+        return Ok(unchanged_inputs(shared, &key));
+    }
     let recorder = shared.settings.recorder.as_deref();
     let failures = Failures {
         recorder,
@@ -790,11 +812,39 @@ async fn run_once(
         }
         After::Schedule => {
             let resync = resync::jittered(shared.settings.resync);
-            let next = next_schedule(requeue, resync, done);
+            let mut next = next_schedule(requeue, resync, done);
+            let settled =
+                report.failures.is_empty() && !report.status_deferred && next.1 == Trigger::Resync;
+            shared.states.settle(&key, inputs.filter(|_| settled));
+            if let Some(due) = held_due(shared, &key, &report)
+                && due < next.0
+            {
+                next = (due, Trigger::Requeue);
+            }
             shared.states.succeeded(&key, next.clone());
             Ok(Action::requeue(next.0))
         }
     }
+}
+
+/// A reconcile whose inputs did not change since a call that left nothing to do: no call, no
+/// write; the next one is due at the resync.
+fn unchanged_inputs(shared: &Shared, key: &ObjectKey) -> Action {
+    tracing::Span::current().record("inputs.unchanged", true);
+    metrics::global().reconcile_skipped(&shared.settings.name);
+    let next = (resync::jittered(shared.settings.resync), Trigger::Resync);
+    shared.states.succeeded(key, next.clone());
+    Action::requeue(next.0)
+}
+
+/// When the reconcile that writes a status held back by `report` is due at the latest (see
+/// [`hold::due_within`]).
+fn held_due(shared: &Shared, key: &ObjectKey, report: &ApplyReport) -> Option<Duration> {
+    if !report.status_deferred {
+        return None;
+    }
+    let since = shared.states.held_since(key)?;
+    hold::due_within(since, shared.settings.status_debounce, Instant::now())
 }
 
 /// The backoff after a failed reconcile of `primary` (see [`backoff`]).
@@ -850,6 +900,237 @@ mod tests {
         assert_eq!(text::cut("abc".into(), 5), "abc");
         assert_eq!(text::cut("abcdefgh".into(), 6), "abc...");
         assert_eq!(text::cut("ééééé".into(), 6), "é...");
+    }
+
+    /// A reconcile of one Widget with the real misbehave module (a ConfigMap child and a
+    /// status, no requeue) against a fake API server that answers discovery for ConfigMaps,
+    /// echoes every write and counts them.
+    mod harness {
+        use std::sync::Mutex;
+
+        use http_body_util::BodyExt;
+        use kube::api::{ApiResource, GroupVersionKind};
+        use kube::client::Body;
+        use kube::runtime::events::Reporter;
+        use kube::runtime::reflector::store::Writer;
+        use kube::runtime::watcher;
+        use serde_json::json;
+
+        use super::super::*;
+        use crate::controller::health::Health;
+        use crate::controller::{Watched, limit};
+        use crate::discovery::Resolved;
+        use crate::engine::{Engine, EngineConfig, Limits};
+        use crate::modules::slot::{Active, Fit, ModuleSlot};
+
+        type BoxError = Box<dyn std::error::Error + Send + Sync>;
+        pub type Seen = Arc<Mutex<Vec<String>>>;
+
+        pub const NAME: &str = "unit-inputs";
+
+        fn client(seen: Seen) -> kube::Client {
+            let service = tower::service_fn(move |req: http::Request<Body>| {
+                let seen = seen.clone();
+                async move {
+                    let (method, path) = (req.method().clone(), req.uri().path().to_string());
+                    let body = req.into_body().collect().await?.to_bytes().to_vec();
+                    if path == "/api/v1" {
+                        let list = json!({"kind": "APIResourceList", "groupVersion": "v1", "resources": [
+                            {"name": "configmaps", "singularName": "configmap", "namespaced": true,
+                             "kind": "ConfigMap", "verbs": ["get", "list", "patch"]}]});
+                        return Ok::<_, BoxError>(
+                            http::Response::builder()
+                                .status(200)
+                                .body(Body::from(serde_json::to_vec(&list)?))?,
+                        );
+                    }
+                    if let Ok(mut seen) = seen.lock() {
+                        seen.push(format!("{method} {path}"));
+                    }
+                    Ok(http::Response::builder()
+                        .status(200)
+                        .body(Body::from(body))?)
+                }
+            });
+            kube::Client::new(service, "default")
+        }
+
+        pub fn primary() -> DynamicObject {
+            serde_json::from_value(json!({
+                "apiVersion": "test.wasmop.dev/v1", "kind": "Widget",
+                "metadata": {"name": "w", "namespace": "ns", "uid": "u-w", "resourceVersion": "5",
+                             "generation": 1},
+                "spec": {}
+            }))
+            .unwrap_or_else(|e| panic!("literal: {e}"))
+        }
+
+        /// The Widget's ConfigMap child at `rv`, as its watch delivers it.
+        pub fn child(rv: &str) -> DynamicObject {
+            serde_json::from_value(json!({
+                "apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": "w-out", "namespace": "ns", "uid": "u-c", "resourceVersion": rv,
+                    "ownerReferences": [{"apiVersion": "test.wasmop.dev/v1", "kind": "Widget",
+                        "name": "w", "uid": "u-w", "controller": true}]},
+                "data": {"owner": "w"}
+            }))
+            .unwrap_or_else(|e| panic!("literal: {e}"))
+        }
+
+        /// The shared state of reconciler [`NAME`], its ConfigMap cache holding `child` (listed),
+        /// and what its fake API server saw.
+        pub async fn shared(child: &DynamicObject) -> (Arc<Shared>, Arc<Cache>, Seen) {
+            let module = tokio::task::spawn_blocking(|| {
+                let engine =
+                    Engine::new(&EngineConfig::default()).unwrap_or_else(|e| panic!("engine: {e}"));
+                let bytes = wasmop_test_modules::bytes(wasmop_test_modules::MISBEHAVE);
+                engine
+                    .load(&bytes, &Limits::default())
+                    .unwrap_or_else(|e| panic!("module: {e}"))
+            })
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+            let config_map = Gvk::new("v1", "ConfigMap");
+            let mut grant = crate::grant::Grant::default();
+            grant.owned.insert(config_map.clone());
+            let fit = Fit {
+                grant,
+                related: Vec::new(),
+                ungranted: Vec::new(),
+            };
+            let slot = ModuleSlot::new(Active::new(module, fit, "1".into()));
+            let seen = Seen::default();
+            let client = client(seen.clone());
+            let reporter = Reporter {
+                controller: "test".into(),
+                instance: None,
+            };
+            let clients = super::super::super::Clients {
+                host: client.clone(),
+                module: client.clone(),
+                discovery: Discovery::new(client.clone()),
+                host_events: Recorder::new(client.clone(), reporter.clone()),
+                module_events: Recorder::new(client, reporter),
+            };
+            let gvk = GroupVersionKind::gvk("test.wasmop.dev", "v1", "Widget");
+            let resource = ApiResource::from_gvk_with_plural(&gvk, "widgets");
+            let settings = Settings {
+                name: NAME.into(),
+                primary: Watched {
+                    kind: Gvk::new("test.wasmop.dev/v1", "Widget"),
+                    resolved: Resolved {
+                        resource: resource.clone(),
+                        namespaced: true,
+                    },
+                },
+                owned: Vec::new(),
+                related: Vec::new(),
+                namespaces: Vec::new(),
+                limits: Limits::default(),
+                concurrency: 1,
+                reconcile_limit: limit::ReconcileLimit::new(1),
+                resync: Duration::from_secs(600),
+                status_debounce: Duration::from_secs(5),
+                config: "{}".into(),
+                service_account: "system:serviceaccount:ns:sa".into(),
+                recorder: None,
+                shards: None,
+            };
+            let cache = Cache::new(cache::controller_uid);
+            for event in [
+                watcher::Event::Init,
+                watcher::Event::InitApply(child.clone()),
+                watcher::Event::InitDone,
+            ] {
+                cache.record(&event);
+            }
+            let queue = metrics::global().queue(NAME);
+            let states = States::new(NAME, Arc::new(Health::default()), queue);
+            let (_gate, synced) = tokio::sync::watch::channel(Gate::Synced);
+            let caches = Caches {
+                owned: vec![Cached {
+                    kind: config_map,
+                    cache: cache.clone(),
+                }],
+                related: Vec::new(),
+                primaries: Writer::<Compact>::new(resource).as_reader(),
+                synced,
+                listed: None,
+            };
+            // The checks of a response know the child kinds' scopes from discovery.
+            clients
+                .discovery
+                .resolve(&Gvk::new("v1", "ConfigMap"))
+                .await
+                .unwrap_or_else(|e| panic!("the fake discovery: {e}"));
+            let priority = priority::PriorityGate::new(1, Box::new(|_| {}), None);
+            let shared = Shared::new(settings, slot, &clients, states, caches, priority);
+            (Arc::new(shared), cache, seen)
+        }
+
+        /// How many times reconciler [`NAME`] called its module's `reconcile`.
+        pub fn module_calls() -> f64 {
+            let text = metrics::encode().unwrap_or_default();
+            text.lines()
+                .filter(|l| l.starts_with("wasmop_module_call_duration_seconds_count{"))
+                .filter(|l| l.contains(&format!("reconciler=\"{NAME}\"")))
+                .filter(|l| l.contains("function=\"reconcile\""))
+                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                .sum()
+        }
+    }
+
+    #[tokio::test]
+    async fn a_reconcile_whose_inputs_did_not_change_does_not_call_the_module() {
+        let first = harness::child("7");
+        let (shared, cache, seen) = harness::shared(&first).await;
+        let primary = Arc::new(harness::primary());
+        let reconcile = |trigger: Trigger| {
+            let (primary, shared) = (primary.clone(), shared.clone());
+            async move {
+                let active = shared.slot.active();
+                // As `admitted` does before each reconcile.
+                let key = ObjectKey::of(&*primary);
+                let rv = primary.resource_version();
+                shared
+                    .states
+                    .begin(&key, rv.as_deref(), active.module.sha256());
+                run_once(&primary, &shared, &active, trigger, 1)
+                    .await
+                    .unwrap_or_else(|e| panic!("reconcile: {e}"))
+            }
+        };
+        let requests = || seen.lock().map(|s| s.len()).unwrap_or_default();
+        reconcile(Trigger::PrimaryChanged).await;
+        assert_eq!(harness::module_calls(), 1.0);
+        let written = requests();
+        assert!(
+            written >= 2,
+            "the child and the status are written: {seen:?}"
+        );
+
+        // A resync, a relist: the same primary, the same child, the same module.
+        let action = reconcile(Trigger::Resync).await;
+        assert_eq!(
+            harness::module_calls(),
+            1.0,
+            "nothing changed since a call that asked for no requeue: the module is not called"
+        );
+        assert_eq!(requests(), written, "and nothing is written: {seen:?}");
+        assert_ne!(action, Action::await_change(), "the resync stays scheduled");
+
+        // The child changed: the module is called.
+        cache.record(&watcher_apply(harness::child("8")));
+        reconcile(Trigger::Resync).await;
+        assert_eq!(
+            harness::module_calls(),
+            2.0,
+            "a changed child calls the module"
+        );
+    }
+
+    fn watcher_apply(o: DynamicObject) -> kube::runtime::watcher::Event<DynamicObject> {
+        kube::runtime::watcher::Event::Apply(o)
     }
 
     #[test]

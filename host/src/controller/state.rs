@@ -9,7 +9,8 @@
 //!   (success, failure, what it applied) brings no state back.
 //! - Freeing a primary also frees its pending work-queue entry (the queue metrics) and its
 //!   Forbidden report.
-//! - A status is held back at most once in a row ([`States::may_defer_status`]).
+//! - A status held back is remembered with the time it was first held ([`States::held_since`]).
+//! - Settled inputs ([`States::settled`]) are forgotten on a failure: a retry calls the module.
 //!
 //! # Caveats
 //! [`tracked_objects`] reads a process-wide registry, by reconciler name: two hosts in one
@@ -39,8 +40,13 @@ pub(super) struct ObjectState {
     scheduled: Option<(Instant, Trigger)>,
     /// What this reconciler's field manager last applied for the primary (see [`noop`]).
     applied: noop::Applied,
-    /// Whether the last reconcile held its status back.
-    status_deferred: bool,
+    /// Since when the statuses of this primary's reconciles are held back (None: the last
+    /// one was not; see [`super::hold`]).
+    held_since: Option<Instant>,
+    /// The fingerprint of the inputs of the last module call, kept only when that call
+    /// succeeded, asked for no requeue and held nothing back: a reconcile with the same
+    /// inputs need not call the module (see [`super::inputs`]).
+    settled: Option<u64>,
 }
 
 /// The trigger of a reconcile that starts with the object's state `st`, the primary at `rv`
@@ -145,21 +151,44 @@ impl States {
             .unwrap_or_default()
     }
 
-    /// Whether the status of the next reconcile of `key` may be held back: not twice in a row.
-    pub(super) fn may_defer_status(&self, key: &ObjectKey) -> bool {
+    /// Since when the statuses of `key` are held back (None: the last was not).
+    pub(super) fn held_since(&self, key: &ObjectKey) -> Option<Instant> {
         self.objects
             .lock()
             .ok()
-            .and_then(|o| o.get(key).map(|st| !st.status_deferred))
-            .unwrap_or(true)
+            .and_then(|o| o.get(key).and_then(|st| st.held_since))
     }
 
-    /// Records whether the last reconcile of `key` held its status back.
-    pub(super) fn status_deferred(&self, key: &ObjectKey, deferred: bool) {
+    /// Records whether the last reconcile of `key` held its status back (the first of a
+    /// series keeps its time).
+    pub(super) fn status_held(&self, key: &ObjectKey, held: bool) {
         if let Ok(mut objects) = self.objects.lock()
             && let Some(st) = objects.get_mut(key)
         {
-            st.status_deferred = deferred;
+            st.held_since = if held {
+                st.held_since.or_else(|| Some(Instant::now()))
+            } else {
+                None
+            };
+        }
+    }
+
+    /// Whether the module's last call for `key` had exactly the inputs `fingerprint` and left
+    /// nothing to do (see [`ObjectState::settled`]).
+    pub(super) fn settled(&self, key: &ObjectKey, fingerprint: u64) -> bool {
+        self.objects
+            .lock()
+            .ok()
+            .is_some_and(|o| o.get(key).is_some_and(|st| st.settled == Some(fingerprint)))
+    }
+
+    /// Records the inputs of a call for `key` that left nothing to do (Some), or that the last
+    /// call did not (None).
+    pub(super) fn settle(&self, key: &ObjectKey, fingerprint: Option<u64>) {
+        if let Ok(mut objects) = self.objects.lock()
+            && let Some(st) = objects.get_mut(key)
+        {
+            st.settled = fingerprint;
         }
     }
 
@@ -189,6 +218,7 @@ impl States {
         match self.objects.lock() {
             Ok(mut objects) => match objects.get_mut(key) {
                 Some(st) => {
+                    st.settled = None;
                     st.failures = st.failures.saturating_add(1);
                     st.failures
                 }
@@ -333,7 +363,7 @@ mod tests {
     }
 
     #[test]
-    fn a_status_waits_at_most_once_in_a_row() {
+    fn a_held_status_keeps_the_time_it_was_first_held() {
         let states = States::new(
             "state-test-deferred",
             Arc::new(Health::default()),
@@ -341,11 +371,30 @@ mod tests {
         );
         let key = ObjectKey::new(Some("ns".into()), "p");
         states.begin(&key, Some("1"), "m");
-        assert!(states.may_defer_status(&key));
-        states.status_deferred(&key, true);
-        assert!(!states.may_defer_status(&key), "not twice in a row");
-        states.status_deferred(&key, false);
-        assert!(states.may_defer_status(&key));
+        assert_eq!(states.held_since(&key), None);
+        states.status_held(&key, true);
+        let first = states.held_since(&key);
+        assert!(first.is_some());
+        states.status_held(&key, true);
+        assert_eq!(states.held_since(&key), first, "the first hold counts");
+        states.status_held(&key, false);
+        assert_eq!(states.held_since(&key), None);
+    }
+
+    #[test]
+    fn settled_inputs_are_forgotten_on_a_failure() {
+        let states = States::new(
+            "state-test-settled",
+            Arc::new(Health::default()),
+            crate::operations::metrics::global().queue("state-test-settled"),
+        );
+        let key = ObjectKey::new(Some("ns".into()), "p");
+        states.begin(&key, Some("1"), "m");
+        states.settle(&key, Some(7));
+        assert!(states.settled(&key, 7));
+        assert!(!states.settled(&key, 8));
+        states.failed(&key);
+        assert!(!states.settled(&key, 7), "a retry calls the module");
     }
 
     #[test]

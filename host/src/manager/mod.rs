@@ -93,6 +93,8 @@ pub struct HostContext {
     pub instance: String,
     /// The resync period when a WasmReconciler does not set one.
     pub default_resync: Duration,
+    /// How long a status in flux may be held back (`--status-debounce`).
+    pub status_debounce: Duration,
     /// Serve only WasmReconcilers matching this label selector.
     pub selector: Option<String>,
     /// Where failed requests are recorded (`--record-failures`), if anywhere.

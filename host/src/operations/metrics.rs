@@ -138,6 +138,7 @@ pub struct Metrics {
     registry: Registry,
     reconcile: Family<ResultLabels, Counter>,
     reconcile_errors: Family<ReconcilerLabel, Counter>,
+    reconcile_skipped: Family<ReconcilerLabel, Counter>,
     reconcile_duration: Hist<ReconcilerLabel>,
     reconcile_active: Family<ReconcilerLabel, Gauge>,
     queue_depth: Family<ReconcilerLabel, Gauge>,
@@ -174,6 +175,7 @@ impl Metrics {
         let m = Metrics {
             reconcile: Family::default(),
             reconcile_errors: Family::default(),
+            reconcile_skipped: Family::default(),
             reconcile_duration: Family::new_with_constructor(seconds_buckets),
             reconcile_active: Family::default(),
             queue_depth: Family::default(),
@@ -209,6 +211,11 @@ impl Metrics {
             "wasmop_reconcile_errors",
             "Reconciles that failed (module error, refused intents, write failure, conflict)",
             m.reconcile_errors.clone(),
+        );
+        registry.register(
+            "wasmop_reconcile_skipped",
+            "Reconciles that did not call the module: its inputs (primary, children, related objects, config, module) were those of a call that succeeded and asked for no requeue",
+            m.reconcile_skipped.clone(),
         );
         registry.register(
             "wasmop_reconcile_duration_seconds",
@@ -371,6 +378,13 @@ impl Metrics {
         self.reconcile_duration
             .get_or_create(&label(reconciler))
             .observe(elapsed.as_secs_f64());
+    }
+
+    /// A reconcile that did not call the module: its inputs had not changed.
+    pub fn reconcile_skipped(&self, reconciler: &str) {
+        self.reconcile_skipped
+            .get_or_create(&label(reconciler))
+            .inc();
     }
 
     /// A reconcile starts (`+1`) or ends (`-1`).
