@@ -339,9 +339,10 @@ fn test_prints_the_same_intents_as_json_or_yaml_with_output() {
     let json: serde_json::Value = serde_json::from_str(&run(&["-o", "json"])).expect("JSON");
     let yaml = run(&["--output", "yaml"]);
     assert_eq!(yaml, default, "-o yaml is the default output");
-    let golden: serde_json::Value =
-        serde_saphyr::from_str(&std::fs::read_to_string(fixtures().join("expected.yaml")).unwrap())
-            .expect("golden");
+    let golden: serde_json::Value = serde_saphyr::from_str(
+        &std::fs::read_to_string(fixtures().join("expected.yaml")).expect("golden"),
+    )
+    .expect("golden");
     assert_eq!(
         json, golden,
         "the JSON is the intents the golden file holds"
