@@ -2,14 +2,22 @@
 
 use std::process::ExitCode;
 
-use clap::Parser;
 use tracing_subscriber::Layer as _;
 use tracing_subscriber::layer::SubscriberExt as _;
 use tracing_subscriber::util::SubscriberInitExt as _;
+use wasmop::cli::plugin::Invocation;
 use wasmop::operations::tracing as traces;
 
 fn main() -> ExitCode {
-    let cli = wasmop::cli::Cli::parse();
+    let invocation = Invocation::detect(std::env::args_os().next().as_deref());
+    if invocation == Invocation::KubectlComplete {
+        let words: Vec<String> = std::env::args_os()
+            .skip(1)
+            .map(|w| w.to_string_lossy().into_owned())
+            .collect();
+        return wasmop::cli::plugin::kubectl_complete(&words);
+    }
+    let cli = wasmop::cli::Cli::parse_for(invocation);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -38,7 +46,7 @@ fn main() -> ExitCode {
             None => tracing::info!("not exporting traces (no OTEL_EXPORTER_OTLP_ENDPOINT)"),
         }
     }
-    let code = match runtime.block_on(wasmop::cli::run(cli)) {
+    let code = match runtime.block_on(wasmop::cli::run(cli, invocation)) {
         Ok(code) => code,
         Err(e) => {
             eprintln!("wasmop: {e}");

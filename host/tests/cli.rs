@@ -228,3 +228,201 @@ fn test_reports_a_module_panic_with_its_message_and_exits_1() {
     );
     assert!(!stderr.contains("Cannot start a runtime"), "{stderr}");
 }
+
+/// The `wasmop` binary linked under `name` in a fresh directory, as `wasmop plugin install`
+/// links it.
+fn linked_as(dir: &Path, name: &str) -> Command {
+    let status = wasmop()
+        .args(["plugin", "install", "--dir"])
+        .arg(dir)
+        .status()
+        .expect("runs");
+    assert!(status.success());
+    let mut cmd = Command::new(dir.join(name));
+    cmd.env(
+        "WASMOP_CACHE",
+        std::env::temp_dir().join("wasmop-cli-test-cache-plugin"),
+    )
+    .env("RUST_LOG", "warn");
+    cmd
+}
+
+#[test]
+fn as_kubectl_wasmop_it_runs_as_wasmop_under_kubectls_name() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = linked_as(dir.path(), "kubectl-wasmop")
+        .arg("--help")
+        .output()
+        .expect("runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success());
+    assert!(stdout.contains("Usage: kubectl wasmop"), "{stdout}");
+    // A second install leaves the links in place; a file in the way is refused.
+    let again = wasmop()
+        .args(["plugin", "install", "--dir"])
+        .arg(dir.path())
+        .output()
+        .expect("runs");
+    assert!(again.status.success());
+    let other = tempfile::tempdir().expect("tempdir");
+    std::fs::write(other.path().join("kubectl-wasmop"), "x").expect("write");
+    let refused = wasmop()
+        .args(["plugin", "install", "--dir"])
+        .arg(other.path())
+        .output()
+        .expect("runs");
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success());
+    assert!(stderr.contains("--force"), "{stderr}");
+}
+
+#[test]
+fn kubectl_plugin_completion_offers_subcommands_and_flags() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    // kubectl runs `kubectl_complete-wasmop <words after "kubectl wasmop">`, the last being
+    // the word completed, and reads cobra's format: candidates, then `:directive`.
+    let complete = |words: &[&str]| {
+        let out = linked_as(dir.path(), "kubectl_complete-wasmop")
+            .args(words)
+            .output()
+            .expect("runs");
+        assert!(out.status.success());
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let subcommands = complete(&[""]);
+    for name in ["inspect", "test", "diff", "push", "completion", "plugin"] {
+        assert!(
+            subcommands
+                .lines()
+                .any(|l| l.starts_with(&format!("{name}\t"))),
+            "{subcommands}"
+        );
+    }
+    assert!(subcommands.ends_with(":4\n"), "{subcommands}");
+    let flags = complete(&["diff", "--con"]);
+    assert!(flags.starts_with("--context\t"), "{flags}");
+    // A module path: the shell completes file names.
+    assert_eq!(complete(&["inspect", "mod"]), ":0\n");
+}
+
+#[test]
+fn completion_scripts_name_the_subcommands() {
+    for shell in ["bash", "zsh", "fish"] {
+        let out = wasmop().args(["completion", shell]).output().expect("runs");
+        let script = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{shell}");
+        for name in ["inspect", "test", "diff", "push", "completion"] {
+            assert!(script.contains(name), "{shell} lacks {name}");
+        }
+    }
+    let bad = wasmop()
+        .args(["completion", "tcsh"])
+        .output()
+        .expect("runs");
+    assert!(!bad.status.success());
+}
+
+#[test]
+fn test_prints_the_same_intents_as_json_or_yaml_with_output() {
+    let run = |extra: &[&str]| {
+        let mut cmd = wasmop();
+        test_args(&mut cmd, &fixtures().join("cr.yaml"));
+        let out = cmd.args(extra).output().expect("runs");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let default = run(&[]);
+    let json: serde_json::Value = serde_json::from_str(&run(&["-o", "json"])).expect("JSON");
+    let yaml = run(&["--output", "yaml"]);
+    assert_eq!(yaml, default, "-o yaml is the default output");
+    let golden: serde_json::Value = serde_saphyr::from_str(
+        &std::fs::read_to_string(fixtures().join("expected.yaml")).expect("golden"),
+    )
+    .expect("golden");
+    assert_eq!(
+        json, golden,
+        "the JSON is the intents the golden file holds"
+    );
+    assert!(
+        json["children"].as_array().is_some_and(|c| !c.is_empty()),
+        "{json}"
+    );
+}
+
+#[test]
+fn inspect_prints_json_with_output() {
+    let out = wasmop()
+        .args(["inspect", modules::IMAGE_UPDATER, "-o", "json"])
+        .output()
+        .expect("runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(doc["metadata"]["name"], "image-updater", "{doc}");
+    assert!(
+        doc["sha256"].as_str().is_some_and(|s| s.len() == 64),
+        "{doc}"
+    );
+}
+
+/// A kubeconfig file with `body` (no cluster is contacted: `push --dry-run` only reads it).
+fn kubeconfig(dir: &Path, name: &str, body: &str) -> PathBuf {
+    let path = dir.join(name);
+    std::fs::write(&path, body).expect("write");
+    path
+}
+
+#[test]
+fn push_takes_its_namespace_as_kubectl_does() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    // KUBECONFIG is a list merged in order: the current context from the first file, the
+    // contexts from the second.
+    let first = kubeconfig(
+        dir.path(),
+        "a",
+        "apiVersion: v1\nkind: Config\ncurrent-context: two\n",
+    );
+    let second = kubeconfig(
+        dir.path(),
+        "b",
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster: {server: 'https://127.0.0.1:1'}\n\
+         users:\n- name: u\n  user: {token: t}\ncontexts:\n\
+         - name: two\n  context: {cluster: c, user: u, namespace: from-two}\n\
+         - name: three\n  context: {cluster: c, user: u, namespace: from-three}\n",
+    );
+    let list = std::env::join_paths([&first, &second]).expect("join");
+    let namespace = |extra: &[&str]| {
+        let out = wasmop()
+            .args(["push", modules::IMAGE_UPDATER, "--name", "m", "--dry-run"])
+            .args(extra)
+            .env("KUBECONFIG", &list)
+            .output()
+            .expect("runs");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let cm: serde_json::Value =
+            serde_saphyr::from_str(&String::from_utf8_lossy(&out.stdout)).expect("YAML");
+        cm["metadata"]["namespace"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string()
+    };
+    assert_eq!(namespace(&[]), "from-two");
+    assert_eq!(namespace(&["--context", "three"]), "from-three");
+    assert_eq!(namespace(&["--context", "three", "-n", "given"]), "given");
+    let only = second.display().to_string();
+    assert_eq!(
+        namespace(&["--kubeconfig", &only, "--context", "three"]),
+        "from-three"
+    );
+}

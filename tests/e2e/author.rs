@@ -22,12 +22,13 @@ use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchP
 use kube::discovery::{Discovery, Scope};
 use serde_json::{Value, json};
 use wasmop::cli::Cli;
+use wasmop::cli::kubeconfig::Connection;
 use wasmop_testenv::{TestEnv, eventually};
 
 /// Runs a `wasmop` command line in this process, as the binary would.
 async fn wasmop(args: &[&str]) -> anyhow::Result<()> {
     let cli = Cli::try_parse_from(std::iter::once("wasmop").chain(args.iter().copied()))?;
-    let code = wasmop::cli::run(cli)
+    let code = wasmop::cli::run(cli, wasmop::cli::plugin::Invocation::Wasmop)
         .await
         .map_err(|e| anyhow::anyhow!("wasmop {}: {e}", args.join(" ")))?;
     anyhow::ensure!(
@@ -354,6 +355,48 @@ async fn a_failed_reconcile_is_recorded_bounded_and_replays_offline() -> anyhow:
     env.passed()
 }
 
+/// Writes a kubeconfig with two contexts: `elsewhere` (current, an address nothing listens
+/// on) and `plane` (the test plane's cluster and user, namespace `ns`).
+fn two_context_kubeconfig(env: &TestEnv, ns: &str, path: &std::path::Path) -> anyhow::Result<()> {
+    use kube::config::{Cluster, Context, Kubeconfig, NamedCluster, NamedContext};
+    let mut config = Kubeconfig::read_from(env.kubeconfig())?;
+    let current = config.current_context.clone().unwrap_or_default();
+    let mut plane = config
+        .contexts
+        .iter()
+        .find(|c| c.name == current)
+        .and_then(|c| c.context.clone())
+        .ok_or_else(|| anyhow::anyhow!("the plane's kubeconfig has no current context"))?;
+    plane.namespace = Some(ns.to_string());
+    config.clusters.push(NamedCluster {
+        name: "nowhere".into(),
+        cluster: Some(Cluster {
+            server: Some("https://127.0.0.1:1".into()),
+            ..Cluster::default()
+        }),
+        ..NamedCluster::default()
+    });
+    config.contexts = vec![
+        NamedContext {
+            name: "elsewhere".into(),
+            context: Some(Context {
+                cluster: "nowhere".into(),
+                user: plane.user.clone(),
+                ..Context::default()
+            }),
+            ..NamedContext::default()
+        },
+        NamedContext {
+            name: "plane".into(),
+            context: Some(plane),
+            ..NamedContext::default()
+        },
+    ];
+    config.current_context = Some("elsewhere".into());
+    std::fs::write(path, serde_json::to_vec(&config)?)?;
+    Ok(())
+}
+
 #[tokio::test]
 async fn capture_from_the_cluster_writes_what_the_host_hands_over_and_tests_it()
 -> anyhow::Result<()> {
@@ -390,18 +433,24 @@ async fn capture_from_the_cluster_writes_what_the_host_hands_over_and_tests_it()
     let work = tempfile::tempdir()?;
     let out = work.path().join("cap");
     let golden = work.path().join("expected.yaml");
-    let kubeconfig = env.kubeconfig().display().to_string();
+    // kubectl's conventions: a kubeconfig whose current context is elsewhere; `--context`
+    // picks the plane's, and `Widget/cap` is in that context's namespace.
+    let kubeconfig = work.path().join("kubeconfig");
+    two_context_kubeconfig(&env, &ns, &kubeconfig)?;
+    let kubeconfig = kubeconfig.display().to_string();
     wasmop(&[
         "test",
         wasmop_test_modules::MISBEHAVE,
         "--from-cluster",
-        &format!("Widget/{ns}/cap"),
+        "Widget/cap",
         "--reconciler",
         &wr,
         "--out",
         &out.display().to_string(),
         "--kubeconfig",
         &kubeconfig,
+        "--context",
+        "plane",
         "--expect",
         &golden.display().to_string(),
         "--update",
@@ -496,7 +545,11 @@ async fn diff_previews_a_candidate_against_every_primary_without_writing() -> an
     let outcomes = preview(&Args {
         module: PathBuf::from(wasmop_test_modules::MISBEHAVE),
         reconciler: wr.clone(),
-        kubeconfig: Some(env.kubeconfig().to_path_buf()),
+        connection: Connection {
+            kubeconfig: Some(env.kubeconfig().to_path_buf()),
+            ..Connection::default()
+        },
+        output: None,
         show_secrets: false,
     })
     .await?;
@@ -545,7 +598,11 @@ async fn diff_previews_a_candidate_against_every_primary_without_writing() -> an
         let outcomes = preview(&Args {
             module: PathBuf::from(wasmop_test_modules::MISBEHAVE),
             reconciler: wr.clone(),
-            kubeconfig: Some(env.kubeconfig().to_path_buf()),
+            connection: Connection {
+                kubeconfig: Some(env.kubeconfig().to_path_buf()),
+                ..Connection::default()
+            },
+            output: None,
             show_secrets: false,
         })
         .await?;

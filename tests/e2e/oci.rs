@@ -473,7 +473,7 @@ async fn wasmop_cli(args: &[&str]) -> anyhow::Result<()> {
     let cli = <wasmop::cli::Cli as clap::Parser>::try_parse_from(
         std::iter::once("wasmop").chain(args.iter().copied()),
     )?;
-    let code = wasmop::cli::run(cli)
+    let code = wasmop::cli::run(cli, wasmop::cli::plugin::Invocation::Wasmop)
         .await
         .map_err(|e| anyhow::anyhow!("wasmop {}: {e}", args.join(" ")))?;
     anyhow::ensure!(

@@ -26,6 +26,7 @@ use kube::api::{Api, DynamicObject, GroupVersionKind, ListParams, TypeMeta};
 use kube::{Client, ResourceExt};
 use serde_json::Value;
 
+use super::kubeconfig::Connection;
 use super::{CliError, to_yaml};
 use crate::contract::{Gvk, ModuleMetadata};
 use crate::controller::apply::controlled_by;
@@ -35,14 +36,17 @@ use crate::modules::slot::Fit;
 /// Where a capture comes from and goes to.
 #[derive(Debug, Clone)]
 pub struct CaptureSpec {
-    /// `Kind/namespace/name`, or `Kind/name` for a cluster-scoped primary.
+    /// `Kind/namespace/name`, or `Kind/name` (a cluster-scoped primary, or one in
+    /// `namespace`).
     pub from: String,
     /// The WasmReconciler whose grant decides what the module sees.
     pub reconciler: String,
     /// The fixture directory to write.
     pub out: Option<PathBuf>,
-    /// The kubeconfig.
-    pub kubeconfig: Option<PathBuf>,
+    /// kubectl's connection flags.
+    pub connection: Connection,
+    /// The namespace of a namespaced `Kind/name` primary (default: the context's).
+    pub namespace: Option<String>,
     /// Keep Secret data (default: redacted).
     pub keep_secrets: bool,
 }
@@ -216,10 +220,9 @@ pub async fn observe(
 /// See the module documentation.
 pub async fn capture(spec: &CaptureSpec, metadata: &ModuleMetadata) -> Result<Captured, CliError> {
     let (kind, namespace, name) = parse_from(&spec.from)?;
-    let config = crate::host::kube_config(spec.kubeconfig.as_ref())
-        .await
-        .map_err(|e| CliError::Other(e.to_string()))?;
-    let client = Client::try_from(config).map_err(|e| CliError::Other(e.to_string()))?;
+    let (client, _, default_namespace) = spec.connection.client(spec.namespace.as_deref()).await?;
+    // `Kind/name` of a namespaced kind is in -n's namespace, or the context's (as kubectl's).
+    let namespace = namespace.or(Some(default_namespace));
     let wr = Api::<WasmReconciler>::all(client.clone())
         .get(&spec.reconciler)
         .await

@@ -24,10 +24,13 @@ use std::process::ExitCode;
 
 use kube::api::{Api, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams};
 use kube::{Client, ResourceExt};
+use serde::Serialize;
 use serde_json::Value;
 
 use super::CliError;
 use super::capture::observe;
+use super::kubeconfig::Connection;
+use super::output::{self, Format};
 use crate::contract::{Gvk, KindObjects, ReconcileRequest};
 use crate::controller::call;
 use crate::controller::intents::{self, Primary, WellKnownScopes};
@@ -44,17 +47,21 @@ pub struct Args {
     /// The live WasmReconciler whose primaries the candidate runs against.
     #[arg(long)]
     pub reconciler: String,
-    /// The kubeconfig to use.
-    #[arg(long, env = "KUBECONFIG")]
-    pub kubeconfig: Option<PathBuf>,
+    /// kubectl's connection flags.
+    #[command(flatten)]
+    pub connection: Connection,
+    /// Print the result as one JSON or YAML document (default: text).
+    #[arg(short, long, value_enum)]
+    pub output: Option<Format>,
     /// Print Secret values in the changes (by default a Secret's data, string data and
     /// last-applied annotation print as `<redacted>`, changed values as `<redacted: changed>`).
     #[arg(long)]
     pub show_secrets: bool,
 }
 
-/// What the candidate would do to one primary.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// What the candidate would do to one primary (serialised as `{outcome, detail}`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "outcome", content = "detail", rename_all = "lowercase")]
 pub enum Outcome {
     /// These changes.
     Changed(Vec<String>),
@@ -347,10 +354,7 @@ fn status_change(validated: &intents::Validated, primary: &Value) -> Option<Stri
 /// # Errors
 /// See the module documentation.
 pub async fn preview(args: &Args) -> Result<Vec<(String, Outcome)>, CliError> {
-    let config = crate::host::kube_config(args.kubeconfig.as_ref())
-        .await
-        .map_err(|e| CliError::Other(e.to_string()))?;
-    let client = Client::try_from(config.clone()).map_err(|e| CliError::Other(e.to_string()))?;
+    let (client, config, _) = args.connection.client(None).await?;
     let wr = Api::<WasmReconciler>::all(client.clone())
         .get(&args.reconciler)
         .await
@@ -428,37 +432,95 @@ fn impersonating(mut config: kube::Config, wr: &WasmReconciler) -> Result<Client
     Client::try_from(config).map_err(|e| CliError::Other(e.to_string()))
 }
 
-pub(crate) async fn run(args: Args) -> Result<ExitCode, CliError> {
-    let outcomes = preview(&args).await?;
-    let (mut changed, mut unchanged, mut refused, mut failed) = (0, 0, 0, 0);
-    for (shown, outcome) in &outcomes {
-        match outcome {
-            Outcome::Changed(changes) => {
-                changed += 1;
-                println!("{shown}: changed");
-                for c in changes {
-                    println!("  {}", c.replace('\n', "\n    ").trim_end());
+/// One primary's line of the report.
+#[derive(Debug, Serialize)]
+pub struct PrimaryOutcome {
+    /// `Kind namespace/name`.
+    pub primary: String,
+    /// What the candidate would do to it.
+    #[serde(flatten)]
+    pub outcome: Outcome,
+}
+
+/// How many primaries ended each way.
+#[derive(Debug, Default, Serialize)]
+pub struct Summary {
+    /// Every primary previewed.
+    pub primaries: usize,
+    /// With changes.
+    pub changed: usize,
+    /// Without.
+    pub unchanged: usize,
+    /// Whose intents the host would refuse.
+    pub refused: usize,
+    /// Whose module call or dry run failed.
+    pub failed: usize,
+}
+
+/// What `diff` prints: each primary's outcome, then the summary.
+#[derive(Debug, Serialize)]
+pub struct Report {
+    /// In name order.
+    pub primaries: Vec<PrimaryOutcome>,
+    /// The counts.
+    pub summary: Summary,
+}
+
+impl Report {
+    fn of(outcomes: Vec<(String, Outcome)>) -> Report {
+        let mut summary = Summary {
+            primaries: outcomes.len(),
+            ..Summary::default()
+        };
+        for (_, outcome) in &outcomes {
+            *match outcome {
+                Outcome::Changed(_) => &mut summary.changed,
+                Outcome::Unchanged => &mut summary.unchanged,
+                Outcome::Refused(_) => &mut summary.refused,
+                Outcome::Failed(_) => &mut summary.failed,
+            } += 1;
+        }
+        let primaries = outcomes
+            .into_iter()
+            .map(|(primary, outcome)| PrimaryOutcome { primary, outcome })
+            .collect();
+        Report { primaries, summary }
+    }
+
+    /// The human output.
+    fn text(&self) -> String {
+        let mut out = String::new();
+        for PrimaryOutcome { primary, outcome } in &self.primaries {
+            match outcome {
+                Outcome::Changed(changes) => {
+                    out += &format!("{primary}: changed\n");
+                    for c in changes {
+                        out += &format!("  {}\n", c.replace('\n', "\n    ").trim_end());
+                    }
                 }
-            }
-            Outcome::Unchanged => {
-                unchanged += 1;
-                println!("{shown}: unchanged");
-            }
-            Outcome::Refused(why) => {
-                refused += 1;
-                println!("{shown}: refused: {why}");
-            }
-            Outcome::Failed(why) => {
-                failed += 1;
-                println!("{shown}: failed: {why}");
+                Outcome::Unchanged => out += &format!("{primary}: unchanged\n"),
+                Outcome::Refused(why) => out += &format!("{primary}: refused: {why}\n"),
+                Outcome::Failed(why) => out += &format!("{primary}: failed: {why}\n"),
             }
         }
+        let s = &self.summary;
+        out += &format!(
+            "summary: {} primaries, {} changed, {} unchanged, {} refused, {} failed\n",
+            s.primaries, s.changed, s.unchanged, s.refused, s.failed
+        );
+        out
     }
-    println!(
-        "summary: {} primaries, {changed} changed, {unchanged} unchanged, {refused} refused, {failed} failed",
-        outcomes.len()
-    );
-    Ok(ExitCode::from(exit_status(&outcomes)))
+}
+
+pub(crate) async fn run(args: Args) -> Result<ExitCode, CliError> {
+    let outcomes = preview(&args).await?;
+    let status = exit_status(&outcomes);
+    let report = Report::of(outcomes);
+    match args.output {
+        Some(format) => print!("{}", output::render(format, &report)?),
+        None => print!("{}", report.text()),
+    }
+    Ok(ExitCode::from(status))
 }
 
 /// 1 when a primary could not be previewed (its module call or a dry run failed): the preview

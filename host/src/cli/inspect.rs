@@ -5,7 +5,8 @@ use std::process::ExitCode;
 
 use serde_json::json;
 
-use super::{CliError, engine, to_yaml};
+use super::output::{self, Format};
+use super::{CliError, engine};
 use crate::contract::{WIT_PACKAGE, WIT_VERSION};
 use crate::engine::{Compiled, Limits, MAX_CORE_INSTANCES_PER_MODULE, Needs};
 
@@ -14,8 +15,11 @@ use crate::engine::{Compiled, Limits, MAX_CORE_INSTANCES_PER_MODULE, Needs};
 pub struct Args {
     /// The module (a `.wasm` component).
     pub module: PathBuf,
-    /// Print YAML instead of text.
-    #[arg(long)]
+    /// Print one JSON or YAML document instead of text.
+    #[arg(short, long, value_enum)]
+    pub output: Option<Format>,
+    /// The same as `-o yaml` (kept for scripts written before `-o`).
+    #[arg(long, hide = true, conflicts_with = "output")]
     pub yaml: bool,
     /// Do not use the compiled-module cache.
     #[arg(long)]
@@ -40,7 +44,8 @@ pub(crate) fn run(args: Args) -> Result<ExitCode, CliError> {
             v.join(", ")
         }
     };
-    if args.yaml {
+    let format = args.output.or(args.yaml.then_some(Format::Yaml));
+    if let Some(format) = format {
         let doc = json!({
             "module": args.module.display().to_string(),
             "contract": format!("{WIT_PACKAGE}@{WIT_VERSION}"),
@@ -49,7 +54,7 @@ pub(crate) fn run(args: Args) -> Result<ExitCode, CliError> {
             "metadata": m,
             "needs": module.needs(),
         });
-        print!("{}", to_yaml(&doc));
+        print!("{}", output::render(format, &doc)?);
         return Ok(ExitCode::SUCCESS);
     }
     println!("module:     {} {}", m.name, m.version);

@@ -7,7 +7,10 @@
 mod capture;
 pub mod diff;
 mod inspect;
+pub mod kubeconfig;
 pub mod new;
+pub mod output;
+pub mod plugin;
 pub mod push;
 mod run;
 mod test;
@@ -15,7 +18,7 @@ mod test;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory as _, FromArgMatches as _, Parser, Subcommand};
 
 use crate::controller::intents::Rejected;
 use crate::engine::{CallError, Engine, EngineConfig, LoadError};
@@ -54,6 +57,19 @@ pub enum Command {
     /// Preview a swap: run a candidate module against every primary of a live WasmReconciler
     /// (read-only; server-side dry-run applies) and print what it would change.
     Diff(diff::Args),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
+    Completion(plugin::CompletionArgs),
+    /// Install `wasmop` as a kubectl plugin (`kubectl wasmop ...`).
+    Plugin(plugin::PluginArgs),
+}
+
+impl Cli {
+    /// Parses the process's arguments, showing `kubectl wasmop` in help and errors when
+    /// started as the kubectl plugin; exits with clap's message on bad arguments.
+    pub fn parse_for(invocation: plugin::Invocation) -> Cli {
+        let matches = Cli::command().bin_name(invocation.bin_name()).get_matches();
+        Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
+    }
 }
 
 /// What can go wrong in a subcommand.
@@ -170,8 +186,8 @@ pub(crate) async fn off_runtime<T: Send + 'static>(
         .map_err(|e| CliError::Other(format!("the module call's thread failed: {e}")))?
 }
 
-/// Runs a parsed command line.
-pub async fn run(cli: Cli) -> Result<ExitCode, CliError> {
+/// Runs a parsed command line, started as `invocation`.
+pub async fn run(cli: Cli, invocation: plugin::Invocation) -> Result<ExitCode, CliError> {
     crate::install_crypto_provider();
     match cli.command {
         Command::Inspect(args) => off_runtime(move || inspect::run(args)).await,
@@ -180,6 +196,8 @@ pub async fn run(cli: Cli) -> Result<ExitCode, CliError> {
         Command::Push(args) => push::run(args).await,
         Command::New(args) => new::run(args),
         Command::Diff(args) => diff::run(args).await,
+        Command::Completion(args) => Ok(plugin::completion(&args, invocation)),
+        Command::Plugin(args) => plugin::run(args),
         Command::Crdgen => {
             print!("{}", crate::crd::crds_yaml());
             Ok(ExitCode::SUCCESS)

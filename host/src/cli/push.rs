@@ -9,9 +9,9 @@ use std::process::ExitCode;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, Patch, PatchParams};
 
+use super::kubeconfig::Connection;
 use super::{CliError, engine, to_yaml};
 use crate::engine::Limits;
-use crate::host::kube_config;
 use crate::modules::{oci, signature, source};
 
 /// Arguments of `push`.
@@ -52,15 +52,16 @@ pub struct Args {
         default_value = ""
     )]
     pub sign_password: String,
-    /// The ConfigMap's namespace.
-    #[arg(short, long, default_value = "default")]
-    pub namespace: String,
+    /// The ConfigMap's namespace (default: the context's namespace, as kubectl's; with
+    /// --dry-run and no cluster configuration, `default`).
+    #[arg(short, long)]
+    pub namespace: Option<String>,
     /// Print the ConfigMap as YAML instead of writing it.
     #[arg(long)]
     pub dry_run: bool,
-    /// The kubeconfig to use.
-    #[arg(long, env = "KUBECONFIG")]
-    pub kubeconfig: Option<PathBuf>,
+    /// kubectl's connection flags.
+    #[command(flatten)]
+    pub connection: Connection,
 }
 
 pub(crate) async fn run(args: Args) -> Result<ExitCode, CliError> {
@@ -91,9 +92,20 @@ pub(crate) async fn run(args: Args) -> Result<ExitCode, CliError> {
         return push_oci(&args, reference, bytes, &module).await;
     }
     let name = args.name.clone().unwrap_or_default();
+    let namespace = match (&args.namespace, args.dry_run) {
+        (Some(ns), _) => ns.clone(),
+        // A dry run needs no cluster: without one configured, `default`; flags that name a
+        // kubeconfig or context must work, though.
+        (None, true) if !args.connection.is_given() => args
+            .connection
+            .config()
+            .await
+            .map_or_else(|_| "default".to_string(), |c| c.default_namespace),
+        (None, _) => args.connection.config().await?.default_namespace,
+    };
     let cm = source::to_config_map(
         &name,
-        &args.namespace,
+        &namespace,
         &bytes,
         &m.name,
         &m.version,
@@ -115,27 +127,16 @@ pub(crate) async fn run(args: Args) -> Result<ExitCode, CliError> {
         print!("{}", to_yaml(&cm));
         return Ok(ExitCode::SUCCESS);
     }
-    let config = kube_config(args.kubeconfig.as_ref())
-        .await
-        .map_err(|e| CliError::Other(e.to_string()))?;
-    let client = kube::Client::try_from(config).map_err(|e| CliError::Other(e.to_string()))?;
-    let api: Api<ConfigMap> = Api::namespaced(client, &args.namespace);
-    eprintln!(
-        "writing ConfigMap {}/{} ({stored} bytes stored)...",
-        args.namespace, name
-    );
+    let (client, _, namespace) = args.connection.client(Some(&namespace)).await?;
+    let api: Api<ConfigMap> = Api::namespaced(client, &namespace);
+    eprintln!("writing ConfigMap {namespace}/{name} ({stored} bytes stored)...");
     api.patch(
         &name,
         &PatchParams::apply("wasmop-push").force(),
         &Patch::Apply(&cm),
     )
     .await
-    .map_err(|e| {
-        CliError::Other(format!(
-            "cannot write ConfigMap {}/{}: {e}",
-            args.namespace, name
-        ))
-    })?;
+    .map_err(|e| CliError::Other(format!("cannot write ConfigMap {namespace}/{name}: {e}")))?;
     println!("configmap/{} pushed (sha256 {})", name, module.sha256());
     Ok(ExitCode::SUCCESS)
 }

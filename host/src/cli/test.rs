@@ -12,6 +12,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde_json::{Value, json};
 
+use super::kubeconfig::Connection;
+use super::output::{self, Format};
 use super::{CliError, engine, to_yaml, yaml_documents};
 use crate::contract::{Gvk, KindObjects, Operation, ReconcileRequest, ValidateRequest};
 use crate::controller::call;
@@ -41,9 +43,17 @@ pub struct Args {
     /// tested on that). The files are owner-readable only either way; do not commit them.
     #[arg(long, requires = "from_cluster")]
     pub keep_secrets: bool,
-    /// With --from-cluster: the kubeconfig to use.
-    #[arg(long, env = "KUBECONFIG")]
-    pub kubeconfig: Option<PathBuf>,
+    /// With --from-cluster: kubectl's connection flags.
+    #[command(flatten)]
+    pub connection: Connection,
+    /// With --from-cluster: the namespace of a `KIND/NAME` primary (default: the context's
+    /// namespace, as kubectl's).
+    #[arg(short, long, requires = "from_cluster")]
+    pub namespace: Option<String>,
+    /// Print the intents (or the verdict) as one JSON or YAML document (default: YAML, as the
+    /// golden file). The comparison with --expect is the same either way.
+    #[arg(short, long, value_enum)]
+    pub output: Option<Format>,
     /// Replay a request the host recorded (`wasmop run --record-failures`) instead of
     /// --object and --observed.
     #[arg(long, conflicts_with_all = ["object", "observed", "validate", "config", "reconciler", "now_unix_ms"])]
@@ -122,7 +132,8 @@ pub(crate) async fn run_with_capture(mut args: Args) -> Result<ExitCode, CliErro
             from,
             reconciler: args.reconciler.clone(),
             out: args.out.take(),
-            kubeconfig: args.kubeconfig.take(),
+            connection: args.connection.clone(),
+            namespace: args.namespace.clone(),
             keep_secrets: args.keep_secrets,
         };
         let captured = super::capture::capture(&spec, &metadata).await?;
@@ -358,8 +369,12 @@ pub(crate) fn run(args: Args) -> Result<ExitCode, CliError> {
 /// that golden file (printing the differences).
 fn compare(args: &Args, output: &Value) -> Result<ExitCode, CliError> {
     let rendered = to_yaml(output);
+    let shown = match args.output {
+        Some(format) => output::render(format, output)?,
+        None => rendered.clone(),
+    };
     let Some(expect) = &args.expect else {
-        print!("{rendered}");
+        print!("{shown}");
         return Ok(ExitCode::SUCCESS);
     };
     if args.update {
@@ -373,7 +388,7 @@ fn compare(args: &Args, output: &Value) -> Result<ExitCode, CliError> {
     }
     let golden = read_one(expect)?;
     if golden == *output {
-        print!("{rendered}");
+        print!("{shown}");
         eprintln!("ok: the intents match {}", expect.display());
         return Ok(ExitCode::SUCCESS);
     }
