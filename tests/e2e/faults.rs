@@ -39,8 +39,13 @@ async fn faults_env(prefix: &str) -> anyhow::Result<TestEnv> {
 /// A host process serving `env`'s WasmReconcilers (with debug logs of the controller and of
 /// kube's watchers, which the tests read), logging into `dir`.
 async fn host(env: &TestEnv, dir: &Path) -> anyhow::Result<HostProcess> {
+    host_with(env, dir, &[]).await
+}
+
+/// [`host`], with `extra` arguments of `wasmop run`.
+async fn host_with(env: &TestEnv, dir: &Path, extra: &[&str]) -> anyhow::Result<HostProcess> {
     let bin = wasmop_binary().await?;
-    let args = [
+    let mut args = [
         "--log-format",
         "json",
         "run",
@@ -55,6 +60,7 @@ async fn host(env: &TestEnv, dir: &Path) -> anyhow::Result<HostProcess> {
     ]
     .map(str::to_string)
     .to_vec();
+    args.extend(extra.iter().map(|a| a.to_string()));
     HostProcess::start(
         bin,
         args,
@@ -675,7 +681,10 @@ async fn competing_writer_every_50ms_during_a_reconcile_storm_final_status_match
     )
     .await?;
     let dir = env.log_dir("host")?;
-    let host = host(&env, &dir).await?;
+    // Every status written as computed (`--status-debounce 0s`): the storm is there to make
+    // the host's writes conflict with the competing writer's, which held-back statuses (the
+    // default debounce while a rollout is in flux) only make rarer.
+    let host = host_with(&env, &dir, &["--status-debounce", "0s"]).await?;
     let apps = apps(&env.client, &ns);
     let mut want = BTreeMap::new();
     for i in 0..4 {
