@@ -17,7 +17,7 @@
 # Every wait is on what the cluster keeps (a spec or status field that stays, a condition, the
 # StatefulSet's watch history from a resourceVersion read before the change), never on a passing
 # state that a loaded machine may miss; DEMO_WAIT (seconds, default 300) bounds each wait.
-set -euo pipefail
+set -Eeuo pipefail
 cd "$(dirname "$0")/.."
 CARGO=${CARGO:-cargo}
 TESTENV=${TESTENV:-target/debug/testenv}

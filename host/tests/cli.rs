@@ -12,6 +12,17 @@ fn wasmop() -> Command {
     cmd
 }
 
+/// Runs `cmd`, which must succeed (its stderr otherwise), and returns its stdout.
+fn stdout_of(cmd: &mut Command) -> Vec<u8> {
+    let out = cmd.output().expect("runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out.stdout
+}
+
 fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/image-updater/fixtures")
 }
@@ -82,17 +93,8 @@ fn test_refuses_undeclared_children_naming_the_intent() {
 
 #[test]
 fn inspect_prints_metadata_version_size_and_digest() {
-    let out = wasmop()
-        .arg("inspect")
-        .arg(modules::IMAGE_UPDATER)
-        .output()
-        .expect("runs");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = stdout_of(wasmop().arg("inspect").arg(modules::IMAGE_UPDATER));
+    let stdout = String::from_utf8_lossy(&out);
     let digest = wasmop::engine::sha256_hex(&modules::bytes(modules::IMAGE_UPDATER));
     for needle in [
         "image-updater",
@@ -327,13 +329,7 @@ fn test_prints_the_same_intents_as_json_or_yaml_with_output() {
     let run = |extra: &[&str]| {
         let mut cmd = wasmop();
         test_args(&mut cmd, &fixtures().join("cr.yaml"));
-        let out = cmd.args(extra).output().expect("runs");
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
+        String::from_utf8_lossy(&stdout_of(cmd.args(extra))).into_owned()
     };
     let default = run(&[]);
     let json: serde_json::Value = serde_json::from_str(&run(&["-o", "json"])).expect("JSON");
@@ -355,16 +351,8 @@ fn test_prints_the_same_intents_as_json_or_yaml_with_output() {
 
 #[test]
 fn inspect_prints_json_with_output() {
-    let out = wasmop()
-        .args(["inspect", modules::IMAGE_UPDATER, "-o", "json"])
-        .output()
-        .expect("runs");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let out = stdout_of(wasmop().args(["inspect", modules::IMAGE_UPDATER, "-o", "json"]));
+    let doc: serde_json::Value = serde_json::from_slice(&out).expect("JSON");
     assert_eq!(doc["metadata"]["name"], "image-updater", "{doc}");
     assert!(
         doc["sha256"].as_str().is_some_and(|s| s.len() == 64),
@@ -399,19 +387,14 @@ fn push_takes_its_namespace_as_kubectl_does() {
     );
     let list = std::env::join_paths([&first, &second]).expect("join");
     let namespace = |extra: &[&str]| {
-        let out = wasmop()
-            .args(["push", modules::IMAGE_UPDATER, "--name", "m", "--dry-run"])
-            .args(extra)
-            .env("KUBECONFIG", &list)
-            .output()
-            .expect("runs");
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
+        let out = stdout_of(
+            wasmop()
+                .args(["push", modules::IMAGE_UPDATER, "--name", "m", "--dry-run"])
+                .args(extra)
+                .env("KUBECONFIG", &list),
         );
         let cm: serde_json::Value =
-            serde_saphyr::from_str(&String::from_utf8_lossy(&out.stdout)).expect("YAML");
+            serde_saphyr::from_str(&String::from_utf8_lossy(&out)).expect("YAML");
         cm["metadata"]["namespace"]
             .as_str()
             .unwrap_or_default()

@@ -626,19 +626,10 @@ fn python_project(dir: &Path, args: &[&str]) -> anyhow::Result<String> {
         .args(args)
         .current_dir(dir)
         .output()?;
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    anyhow::ensure!(
-        out.status.success(),
-        "build.sh {} in {} failed ({}):\n{text}",
-        args.join(" "),
-        dir.display(),
-        out.status
-    );
-    Ok(text)
+    output_of(
+        &out,
+        &format!("build.sh {} in {}", args.join(" "), dir.display()),
+    )
 }
 
 #[tokio::test]

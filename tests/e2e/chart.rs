@@ -262,14 +262,7 @@ async fn the_chart_renders_what_kustomize_installs() -> anyhow::Result<()> {
         "",
     )?;
     // The API server's range: the documented patch of deploy/kustomization.yaml, uncommented.
-    let base = std::fs::read_to_string(repo().join("deploy/kustomization.yaml"))?;
-    let patch: String = base
-        .lines()
-        .skip_while(|l| *l != "# patches:")
-        .take_while(|l| l.starts_with('#'))
-        .map(|l| format!("{}\n", l.strip_prefix("# ").unwrap_or("")))
-        .collect();
-    anyhow::ensure!(patch.contains("cidr: 10.0.0.0/24"), "{patch}");
+    let patch = api_server_cidr_patch()?;
     same_objects(
         &tools,
         &["networkPolicy.apiServerCIDRs={10.0.0.0/24}"],

@@ -197,14 +197,7 @@ async fn deploy_applies_and_its_rbac_is_enough_to_run_an_example() -> anyhow::Re
     // The documented `apiServerCIDR` patch (kustomization.yaml's comment, uncommented) admits
     // exactly its CIDR to the webhook port and changes nothing else.
     let overlay = tempfile::tempdir()?;
-    let base = std::fs::read_to_string(repo().join("deploy/kustomization.yaml"))?;
-    let patch: String = base
-        .lines()
-        .skip_while(|l| *l != "# patches:")
-        .take_while(|l| l.starts_with('#'))
-        .map(|l| format!("{}\n", l.strip_prefix("# ").unwrap_or("")))
-        .collect();
-    assert!(patch.contains("cidr: 10.0.0.0/24"), "{patch}");
+    let patch = api_server_cidr_patch()?;
     std::fs::write(
         overlay.path().join("kustomization.yaml"),
         format!(

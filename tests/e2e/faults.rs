@@ -203,14 +203,7 @@ async fn apiserver_down_for_20s_mid_run_every_primary_converges_to_its_last_spec
 -> anyhow::Result<()> {
     let env = faults_env("flt-api").await?;
     let ns = env.namespace.clone();
-    image_updater(
-        &env,
-        "image-updater",
-        wasmop_test_modules::IMAGE_UPDATER,
-        true,
-        json!({}),
-    )
-    .await?;
+    updater(&env, "image-updater").await?;
     let dir = env.log_dir("host")?;
     let host = host(&env, &dir).await?;
     readyz_becomes(&host, 200, WAIT).await?;
@@ -311,14 +304,7 @@ async fn etcd_compaction_forces_watches_to_relist_and_the_host_keeps_converging(
 -> anyhow::Result<()> {
     let env = faults_env("flt-compact").await?;
     let ns = env.namespace.clone();
-    image_updater(
-        &env,
-        "image-updater",
-        wasmop_test_modules::IMAGE_UPDATER,
-        true,
-        json!({}),
-    )
-    .await?;
+    updater(&env, "image-updater").await?;
     let dir = env.log_dir("host")?;
     let host = host(&env, &dir).await?;
     let apps = apps(&env.client, &ns);
@@ -672,14 +658,7 @@ async fn competing_writer_every_50ms_during_a_reconcile_storm_final_status_match
 -> anyhow::Result<()> {
     let env = faults_env("flt-race").await?;
     let ns = env.namespace.clone();
-    image_updater(
-        &env,
-        "image-updater",
-        wasmop_test_modules::IMAGE_UPDATER,
-        true,
-        json!({}),
-    )
-    .await?;
+    updater(&env, "image-updater").await?;
     let dir = env.log_dir("host")?;
     // Every status written as computed (`--status-debounce 0s`): the storm is there to make
     // the host's writes conflict with the competing writer's, which held-back statuses (the

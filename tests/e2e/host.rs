@@ -14,15 +14,6 @@ use serde_json::json;
 use wasmop::host::Host;
 use wasmop_testenv::{TestEnv, eventually};
 
-fn app(name: &str, image: &str, replicas: i64) -> DynamicObject {
-    serde_json::from_value(json!({
-        "apiVersion": "example.wasmop.dev/v1", "kind": "App",
-        "metadata": {"name": name},
-        "spec": {"image": image, "replicas": replicas, "port": 8080}
-    }))
-    .unwrap_or_else(|e| panic!("app literal: {e}"))
-}
-
 fn container_image(d: &Deployment) -> Option<String> {
     d.spec
         .template
@@ -54,7 +45,7 @@ async fn first_app(
     .await?;
     let host = start_host(env, None).await?;
     let apps = apps(&env.client, &env.namespace);
-    apps.create(&PostParams::default(), &app(app_name, "nginx:1.27", 1))
+    apps.create(&PostParams::default(), &new_app(app_name, "nginx:1.27", 1))
         .await?;
     let deployments: Api<Deployment> = env.api();
     eventually(what, WAIT, || async {
@@ -68,18 +59,11 @@ async fn first_app(
 async fn an_app_becomes_a_deployment_and_a_service_rolls_out_and_is_finalized() -> anyhow::Result<()>
 {
     let env = TestEnv::get("host-app").await?;
-    let (_, sha) = image_updater(
-        &env,
-        "image-updater",
-        wasmop_test_modules::IMAGE_UPDATER,
-        true,
-        json!({}),
-    )
-    .await?;
+    let (_, sha) = updater(&env, "image-updater").await?;
     let host = start_host(&env, None).await?;
     let apps = apps(&env.client, &env.namespace);
     let created = apps
-        .create(&PostParams::default(), &app("web", "nginx:1.27", 2))
+        .create(&PostParams::default(), &new_app("web", "nginx:1.27", 2))
         .await?;
     let deployments: Api<Deployment> = env.api();
     let services: Api<Service> = env.api();
@@ -316,14 +300,7 @@ async fn a_trapping_module_backs_off_while_other_objects_and_reconcilers_work() 
         ),
     )
     .await?;
-    image_updater(
-        &env,
-        "image-updater",
-        wasmop_test_modules::IMAGE_UPDATER,
-        true,
-        json!({}),
-    )
-    .await?;
+    updater(&env, "image-updater").await?;
     let host = start_host(&env, None).await?;
 
     let widgets = widgets(&env.client, &env.namespace);
@@ -334,7 +311,7 @@ async fn a_trapping_module_backs_off_while_other_objects_and_reconcilers_work() 
         widgets.create(&PostParams::default(), &w).await?;
     }
     apps(&env.client, &env.namespace)
-        .create(&PostParams::default(), &app("web", "nginx:1.27", 1))
+        .create(&PostParams::default(), &new_app("web", "nginx:1.27", 1))
         .await?;
 
     let panicked = eventually(
@@ -410,17 +387,10 @@ async fn a_trapping_module_backs_off_while_other_objects_and_reconcilers_work() 
 #[tokio::test]
 async fn concurrent_edits_by_another_client_converge_without_lost_updates() -> anyhow::Result<()> {
     let env = TestEnv::get("host-race").await?;
-    image_updater(
-        &env,
-        "image-updater",
-        wasmop_test_modules::IMAGE_UPDATER,
-        true,
-        json!({}),
-    )
-    .await?;
+    updater(&env, "image-updater").await?;
     let host = start_host(&env, None).await?;
     let apps = apps(&env.client, &env.namespace);
-    apps.create(&PostParams::default(), &app("web", "nginx:1.27", 1))
+    apps.create(&PostParams::default(), &new_app("web", "nginx:1.27", 1))
         .await?;
     let deployments: Api<Deployment> = env.api();
     eventually("the Deployment", WAIT, || async {
@@ -508,7 +478,7 @@ async fn changing_and_deleting_a_wasmreconciler_reconfigures_and_stops_its_contr
         Ok((wr.status.and_then(|s| s.observed_generation) == wr.metadata.generation).then_some(()))
     })
     .await?;
-    apps.create(&PostParams::default(), &app("two", "nginx:1.27", 1))
+    apps.create(&PostParams::default(), &new_app("two", "nginx:1.27", 1))
         .await?;
     // And back: the controller picks the namespace up again and reconciles "two".
     wrs.patch(
@@ -546,7 +516,7 @@ async fn changing_and_deleting_a_wasmreconciler_reconfigures_and_stops_its_contr
             .then_some(()))
     })
     .await?;
-    apps.create(&PostParams::default(), &app("three", "nginx:1.27", 1))
+    apps.create(&PostParams::default(), &new_app("three", "nginx:1.27", 1))
         .await?;
     tokio::time::sleep(std::time::Duration::from_secs(3)).await;
     assert!(
@@ -560,14 +530,7 @@ async fn changing_and_deleting_a_wasmreconciler_reconfigures_and_stops_its_contr
 #[tokio::test]
 async fn a_child_name_taken_by_someone_else_is_not_taken_over() -> anyhow::Result<()> {
     let env = TestEnv::get("host-taken").await?;
-    image_updater(
-        &env,
-        "image-updater",
-        wasmop_test_modules::IMAGE_UPDATER,
-        true,
-        json!({}),
-    )
-    .await?;
+    updater(&env, "image-updater").await?;
     // A Service the user made, with the name the App's Service will want.
     let services: Api<Service> = env.api();
     let theirs: Service = serde_json::from_value(json!({
@@ -578,7 +541,7 @@ async fn a_child_name_taken_by_someone_else_is_not_taken_over() -> anyhow::Resul
     services.create(&PostParams::default(), &theirs).await?;
     let host = start_host(&env, None).await?;
     let apps = apps(&env.client, &env.namespace);
-    apps.create(&PostParams::default(), &app("shop", "nginx:1.27", 1))
+    apps.create(&PostParams::default(), &new_app("shop", "nginx:1.27", 1))
         .await?;
     let warning = eventually(
         "an ApplyFailed Event naming the taken Service",

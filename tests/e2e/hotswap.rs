@@ -59,14 +59,7 @@ fn revision(d: &Deployment) -> Option<String> {
 async fn v1_to_v2_swaps_without_failures_garbage_is_refused_and_v2_keeps_serving()
 -> anyhow::Result<()> {
     let env = TestEnv::get("swap").await?;
-    let (wr, v1) = image_updater(
-        &env,
-        "image-updater",
-        wasmop_test_modules::IMAGE_UPDATER,
-        true,
-        json!({}),
-    )
-    .await?;
+    let (wr, v1) = updater(&env, "image-updater").await?;
     let host = start_host(&env, None).await?;
     let apps = apps(&env.client, &env.namespace);
     let names: Vec<String> = (1..=5).map(|i| format!("app-{i}")).collect();

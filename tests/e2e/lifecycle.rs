@@ -41,14 +41,7 @@ async fn status(client: &Client, wr: &str) -> anyhow::Result<wasmop::crd::WasmRe
 async fn deleting_the_reconciler_releases_its_primaries_and_migrates_the_old_finalizer()
 -> anyhow::Result<()> {
     let env = TestEnv::get("life-delete").await?;
-    let (wr, _) = image_updater(
-        &env,
-        "image-updater",
-        wasmop_test_modules::IMAGE_UPDATER,
-        true,
-        json!({}),
-    )
-    .await?;
+    let (wr, _) = updater(&env, "image-updater").await?;
     let own = finalizer_for(&wr);
     let apps = apps(&env.client, &env.namespace);
     // An App from before per-reconciler finalizers.
@@ -106,14 +99,7 @@ async fn deleting_the_reconciler_releases_its_primaries_and_migrates_the_old_fin
 #[tokio::test]
 async fn narrowing_the_namespaces_releases_the_primaries_left_outside() -> anyhow::Result<()> {
     let env = TestEnv::get("life-narrow").await?;
-    let (wr, _) = image_updater(
-        &env,
-        "image-updater",
-        wasmop_test_modules::IMAGE_UPDATER,
-        true,
-        json!({}),
-    )
-    .await?;
+    let (wr, _) = updater(&env, "image-updater").await?;
     let own = finalizer_for(&wr);
     let host = start_host(&env, None).await?;
     let apps = apps(&env.client, &env.namespace);
@@ -196,14 +182,7 @@ async fn a_conflict_loser_releases_its_finalizers_to_the_winner() -> anyhow::Res
         json!({"namespaces": [elsewhere]}),
     )
     .await?;
-    let (second, _) = image_updater(
-        &env,
-        "b-second",
-        wasmop_test_modules::IMAGE_UPDATER,
-        true,
-        json!({}),
-    )
-    .await?;
+    let (second, _) = updater(&env, "b-second").await?;
     grant_elsewhere(&env, &elsewhere, "a-first").await?;
     let host = start_host(&env, None).await?;
     let apps = apps(&env.client, &env.namespace);
@@ -263,22 +242,8 @@ async fn a_second_reconciler_of_the_same_primaries_is_refused_and_nothing_flips(
 -> anyhow::Result<()> {
     let env = TestEnv::get("life-conflict").await?;
     // Created in this order, and named so that the name agrees when both land in one second.
-    let (first, _) = image_updater(
-        &env,
-        "a-first",
-        wasmop_test_modules::IMAGE_UPDATER,
-        true,
-        json!({}),
-    )
-    .await?;
-    let (second, _) = image_updater(
-        &env,
-        "b-second",
-        wasmop_test_modules::IMAGE_UPDATER,
-        true,
-        json!({}),
-    )
-    .await?;
+    let (first, _) = updater(&env, "a-first").await?;
+    let (second, _) = updater(&env, "b-second").await?;
     let host = start_host(&env, None).await?;
     let (_, reason, message) = eventually("the second one refused", WAIT, || async {
         Ok(wr_condition(&env.client, &second, "Ready")

@@ -27,18 +27,7 @@ fn run_promtool(promtool: &Path, args: &[&str]) -> anyhow::Result<String> {
         .args(args)
         .current_dir(monitoring_dir())
         .output()?;
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    anyhow::ensure!(
-        out.status.success(),
-        "promtool {} failed ({}):\n{text}",
-        args.join(" "),
-        out.status
-    );
-    Ok(text)
+    output_of(&out, &format!("promtool {}", args.join(" ")))
 }
 
 /// The rule file's groups.

@@ -392,17 +392,7 @@ impl Cosign {
             .current_dir(self.dir.path())
             .output()
             .await?;
-        let text = format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        anyhow::ensure!(
-            out.status.success(),
-            "cosign {} failed: {text}",
-            args.join(" ")
-        );
-        Ok(text)
+        output_of(&out, &format!("cosign {}", args.join(" ")))
     }
 
     /// A new key pair `name`: (private key file, public key PEM file).

@@ -575,14 +575,7 @@ async fn only_the_leader_reconciles_and_a_follower_takes_over() -> anyhow::Resul
 #[tokio::test]
 async fn a_request_storm_does_not_hold_back_the_leader_lease() -> anyhow::Result<()> {
     let env = TestEnv::get("prod-liveness").await?;
-    image_updater(
-        &env,
-        "image-updater",
-        wasmop_test_modules::IMAGE_UPDATER,
-        true,
-        json!({}),
-    )
-    .await?;
+    updater(&env, "image-updater").await?;
     let cache = tempfile::tempdir()?;
     let args = [
         "--leader-elect",

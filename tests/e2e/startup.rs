@@ -347,14 +347,7 @@ fn app(name: &str) -> anyhow::Result<DynamicObject> {
 #[tokio::test]
 async fn requests_for_deleted_primaries_finish_and_free_their_state() -> anyhow::Result<()> {
     let env = TestEnv::get("startup-gone").await?;
-    let (wr, _) = image_updater(
-        &env,
-        "gone",
-        wasmop_test_modules::IMAGE_UPDATER,
-        true,
-        json!({}),
-    )
-    .await?;
+    let (wr, _) = updater(&env, "gone").await?;
     let host = start_host(&env, None).await?;
     let apps = apps(&env.client, &env.namespace);
     let deployments: Api<k8s_openapi::api::apps::v1::Deployment> = env.api();

@@ -299,6 +299,45 @@ pub fn apps(client: &Client, ns: &str) -> Api<DynamicObject> {
     Api::namespaced_with(client.clone(), ns, &ar)
 }
 
+/// The stdout and stderr of a command that ran as `what`, or an error with them when it failed.
+pub fn output_of(out: &std::process::Output, what: &str) -> anyhow::Result<String> {
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    anyhow::ensure!(
+        out.status.success(),
+        "{what} failed ({}):\n{text}",
+        out.status
+    );
+    Ok(text)
+}
+
+/// The documented patch of deploy/kustomization.yaml that admits the API server's address range
+/// to the webhook port (its comment from `# patches:` on, uncommented).
+pub fn api_server_cidr_patch() -> anyhow::Result<String> {
+    let base = std::fs::read_to_string(repo().join("deploy/kustomization.yaml"))?;
+    let patch: String = base
+        .lines()
+        .skip_while(|l| *l != "# patches:")
+        .take_while(|l| l.starts_with('#'))
+        .map(|l| format!("{}\n", l.strip_prefix("# ").unwrap_or("")))
+        .collect();
+    anyhow::ensure!(patch.contains("cidr: 10.0.0.0/24"), "{patch}");
+    Ok(patch)
+}
+
+/// App `name` of `replicas` replicas of `image` on port 8080.
+pub fn new_app(name: &str, image: &str, replicas: i64) -> DynamicObject {
+    serde_json::from_value(serde_json::json!({
+        "apiVersion": "example.wasmop.dev/v1", "kind": "App",
+        "metadata": {"name": name},
+        "spec": {"image": image, "replicas": replicas, "port": 8080}
+    }))
+    .unwrap_or_else(|e| panic!("app literal: {e}"))
+}
+
 /// Widgets (the misbehave guest's kind) in namespace `ns`.
 pub fn widgets(client: &Client, ns: &str) -> Api<DynamicObject> {
     let ar = ApiResource::from_gvk_with_plural(
@@ -327,6 +366,19 @@ pub async fn image_updater(
         &[("apps/v1", "Deployment"), ("v1", "Service")],
         image_updater_rules(services),
         extra,
+    )
+    .await
+}
+
+/// The image-updater example as reconciler `<namespace>-<name>`, allowed to write Services, with
+/// no extra spec fields (see [`image_updater`]).
+pub async fn updater(env: &TestEnv, name: &str) -> anyhow::Result<(String, String)> {
+    image_updater(
+        env,
+        name,
+        wasmop_test_modules::IMAGE_UPDATER,
+        true,
+        serde_json::json!({}),
     )
     .await
 }

@@ -885,7 +885,7 @@ pub fn status_of(object: &DynamicObject) -> Option<&Value> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use std::sync::Arc;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -1025,7 +1025,7 @@ mod tests {
 
     /// A fake API server that answers discovery for ConfigMaps, echoes every PATCH and records
     /// `METHOD path` of every other request.
-    fn recording_client(seen: Arc<std::sync::Mutex<Vec<String>>>) -> Client {
+    pub(crate) fn recording_client(seen: Arc<std::sync::Mutex<Vec<String>>>) -> Client {
         let service = tower::service_fn(move |req: http::Request<Body>| {
             let seen = seen.clone();
             async move {

@@ -908,52 +908,23 @@ mod tests {
     mod harness {
         use std::sync::Mutex;
 
-        use http_body_util::BodyExt;
         use kube::api::{ApiResource, GroupVersionKind};
-        use kube::client::Body;
         use kube::runtime::events::Reporter;
         use kube::runtime::reflector::store::Writer;
         use kube::runtime::watcher;
         use serde_json::json;
 
         use super::super::*;
+        use crate::controller::apply::tests::recording_client;
         use crate::controller::health::Health;
         use crate::controller::{Watched, limit};
         use crate::discovery::Resolved;
         use crate::engine::{Engine, EngineConfig, Limits};
         use crate::modules::slot::{Active, Fit, ModuleSlot};
 
-        type BoxError = Box<dyn std::error::Error + Send + Sync>;
         pub type Seen = Arc<Mutex<Vec<String>>>;
 
         pub const NAME: &str = "unit-inputs";
-
-        fn client(seen: Seen) -> kube::Client {
-            let service = tower::service_fn(move |req: http::Request<Body>| {
-                let seen = seen.clone();
-                async move {
-                    let (method, path) = (req.method().clone(), req.uri().path().to_string());
-                    let body = req.into_body().collect().await?.to_bytes().to_vec();
-                    if path == "/api/v1" {
-                        let list = json!({"kind": "APIResourceList", "groupVersion": "v1", "resources": [
-                            {"name": "configmaps", "singularName": "configmap", "namespaced": true,
-                             "kind": "ConfigMap", "verbs": ["get", "list", "patch"]}]});
-                        return Ok::<_, BoxError>(
-                            http::Response::builder()
-                                .status(200)
-                                .body(Body::from(serde_json::to_vec(&list)?))?,
-                        );
-                    }
-                    if let Ok(mut seen) = seen.lock() {
-                        seen.push(format!("{method} {path}"));
-                    }
-                    Ok(http::Response::builder()
-                        .status(200)
-                        .body(Body::from(body))?)
-                }
-            });
-            kube::Client::new(service, "default")
-        }
 
         pub fn primary() -> DynamicObject {
             serde_json::from_value(json!({
@@ -1000,7 +971,7 @@ mod tests {
             };
             let slot = ModuleSlot::new(Active::new(module, fit, "1".into()));
             let seen = Seen::default();
-            let client = client(seen.clone());
+            let client = recording_client(seen.clone());
             let reporter = Reporter {
                 controller: "test".into(),
                 instance: None,
