@@ -191,6 +191,65 @@ async fn v1_to_v2_swaps_without_failures_garbage_is_refused_and_v2_keeps_serving
     env.passed()
 }
 
+/// Whether App `app` has converged: its status observes its generation and says Available.
+fn converged(app: &DynamicObject) -> bool {
+    let status = &app.data["status"];
+    let available = status["conditions"].as_array().is_some_and(|c| {
+        c.iter()
+            .any(|c| c["type"] == "Available" && c["status"] == "True")
+    });
+    available && status["observedGeneration"].as_i64() == app.metadata.generation
+}
+
+/// `make demo`'s swap: an App that has converged after a rollout, nothing else changing, and a
+/// new module pushed. The new module reaches its children without any change to the App.
+#[tokio::test]
+async fn a_swap_under_a_converged_app_reaches_its_children() -> anyhow::Result<()> {
+    let env = TestEnv::get("swap-idle").await?;
+    let (wr, v1) = updater(&env, "image-updater").await?;
+    let host = start_host(&env, None).await?;
+    let apps = apps(&env.client, &env.namespace);
+    apps.create(&PostParams::default(), &new_app("web", "nginx:1.27", 2))
+        .await?;
+    let converge = |what: &'static str| {
+        let apps = apps.clone();
+        async move {
+            eventually(what, WAIT, || async {
+                Ok(converged(&apps.get("web").await?).then_some(()))
+            })
+            .await
+        }
+    };
+    converge("App web converged").await?;
+    apps.patch(
+        "web",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"image": "nginx:1.28"}})),
+    )
+    .await?;
+    converge("App web converged on nginx:1.28").await?;
+    wait_active(&env.client, &wr, &v1).await?;
+
+    let v2 = push_module(
+        &env.client,
+        &env.namespace,
+        "image-updater",
+        wasmop_test_modules::IMAGE_UPDATER_V2,
+    )
+    .await?;
+    wait_active(&env.client, &wr, &v2).await?;
+    let deployments: Api<Deployment> = env.api();
+    eventually("the Deployment re-applied by v2", WAIT, || async {
+        Ok(deployments
+            .get_opt("web")
+            .await?
+            .filter(|d| revision(d).as_deref() == Some("2")))
+    })
+    .await?;
+    host.shutdown().await?;
+    env.passed()
+}
+
 #[tokio::test]
 async fn a_failing_new_module_is_rolled_back_and_not_retried() -> anyhow::Result<()> {
     let env = TestEnv::get("rollback").await?;
