@@ -76,6 +76,9 @@ pub const DEFAULT_MODULE_MEMORY_BUDGET: u64 = 768 << 20;
 pub struct HostOptions {
     /// A kubeconfig file (None: in-cluster or the default kubeconfig).
     pub kubeconfig: Option<PathBuf>,
+    /// A client configuration the caller resolved (the command line's kubectl flags, see
+    /// `cli::kubeconfig`); when set, `kubeconfig` is not read.
+    pub config: Option<Config>,
     /// The compiled-module cache directory (None: no disk cache).
     pub cache_dir: Option<PathBuf>,
     /// The most the cache directory holds, every file counted.
@@ -132,6 +135,7 @@ impl Default for HostOptions {
     fn default() -> Self {
         HostOptions {
             kubeconfig: None,
+            config: None,
             cache_dir: None,
             cache_max_bytes: crate::engine::DEFAULT_CACHE_MAX_BYTES,
             quarantine_after: crate::engine::DEFAULT_QUARANTINE_AFTER,
@@ -288,7 +292,10 @@ impl Host {
     pub async fn start(options: HostOptions) -> Result<Host, HostError> {
         crate::install_crypto_provider();
         readiness::global().pending("startup");
-        let config = kube_config(options.kubeconfig.as_ref()).await?;
+        let config = match options.config.clone() {
+            Some(config) => config,
+            None => kube_config(options.kubeconfig.as_ref()).await?,
+        };
         let rate_limit = RateLimit::new(options.kube_qps, options.kube_burst)?;
         let client = ratelimit::client(config.clone(), rate_limit.as_ref())?;
         // Lease renewals, shard membership and the API-server probe never wait behind work.

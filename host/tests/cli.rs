@@ -409,3 +409,33 @@ fn push_takes_its_namespace_as_kubectl_does() {
         "from-three"
     );
 }
+
+#[test]
+fn run_takes_kubectls_connection_flags_and_kubeconfig_list() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let first = kubeconfig(
+        dir.path(),
+        "a",
+        "apiVersion: v1\nkind: Config\ncurrent-context: two\n",
+    );
+    let second = kubeconfig(
+        dir.path(),
+        "b",
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster: {server: 'https://127.0.0.1:1'}\n\
+         users:\n- name: u\n  user: {token: t}\ncontexts:\n\
+         - name: two\n  context: {cluster: c, user: u}\n",
+    );
+    let list = std::env::join_paths([&first, &second]).expect("join");
+    // A context the merged list does not hold is refused at once, named, before any connection.
+    let out = wasmop()
+        .args(["run", "--context", "nope"])
+        .env("KUBECONFIG", &list)
+        .output()
+        .expect("runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("nope") && stderr.contains("$KUBECONFIG"),
+        "{stderr}"
+    );
+}

@@ -6,6 +6,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use super::kubeconfig::Connection;
 use super::{CliError, cache_dir};
 use crate::admission::config::WebhookTarget;
 use crate::crd::parse_duration;
@@ -17,9 +18,9 @@ use crate::operations::serving::ServerLimits;
 /// Arguments of `run`.
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// The kubeconfig to use (default: in-cluster, then $KUBECONFIG, then ~/.kube/config).
-    #[arg(long, env = "KUBECONFIG")]
-    pub kubeconfig: Option<PathBuf>,
+    /// kubectl's connection flags (`--kubeconfig`, `--context`, `--cluster`, `--user`).
+    #[command(flatten)]
+    pub connection: Connection,
     /// Where compiled modules are cached (default: $WASMOP_CACHE/compiled).
     #[arg(long, env = "WASMOP_CACHE_DIR")]
     pub cache_dir: Option<PathBuf>,
@@ -430,7 +431,8 @@ pub(crate) async fn run(args: Args) -> Result<ExitCode, CliError> {
     };
     let options = HostOptions {
         shards,
-        kubeconfig: args.kubeconfig,
+        kubeconfig: None,
+        config: Some(args.connection.config().await?),
         cache_dir: Some(
             args.cache_dir
                 .unwrap_or_else(|| cache_dir().join("compiled")),
