@@ -93,6 +93,9 @@ timeline() {
   { grep -P '\tAlone\t' "$TIMELINE" | sort -t$'\t' -k4,4 -rn
     grep -P '\tShared\t' "$TIMELINE" | sort -t$'\t' -k4,4 -rn | head -8
   } | awk -F'\t' '{ printf "  %-6s %7s  %s\n", $2, $4, $1 }' >&2
+  say "the last turns to end (seconds held, ended at seconds since the first turn):"
+  sort -t$'\t' -k5,5 -rn "$TIMELINE" | head -6 |
+    awk -F'\t' '{ printf "  %-6s %7s %7s  %s\n", $2, $4, $5, $1 }' >&2
 }
 timeline
 

@@ -14,8 +14,9 @@
 //! - A test never deadlocks against a waiting lone turn: a thread that already holds a shared
 //!   turn, or is not a test's thread (a runtime worker), gets a further shared turn at once.
 //! - With `WASMOP_TEST_TIMELINE=<file>` set, each returned turn appends a line to that file:
-//!   the test (its thread's name), the turn, the seconds waited for it and the seconds held
-//!   (`make test` sets it and prints the lone turns, whose sum is the suite's floor).
+//!   the test (its thread's name), the turn, the seconds waited for it, the seconds held, and
+//!   when it was returned, in seconds since this process took its first turn (`make test` sets
+//!   it and prints the lone turns, whose sum is the suite's floor, and the last to end).
 //!
 //! # Caveats
 //! - A test holding a shared turn that asks for a lone one waits forever.
@@ -122,10 +123,11 @@ fn record(guard: &TurnGuard) {
     };
     let test = guard.thread.as_deref().unwrap_or("(not a test's thread)");
     let line = format!(
-        "{test}\t{:?}\t{:.1}\t{:.1}\n",
+        "{test}\t{:?}\t{:.1}\t{:.1}\t{:.1}\n",
         guard.turn,
         guard.waited.as_secs_f64(),
-        guard.since.elapsed().as_secs_f64()
+        guard.since.elapsed().as_secs_f64(),
+        first_turn().elapsed().as_secs_f64()
     );
     if let Ok(mut file) = std::fs::OpenOptions::new()
         .create(true)
@@ -136,9 +138,16 @@ fn record(guard: &TurnGuard) {
     }
 }
 
+/// When this process first asked for a turn (the timeline's origin).
+fn first_turn() -> Instant {
+    static FIRST: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    *FIRST.get_or_init(Instant::now)
+}
+
 /// Waits for a turn of this kind and takes it.
 pub async fn take(turn: Turn) -> TurnGuard {
     let asked = Instant::now();
+    first_turn();
     let thread = test_thread();
     let waiting = (turn == Turn::Alone).then(LoneWaiting::new);
     loop {
