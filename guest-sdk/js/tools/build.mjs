@@ -4,9 +4,9 @@
 //
 //   node build.mjs TOOLS_DIR WIT_DIR SDK_SRC APP_DIR APP_NAME OUT.wasm
 //
-// TOOLS_DIR holds the pinned tools (node_modules of tools/package-lock.json). The app's files
-// (APP_DIR's .js and .mjs files, without node_modules, tests, build and hidden directories) and
-// the SDK (SDK_SRC, without its Node-only files) are staged into a temporary directory; imports
+// TOOLS_DIR holds the pinned tools (node_modules of tools/package-lock.json). The app's module
+// graph (APP_DIR/APP_NAME.js and the files it imports relatively, within APP_DIR) and the SDK
+// (SDK_SRC, without its Node-only files) are staged into a temporary directory; imports
 // of `wasmop-sdk` become relative imports of the staged SDK; an entry module exports
 // `wasmop:reconciler/guest` made from the app's default export (the reconciler) and sends the
 // SDK's log lines to the host's `log`. The component gets WASI clocks and randomness (so
@@ -33,23 +33,8 @@ const { _setPreopens } = await tool('@bytecodealliance/preview2-shim/dist/nodejs
 
 /** The SDK files that need Node (the test harness, the resolve hook): never in a component. */
 const NODE_ONLY = new Set(['testing.js', 'register.js', 'resolve.js']);
-const SKIPPED_DIRS = new Set(['node_modules', 'tests', 'test', 'build']);
-
-async function sources(dir, base = dir) {
-  const found = [];
-  for (const entry of await readdir(dir, { withFileTypes: true })) {
-    const path = join(dir, entry.name);
-    if (entry.isDirectory()) {
-      if (!SKIPPED_DIRS.has(entry.name) && !entry.name.startsWith('.')) found.push(...(await sources(path, base)));
-    } else if (/\.m?js$/.test(entry.name)) {
-      found.push(relative(base, path));
-    }
-  }
-  return found;
-}
-
 /** `text` with its `wasmop-sdk[/name]` imports pointing at the staged SDK from `file`. */
-function rewrite(text, file, stagedSdk, shown) {
+function rewrite(text, file, stagedSdk, shown, relatives) {
   const [imports] = lexer.parse(text, shown);
   let result = '';
   let last = 0;
@@ -59,7 +44,10 @@ function rewrite(text, file, stagedSdk, shown) {
     let target;
     if (specifier === 'wasmop-sdk') target = 'index.js';
     else if (specifier.startsWith('wasmop-sdk/')) target = `${specifier.slice('wasmop-sdk/'.length)}.js`;
-    else if (specifier.startsWith('.') || specifier.startsWith('wasmop:') || specifier.startsWith('wasi:')) continue;
+    else if (specifier.startsWith('./') || specifier.startsWith('../')) {
+      relatives.push(specifier);
+      continue;
+    } else if (specifier.startsWith('wasmop:') || specifier.startsWith('wasi:')) continue;
     else throw new Error(`${shown} imports ${JSON.stringify(specifier)}: a module may import its own files (./...) and wasmop-sdk only (no npm packages, no node: modules)`);
     if (imp.d > -1) throw new Error(`${shown} imports ${specifier} dynamically: import it statically`);
     if (NODE_ONLY.has(target)) throw new Error(`${shown} imports ${specifier}, which needs Node: import it from tests only`);
@@ -80,12 +68,25 @@ try {
   for (const file of await readdir(sdkSrc)) {
     if (file.endsWith('.js') && !NODE_ONLY.has(file)) await cp(join(sdkSrc, file), join(stagedSdk, file));
   }
-  const files = await sources(appDir);
-  if (!files.includes(`${appName}.js`)) throw new Error(`no ${join(appDir, `${appName}.js`)}`);
-  for (const file of files) {
+  // The app's module graph: the app file and the files it imports, relatively, transitively.
+  const pending = [`${appName}.js`];
+  const staged = new Set();
+  while (pending.length > 0) {
+    const file = pending.pop();
+    if (staged.has(file)) continue;
+    staged.add(file);
+    const source = join(appDir, file);
     const target = join(stagedApp, file);
+    const relatives = [];
     await mkdir(dirname(target), { recursive: true });
-    await writeFile(target, rewrite(await readFile(join(appDir, file), 'utf8'), target, stagedSdk, join(appDir, file)));
+    await writeFile(target, rewrite(await readFile(source, 'utf8'), target, stagedSdk, source, relatives));
+    for (const specifier of relatives) {
+      const imported = relative(appDir, resolve(dirname(source), specifier));
+      if (imported.startsWith('..')) {
+        throw new Error(`${source} imports ${specifier}, outside ${appDir}: a module's files live in its directory`);
+      }
+      pending.push(imported);
+    }
   }
   const entry = join(stage, 'entry.js');
   await writeFile(
