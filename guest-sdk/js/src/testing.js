@@ -16,6 +16,7 @@ import { ReconcileError } from './errors.js';
 import { Gvk } from './kinds.js';
 import { setSink } from './log.js';
 import { Context, Operation, Request, TriggerKind, ValidateRequest } from './request.js';
+import { Finalized } from './response.js';
 import { finalizeOut, responseOut, validationOut } from './glue.js';
 
 const controlled = (obj) => (obj.metadata?.ownerReferences ?? []).some((r) => r.controller === true);
@@ -110,8 +111,8 @@ export class Harness {
   async finalize() {
     const finalized = this.reconciler.finalize
       ? await this.capture(() => this.reconciler.finalize(this.request()))
-      : undefined;
-    if (finalized !== undefined) finalizeOut(finalized);
+      : Finalized.finished();
+    finalizeOut(finalized);
     return finalized;
   }
 

@@ -193,3 +193,8 @@ test('log levels are checked and the sink can be replaced', () => {
   }
   assert.deepEqual(lines, ['warn:w', 'error:42']);
 });
+
+test('a reconciler without finalize finishes at once', async () => {
+  const f = await new Harness(greeter).primary(PRIMARY).finalize();
+  assert.equal(f.done, true);
+});

@@ -34,8 +34,11 @@ const { _setPreopens } = await tool('@bytecodealliance/preview2-shim/dist/nodejs
 /** The SDK files that need Node (the test harness, the resolve hook): never in a component. */
 const NODE_ONLY = new Set(['testing.js', 'register.js', 'resolve.js']);
 /** `text` with its `wasmop-sdk[/name]` imports pointing at the staged SDK from `file`. */
-function rewrite(text, file, stagedSdk, shown, relatives) {
-  const [imports] = lexer.parse(text, shown);
+function rewrite(text, file, stagedSdk, shown, relatives, needsDefault = false) {
+  const [imports, exports] = lexer.parse(text, shown);
+  if (needsDefault && !exports.some((e) => e.n === 'default')) {
+    throw new Error(`${shown} has no default export: export the reconciler, \`export default { metadata() {...}, reconcile(request) {...} }\``);
+  }
   let result = '';
   let last = 0;
   for (const imp of imports) {
@@ -79,7 +82,7 @@ try {
     const target = join(stagedApp, file);
     const relatives = [];
     await mkdir(dirname(target), { recursive: true });
-    await writeFile(target, rewrite(await readFile(source, 'utf8'), target, stagedSdk, source, relatives));
+    await writeFile(target, rewrite(await readFile(source, 'utf8'), target, stagedSdk, source, relatives, file === `${appName}.js`));
     for (const specifier of relatives) {
       const imported = relative(appDir, resolve(dirname(source), specifier));
       if (imported.startsWith('..')) {
