@@ -5,12 +5,15 @@
 .PHONY: js-modules js-test
 JS_MODULE := bash scripts/js-module.sh
 
-## Build every JavaScript module (the test guest tests/guests/js-probe) into
-## $(TARGET_DIR)/wasm32-wasip2/release/<name>.wasm (cargo's target directory, beside the Rust
-## modules); skipped when its inputs did not change.
+## Build every JavaScript module (the feature-flags example and the test guest
+## tests/guests/js-probe) into $(TARGET_DIR)/wasm32-wasip2/release/<name>.wasm (cargo's target
+## directory, beside the Rust modules); each is skipped when its inputs did not change.
 js-modules: prereqs-js
+	$(JS_MODULE) build examples/feature-flags flags $(TARGET_DIR)/wasm32-wasip2/release/feature_flags.wasm
 	$(JS_MODULE) build tests/guests/js-probe probe $(TARGET_DIR)/wasm32-wasip2/release/js_probe.wasm
 
-## node --test: the JavaScript SDK, natively (no Wasm, no cluster, no npm install).
+## node --test: the JavaScript SDK and the feature-flags example, natively (no Wasm, no
+## cluster, no npm install).
 js-test: prereqs-js
 	$(JS_MODULE) test guest-sdk/js
+	$(JS_MODULE) test examples/feature-flags
