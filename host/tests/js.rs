@@ -15,8 +15,8 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use wasmop::contract::{
-    Action, ConditionStatus, Context, EventType, Gvk, KindObjects, Mapping, Operation,
-    Propagation, ReconcileRequest, Trigger, ValidateRequest, ValidateResponse,
+    Action, ConditionStatus, Context, EventType, Gvk, KindObjects, Mapping, Operation, Propagation,
+    ReconcileRequest, Trigger, ValidateRequest, ValidateResponse,
 };
 use wasmop::engine::{
     CallError, Engine, EngineConfig, Limits, MAX_CORE_INSTANCES_PER_MODULE, Module,
@@ -152,7 +152,11 @@ fn the_js_component_fits_the_default_pool_and_limits_and_declares_its_metadata()
     assert_eq!(m.related[0].kind, Gvk::new("v1", "Secret"));
     assert_eq!(m.related[0].maps_to, Mapping::SameName);
     assert_eq!(
-        m.related[0].selector.match_labels.get("probe").map(String::as_str),
+        m.related[0]
+            .selector
+            .match_labels
+            .get("probe")
+            .map(String::as_str),
         Some("yes")
     );
     assert!(m.finalizes && m.validates);
@@ -239,7 +243,10 @@ fn js_failures_are_typed_errors_within_the_limits_and_the_engine_keeps_working()
             .expect("the probe answers after a failure")
     };
 
-    let err = module.reconcile(mode("fail"), &limits).result.expect_err("fails");
+    let err = module
+        .reconcile(mode("fail"), &limits)
+        .result
+        .expect_err("fails");
     assert_eq!(
         err,
         CallError::Module {
@@ -248,7 +255,10 @@ fn js_failures_are_typed_errors_within_the_limits_and_the_engine_keeps_working()
     );
 
     // Any other exception is named with where it was thrown; its text (a value) is not shown.
-    let err = module.reconcile(mode("crash"), &limits).result.expect_err("fails");
+    let err = module
+        .reconcile(mode("crash"), &limits)
+        .result
+        .expect_err("fails");
     let CallError::Module { message } = &err else {
         panic!("expected the module's error, got {err:?}");
     };
@@ -256,7 +266,10 @@ fn js_failures_are_typed_errors_within_the_limits_and_the_engine_keeps_working()
     assert!(!message.contains("hunter2"), "{message}");
     answers();
 
-    let err = module.reconcile(mode("spin"), &limits).result.expect_err("stopped");
+    let err = module
+        .reconcile(mode("spin"), &limits)
+        .result
+        .expect_err("stopped");
     assert_eq!(
         err,
         CallError::Deadline {
@@ -265,7 +278,10 @@ fn js_failures_are_typed_errors_within_the_limits_and_the_engine_keeps_working()
     );
     answers();
 
-    let err = module.reconcile(mode("hog"), &limits).result.expect_err("stopped");
+    let err = module
+        .reconcile(mode("hog"), &limits)
+        .result
+        .expect_err("stopped");
     assert!(
         matches!(err, CallError::Memory { limit, requested } if limit == limits.memory_bytes && requested > limit),
         "{err:?}"
@@ -305,9 +321,7 @@ fn js_validate_and_finalize_cross_the_contract() {
             .result
             .expect("the probe validates")
     };
-    let probe_object = |spec: serde_json::Value| {
-        serde_json::json!({"apiVersion": "example.wasmop.dev/v1", "kind": "Probe", "metadata": {"name": "p"}, "spec": spec})
-    };
+    let probe_object = |spec: serde_json::Value| serde_json::json!({"apiVersion": "example.wasmop.dev/v1", "kind": "Probe", "metadata": {"name": "p"}, "spec": spec});
     assert_eq!(
         validate(probe_object(serde_json::json!({"message": "hi"}))),
         ValidateResponse::Allowed {
@@ -374,7 +388,10 @@ fn a_js_project_from_wasmop_new_passes_its_tests_and_its_golden_test() {
         "fixtures/expected.yaml",
         "k8s/wasmreconciler.yaml",
     ] {
-        assert!(dir.join(file).is_file(), "wasmop new --lang js wrote no {file}");
+        assert!(
+            dir.join(file).is_file(),
+            "wasmop new --lang js wrote no {file}"
+        );
     }
     // The same pins as wasmop's own JavaScript builds: the project shares their tools.
     assert_eq!(
@@ -387,7 +404,10 @@ fn a_js_project_from_wasmop_new_passes_its_tests_and_its_golden_test() {
         .output()
         .expect("runs bash");
     let text = succeed("./build.sh test in the generated project", tests);
-    assert!(text.contains("# pass 1") && text.contains("# fail 0"), "{text}");
+    assert!(
+        text.contains("# pass 1") && text.contains("# fail 0"),
+        "{text}"
+    );
 
     let module = tmp().join("hello_js.wasm");
     let built = script()
@@ -436,7 +456,10 @@ fn the_feature_flags_example_passes_its_node_tests() {
         .output()
         .expect("runs bash");
     let text = succeed("node --test examples/feature-flags", out);
-    assert!(text.contains("# fail 0") && !text.contains("# pass 0"), "{text}");
+    assert!(
+        text.contains("# fail 0") && !text.contains("# pass 0"),
+        "{text}"
+    );
 }
 
 #[test]
@@ -464,7 +487,11 @@ fn the_feature_flags_component_matches_its_golden_files() {
     let validate = wasmop()
         .arg("test")
         .arg(wasm)
-        .args(["--validate", "--object", "fixtures/validate/bad-rollout.yaml"])
+        .args([
+            "--validate",
+            "--object",
+            "fixtures/validate/bad-rollout.yaml",
+        ])
         .args(["--old", "fixtures/cr.yaml"])
         .args(["--expect", "fixtures/expected-validate.yaml"])
         .output()

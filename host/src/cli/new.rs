@@ -271,14 +271,23 @@ const PYTHON: Template = &[
 ];
 
 const JS: Template = &[
-    ("{{crate}}.js", include_str!("../../templates/new-js/app.js")),
+    (
+        "{{crate}}.js",
+        include_str!("../../templates/new-js/app.js"),
+    ),
     ("build.sh", include_str!("../../templates/new-js/build.sh")),
     (
         "package.json",
         include_str!("../../templates/new-js/package.json"),
     ),
-    (".gitignore", include_str!("../../templates/new-js/gitignore")),
-    ("README.md", include_str!("../../templates/new-js/README.md")),
+    (
+        ".gitignore",
+        include_str!("../../templates/new-js/gitignore"),
+    ),
+    (
+        "README.md",
+        include_str!("../../templates/new-js/README.md"),
+    ),
     (
         "tests/{{crate}}.test.js",
         include_str!("../../templates/new-js/tests/app.test.js"),
@@ -714,7 +723,10 @@ mod tests {
         );
         // Verbatim: the SDK, the tools and the contract hold no placeholder to render.
         for (path, text) in JS {
-            if path.starts_with("wasmop-sdk/") || path.starts_with("tools/") || path.starts_with("wit/") {
+            if path.starts_with("wasmop-sdk/")
+                || path.starts_with("tools/")
+                || path.starts_with("wit/")
+            {
                 assert!(!text.contains("{{"), "{path} would be rendered");
             }
         }
