@@ -278,8 +278,14 @@ fn js_failures_are_typed_errors_within_the_limits_and_the_engine_keeps_working()
     );
     answers();
 
+    // The default memory cap, with a deadline long enough that only the cap can stop the
+    // allocation loop, however loaded the machine.
+    let hog_limits = Limits {
+        deadline: Duration::from_secs(60),
+        ..limits
+    };
     let err = module
-        .reconcile(mode("hog"), &limits)
+        .reconcile(mode("hog"), &hog_limits)
         .result
         .expect_err("stopped");
     assert!(
