@@ -24,7 +24,7 @@ help:
 # needs first; scripts/prereqs.sh says what each NEED is and prints one line per missing tool.
 PREREQS := bash scripts/prereqs.sh
 .PHONY: prereqs prereqs-rust prereqs-cluster prereqs-demo prereqs-modules prereqs-python \
-	prereqs-bench prereqs-image
+	prereqs-js prereqs-bench prereqs-image
 ## Check (and add the Rust targets of) everything `make test` needs.
 prereqs:
 	@$(PHASES) run prereqs $(PREREQS) all
@@ -35,9 +35,11 @@ prereqs-cluster:
 prereqs-demo:
 	@$(PREREQS) rust wasm cc go
 prereqs-modules:
-	@$(PREREQS) rust wasm cc python flock
+	@$(PREREQS) rust wasm cc python node flock
 prereqs-python:
 	@$(PREREQS) python flock
+prereqs-js:
+	@$(PREREQS) node flock
 prereqs-bench:
 	@$(PREREQS) rust wasm cc go python flock
 prereqs-image:

@@ -12,11 +12,12 @@
 #   musl      the x86_64-unknown-linux-musl Rust target, for the image (added with rustup)
 #   cc        a C compiler (ring and aws-lc-sys compile C)
 #   python    Python >= 3.11 with venv (the Python SDK, componentize-py)
+#   node      Node.js >= 20.6 and npm (the JavaScript SDK's tests, componentize-js)
 #   go        Go >= 1.26 (builds the control-plane binaries, crane, cosign, the Go contenders)
 #   binutils  readelf (checks that the image's binary is static)
 #   tar       GNU tar (the image's reproducible layer)
-#   flock     flock and setsid (util-linux: serialise the Python tools' builds; make test's
-#             background provisioning)
+#   flock     flock and setsid (util-linux: serialise the Python and JavaScript tools' builds;
+#             make test's background provisioning)
 #   all       every one of the above
 #
 # What rustup can add is added (it only touches ~/.rustup). Anything else is reported, one line
@@ -26,6 +27,7 @@ cd "$(dirname "$0")/.."
 
 MIN_PYTHON=3.11
 MIN_GO=1.26
+MIN_NODE=20.6
 missing=()
 miss() { missing+=("$1"); }
 note() { printf 'prereqs: %s\n' "$*" >&2; }
@@ -78,6 +80,18 @@ check_python() {
     miss "Python's venv with ensurepip: Debian: apt-get install python3-venv"
 }
 
+check_node() {
+  if ! command -v node >/dev/null; then
+    miss "node >= $MIN_NODE: Debian 13+: apt-get install nodejs npm (or https://nodejs.org)"
+    return
+  fi
+  local have
+  have=$(node -p 'process.versions.node' 2>/dev/null) || have=0
+  version_at_least "$have" "$MIN_NODE" ||
+    miss "node >= $MIN_NODE (found $have): https://nodejs.org (Debian's nodejs is older before Debian 13)"
+  command -v npm >/dev/null || miss "npm: Debian: apt-get install npm"
+}
+
 check_go() {
   if ! command -v go >/dev/null; then
     miss "go >= $MIN_GO: https://go.dev/dl/ (Debian's golang-go is older; put go on PATH)"
@@ -104,7 +118,7 @@ check_flock() {
 
 needs=("$@")
 [ ${#needs[@]} -gt 0 ] || { echo "usage: $0 NEED... (see the script's header)" >&2; exit 2; }
-[ "${needs[*]}" = all ] && needs=(rust lint wasm musl cc python go binutils tar flock)
+[ "${needs[*]}" = all ] && needs=(rust lint wasm musl cc python node go binutils tar flock)
 # The Makefile and the scripts read cargo's target directory with python3 (any version).
 [[ " ${needs[*]} " == *" python "* ]] || command -v python3 >/dev/null ||
   miss "python3: Debian: apt-get install python3"
@@ -120,6 +134,7 @@ for need in "${needs[@]}"; do
     musl) $rust_ok && rustup_add target x86_64-unknown-linux-musl ;;
     cc) check_cc ;;
     python) check_python ;;
+    node) check_node ;;
     go) check_go ;;
     binutils) check_binutils ;;
     tar) check_tar ;;

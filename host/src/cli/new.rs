@@ -15,6 +15,13 @@
 //! source: a Python component does not fit a ConfigMap), and a copy of the SDK (`wasmop_sdk/`)
 //! and of the contract (`wit/reconciler.wit`) of this wasmop, so the project needs no checkout.
 //!
+//! With `--lang js` the project is the JavaScript equivalent: the reconciler (`NAME.js`, whose
+//! default export is the reconciler), its build (`build.sh`, `tools/`: the pinned
+//! `package.json` and `package-lock.json` of componentize-js and jco, installed once with
+//! `npm ci`, and the build script), `node --test` (`tests/`, `package.json`), the same fixtures
+//! and `k8s/` (an OCI source: a JavaScript component embeds SpiderMonkey, ~12 MB), and copies of
+//! the SDK (`wasmop-sdk/`) and of the contract (`wit/reconciler.wit`) of this wasmop.
+//!
 //! # Extension point: other languages
 //! A language is a [`Lang`] variant and a [`Template`] (a list of files with `{{placeholders}}`
 //! in their paths and contents, embedded with `include_str!`); [`render`] and [`write_project`]
@@ -51,7 +58,8 @@ pub struct Args {
     #[arg(long)]
     pub dir: Option<PathBuf>,
     /// Depend on the SDK at this path (a wasmop checkout's `guest-sdk`) instead of the copy of
-    /// this wasmop's SDK written into the project (Rust only: a Python project carries its SDK).
+    /// this wasmop's SDK written into the project (Rust only: a Python or JavaScript project
+    /// carries its SDK).
     #[arg(long)]
     pub sdk_path: Option<PathBuf>,
 }
@@ -63,6 +71,9 @@ pub enum Lang {
     Rust,
     /// Python, with the Python SDK, built with componentize-py.
     Python,
+    /// JavaScript, with the JavaScript SDK, built with componentize-js.
+    #[value(name = "js", alias = "javascript")]
+    Js,
 }
 
 /// A project template: relative paths and their contents, with `{{placeholders}}`.
@@ -259,6 +270,114 @@ const PYTHON: Template = &[
     ),
 ];
 
+const JS: Template = &[
+    (
+        "{{crate}}.js",
+        include_str!("../../templates/new-js/app.js"),
+    ),
+    ("build.sh", include_str!("../../templates/new-js/build.sh")),
+    (
+        "package.json",
+        include_str!("../../templates/new-js/package.json"),
+    ),
+    (
+        ".gitignore",
+        include_str!("../../templates/new-js/gitignore"),
+    ),
+    (
+        "README.md",
+        include_str!("../../templates/new-js/README.md"),
+    ),
+    (
+        "tests/{{crate}}.test.js",
+        include_str!("../../templates/new-js/tests/app.test.js"),
+    ),
+    // The same fixtures and cluster side as a Python project (the module answers alike).
+    (
+        "fixtures/cr.yaml",
+        include_str!("../../templates/new-python/fixtures/cr.yaml"),
+    ),
+    (
+        "fixtures/expected.yaml",
+        include_str!("../../templates/new-python/fixtures/expected.yaml"),
+    ),
+    (
+        "k8s/crd.yaml",
+        include_str!("../../templates/new-python/k8s/crd.yaml"),
+    ),
+    (
+        "k8s/rbac.yaml",
+        include_str!("../../templates/new-python/k8s/rbac.yaml"),
+    ),
+    (
+        "k8s/wasmreconciler.yaml",
+        include_str!("../../templates/new-js/k8s/wasmreconciler.yaml"),
+    ),
+    // The pins and the build script of wasmop's own JavaScript builds, byte for byte: both share
+    // one tools directory in the cache.
+    (
+        "tools/package.json",
+        include_str!("../../../guest-sdk/js/tools/package.json"),
+    ),
+    (
+        "tools/package-lock.json",
+        include_str!("../../../guest-sdk/js/tools/package-lock.json"),
+    ),
+    (
+        "tools/build.mjs",
+        include_str!("../../../guest-sdk/js/tools/build.mjs"),
+    ),
+    // The contract and the SDK of this wasmop, copied as they are (they hold no placeholders).
+    (
+        "wit/reconciler.wit",
+        include_str!("../../../wit/reconciler.wit"),
+    ),
+    (
+        "wasmop-sdk/index.js",
+        include_str!("../../../guest-sdk/js/src/index.js"),
+    ),
+    (
+        "wasmop-sdk/errors.js",
+        include_str!("../../../guest-sdk/js/src/errors.js"),
+    ),
+    (
+        "wasmop-sdk/glue.js",
+        include_str!("../../../guest-sdk/js/src/glue.js"),
+    ),
+    (
+        "wasmop-sdk/k8s.js",
+        include_str!("../../../guest-sdk/js/src/k8s.js"),
+    ),
+    (
+        "wasmop-sdk/kinds.js",
+        include_str!("../../../guest-sdk/js/src/kinds.js"),
+    ),
+    (
+        "wasmop-sdk/log.js",
+        include_str!("../../../guest-sdk/js/src/log.js"),
+    ),
+    (
+        "wasmop-sdk/register.js",
+        include_str!("../../../guest-sdk/js/src/register.js"),
+    ),
+    (
+        "wasmop-sdk/request.js",
+        include_str!("../../../guest-sdk/js/src/request.js"),
+    ),
+    (
+        "wasmop-sdk/resolve.js",
+        include_str!("../../../guest-sdk/js/src/resolve.js"),
+    ),
+    (
+        "wasmop-sdk/response.js",
+        include_str!("../../../guest-sdk/js/src/response.js"),
+    ),
+    (
+        "wasmop-sdk/testing.js",
+        include_str!("../../../guest-sdk/js/src/testing.js"),
+    ),
+];
+
 /// Python's keywords: a module (`NAME.py`, imported by its tests) cannot be named after one.
 const PYTHON_KEYWORDS: &[&str] = &[
     "and", "as", "assert", "async", "await", "break", "class", "continue", "def", "del", "elif",
@@ -274,6 +393,7 @@ impl Lang {
         match self {
             Lang::Rust => RUST,
             Lang::Python => PYTHON,
+            Lang::Js => JS,
         }
     }
 }
@@ -330,6 +450,11 @@ impl Names {
             )));
         }
         let krate = name.replace('-', "_");
+        if args.lang == Lang::Js && args.sdk_path.is_some() {
+            return Err(CliError::Other(
+                "--sdk-path is for --lang rust: a JavaScript project carries a copy of the SDK (wasmop-sdk/)".into(),
+            ));
+        }
         if args.lang == Lang::Python {
             if args.sdk_path.is_some() {
                 return Err(CliError::Other(
@@ -458,7 +583,7 @@ pub(crate) fn run(args: Args) -> Result<ExitCode, CliError> {
             "cargo build --release --target wasm32-wasip2\n  ".to_string(),
             format!("target/wasm32-wasip2/release/{}.wasm", names.krate),
         ),
-        Lang::Python => (
+        Lang::Python | Lang::Js => (
             "./build.sh\n  ./build.sh test\n  ".to_string(),
             format!("build/{}.wasm", names.krate),
         ),
@@ -515,7 +640,7 @@ mod tests {
     #[test]
     fn every_placeholder_is_substituted() {
         let names = Names::from_args(&args("hello-op")).ok();
-        for (path, text) in RUST.iter().chain(PYTHON) {
+        for (path, text) in RUST.iter().chain(PYTHON).chain(JS) {
             let rendered = names.as_ref().map(|n| render(text, n)).unwrap_or_default();
             assert!(!rendered.contains("{{"), "{path} keeps a placeholder");
             let path = names.as_ref().map(|n| render(path, n)).unwrap_or_default();
@@ -539,6 +664,72 @@ mod tests {
         assert!(Names::from_args(&keyword).is_err());
         a.sdk_path = Some(PathBuf::from("/x"));
         assert!(Names::from_args(&a).is_err());
+    }
+
+    #[test]
+    fn js_names_its_files_after_the_module_and_carries_the_sdk_and_the_tools() {
+        let mut a = args("hello-op");
+        a.lang = Lang::Js;
+        let names = Names::from_args(&a).ok();
+        let paths: Vec<String> = JS
+            .iter()
+            .filter_map(|(p, _)| names.as_ref().map(|n| render(p, n)))
+            .collect();
+        for want in [
+            "hello_op.js",
+            "tests/hello_op.test.js",
+            "build.sh",
+            "wit/reconciler.wit",
+            "tools/package-lock.json",
+            "tools/build.mjs",
+            "wasmop-sdk/index.js",
+        ] {
+            assert!(paths.contains(&want.to_string()), "{want} in {paths:?}");
+        }
+        // The app's test imports the app by the name it is written under.
+        let test = JS
+            .iter()
+            .find(|(p, _)| *p == "tests/{{crate}}.test.js")
+            .and_then(|(_, t)| names.as_ref().map(|n| render(t, n)))
+            .unwrap_or_default();
+        assert!(test.contains("from '../hello_op.js'"), "{test}");
+        a.sdk_path = Some(PathBuf::from("/x"));
+        let refused = Names::from_args(&a).err().map(|e| e.to_string());
+        assert!(refused.is_some_and(|e| e.contains("--sdk-path is for --lang rust")));
+    }
+
+    #[test]
+    fn the_js_sdk_copy_has_every_source_file_of_guest_sdk_js() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../guest-sdk/js/src");
+        let mut on_disk: Vec<String> = std::fs::read_dir(&dir)
+            .map(|entries| {
+                entries
+                    .filter_map(|e| e.ok()?.file_name().into_string().ok())
+                    .map(|name| format!("wasmop-sdk/{name}"))
+                    .collect()
+            })
+            .unwrap_or_default();
+        on_disk.sort();
+        let mut copied: Vec<String> = JS
+            .iter()
+            .map(|(path, _)| path.to_string())
+            .filter(|path| path.starts_with("wasmop-sdk/"))
+            .collect();
+        copied.sort();
+        assert!(!on_disk.is_empty());
+        assert_eq!(
+            copied, on_disk,
+            "JS must list every file of guest-sdk/js/src"
+        );
+        // Verbatim: the SDK, the tools and the contract hold no placeholder to render.
+        for (path, text) in JS {
+            if path.starts_with("wasmop-sdk/")
+                || path.starts_with("tools/")
+                || path.starts_with("wit/")
+            {
+                assert!(!text.contains("{{"), "{path} would be rendered");
+            }
+        }
     }
 
     /// The repository file at `relative` (from the host crate's parent).
