@@ -11,7 +11,8 @@
 //! - A build happens at most once at a time per cache (a file lock serialises concurrent test
 //!   binaries) and is installed atomically (a half-built directory is never used).
 //! - Builds use `-mod=readonly`: what is built is exactly what the checked-in `go.sum` pins.
-//! - Progress is printed to stderr while building, at least every 15 seconds.
+//! - Progress is printed to stderr while building, at least every 15 seconds, and when a build
+//!   waits for another process's build (the cache's lock) before it starts.
 //!
 //! # Errors
 //! [`Error::MissingBinary`] when a binary can be neither found nor built (for example, no Go),
@@ -337,8 +338,19 @@ fn provide_component(cache: &Path, component: Component) -> Result<Vec<PathBuf>>
         .collect()
 }
 
-/// Takes the cache's build lock, blocking until no other process builds.
+/// Takes the cache's build lock, blocking until no other process builds; says so on stderr
+/// when it has to wait.
 fn lock_cache(cache: &Path) -> Result<File> {
+    lock_cache_with(cache, |path| {
+        eprintln!(
+            "[testenv] waiting for another process's build of the test tools to finish (lock {})",
+            path.display()
+        );
+    })
+}
+
+/// [`lock_cache`], calling `waiting` before it blocks on a lock another process holds.
+fn lock_cache_with(cache: &Path, waiting: impl FnOnce(&Path)) -> Result<File> {
     let dir = cache.join("bin");
     fs::create_dir_all(&dir).map_err(Error::io("creating", &dir))?;
     let path = dir.join(".build.lock");
@@ -348,6 +360,11 @@ fn lock_cache(cache: &Path) -> Result<File> {
         .write(true)
         .open(&path)
         .map_err(Error::io("opening", &path))?;
+    match file.try_lock() {
+        Ok(()) => return Ok(file),
+        Err(fs::TryLockError::WouldBlock) => waiting(&path),
+        Err(fs::TryLockError::Error(e)) => return Err(Error::io("locking", &path)(e)),
+    }
     file.lock().map_err(Error::io("locking", &path))?;
     Ok(file)
 }
@@ -584,6 +601,7 @@ fn provide_kwok_stages(cache: &Path) -> Result<PathBuf> {
         return Ok(path);
     }
     let module = format!("sigs.k8s.io/kwok@{KWOK_VERSION}");
+    eprintln!("[testenv] downloading kwok's Stage files ({module}, first time only)");
     let out = go_command(&go_modules_dir().join(KWOK.name))
         .args(["mod", "download", "-json", &module])
         .output()
@@ -613,4 +631,33 @@ fn provide_kwok_stages(cache: &Path) -> Result<PathBuf> {
     fs::write(&partial, docs.join("\n---\n")).map_err(Error::io("writing", &partial))?;
     fs::rename(&partial, &path).map_err(Error::io("installing", &path))?;
     Ok(path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_build_waiting_for_the_lock_says_so() {
+        let cache = tempfile::tempdir().expect("a temporary directory");
+        // Not waiting: no word.
+        let first = lock_cache_with(cache.path(), |_| panic!("nobody holds the lock"))
+            .expect("the free lock");
+        let (said, heard) = std::sync::mpsc::channel();
+        let dir = cache.path().to_path_buf();
+        let second = std::thread::spawn(move || {
+            lock_cache_with(&dir, |path| {
+                let _ = said.send(path.to_path_buf());
+            })
+            .map(drop)
+        });
+        // The second waits on the first and says so; then the first lets go.
+        let path = heard.recv().expect("word of waiting");
+        assert_eq!(path, cache.path().join("bin").join(".build.lock"));
+        drop(first);
+        second
+            .join()
+            .expect("the waiting thread")
+            .expect("the lock once the first let go");
+    }
 }

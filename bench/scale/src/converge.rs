@@ -10,11 +10,14 @@
 //! - [`Tracker::start`] returns once the three watches have delivered their initial state, so no
 //!   change after it is missed.
 //! - [`Tracker::wait`] reports the instant of the watch event that completed convergence.
+//! - [`Tracker::history`] holds every change of the converged count the watches saw (for the
+//!   chart), taken from the same events: no request of its own.
 //!
 //! # Errors
 //! [`Error::Kube`] for failed creates; [`Error::Timeout`] when the budget runs out.
 
 use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use futures::{StreamExt, TryStreamExt};
@@ -127,6 +130,7 @@ pub struct Progress {
 #[derive(Debug)]
 pub struct Tracker {
     progress: watch::Receiver<Progress>,
+    history: Arc<Mutex<Vec<(Instant, usize)>>>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -210,6 +214,8 @@ impl Tracker {
             at: Instant::now(),
             ready: 0,
         });
+        let history = Arc::new(Mutex::new(Vec::new()));
+        let changes = Arc::clone(&history);
         let task = tokio::spawn(async move {
             let mut state: HashMap<String, Flags> = HashMap::new();
             let mut progress = *tx.borrow();
@@ -239,11 +245,19 @@ impl Tracker {
                         progress.converged = progress.converged.saturating_sub(1);
                     }
                     progress.at = Instant::now();
+                    changes
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .push((progress.at, progress.converged));
                     let _ = tx.send(progress);
                 }
             }
         });
-        let mut tracker = Tracker { progress: rx, task };
+        let mut tracker = Tracker {
+            progress: rx,
+            history,
+            task,
+        };
         tokio::time::timeout(
             Duration::from_secs(60),
             tracker.progress.wait_for(|p| p.ready >= 3),
@@ -261,6 +275,14 @@ impl Tracker {
     /// Converged Apps now.
     pub fn converged(&self) -> usize {
         self.progress.borrow().converged
+    }
+
+    /// Every change of the converged count so far: (when, converged Apps), in time order.
+    pub fn history(&self) -> Vec<(Instant, usize)> {
+        self.history
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 
     /// Waits until `n` Apps have converged; returns when that happened.

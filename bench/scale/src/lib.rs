@@ -18,7 +18,9 @@
 //! Deployments and Services), peak RSS (of start-up, and of the work after it: the peak is reset
 //! before the Apps are created) and CPU seconds of the controller process (from /proc),
 //! API requests by verb and resource during convergence and while idle (from the API server's
-//! `apiserver_request_total`).
+//! `apiserver_request_total`). Over time, for the charts: converged Apps (from the same watches)
+//! and the controller's RSS (from /proc), drawn as `<target>/bench/scale-N<n>-converged.svg`
+//! and `scale-N<n>-memory.svg`.
 //!
 //! - [`settings`]: what the environment asks for.
 //! - [`native`]: the image-updater logic called natively, shared by the kube-rs and floor binaries.
@@ -28,10 +30,12 @@
 //! - [`replicametrics`]: what a wasmop host reports on its `/metrics` (caches, its slice).
 //! - [`converge`]: creating Apps and watching them converge.
 //! - [`contenders`]: starting each controller.
-//! - [`run`]: one contender's run, and [`report`]: the tables and the final line.
+//! - [`run`]: one contender's run (and its series over time), [`report`]: the tables and the
+//!   final line, and [`chart`]: the SVG charts of converged Apps and memory over time.
 //! - [`idle`]: the memory of an idle host with many loaded modules (`make bench-idle-host`).
 
 pub mod apimetrics;
+pub mod chart;
 pub mod cluster;
 pub mod contenders;
 pub mod converge;

@@ -1,9 +1,13 @@
 //! Peak RSS, RSS and CPU seconds of a process, from `/proc/<pid>/status` (VmHWM, VmRSS) and
 //! `/proc/<pid>/stat` (utime + stime); [`combine`] sums the processes of a sharded contender;
-//! [`reset_peak`] starts a new peak (so start-up and the work after it are measured apart).
+//! [`reset_peak`] starts a new peak (so start-up and the work after it are measured apart);
+//! [`RssSampler`] records RSS over time for the memory chart, from `/proc` only (no API request).
 //!
 //! # Errors
 //! [`Error::Io`] when the process is gone; [`Error::Other`] when the files do not parse.
+
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use crate::{Error, Result};
 
@@ -97,6 +101,69 @@ pub fn combine(stats: &[ProcStat]) -> ProcStat {
     }
 }
 
+/// How often [`RssSampler`] reads `/proc/<pid>/status`.
+pub const SAMPLE_EVERY: Duration = Duration::from_millis(250);
+
+/// The largest RSS (`VmRSS`, bytes) of `pids` now, leaving out those that cannot be read
+/// (exited); `None` if none can.
+pub fn largest_rss(pids: &[u32]) -> Option<u64> {
+    pids.iter()
+        .filter_map(|pid| status_kib(*pid, ["VmRSS:"]).ok())
+        .map(|[kib]| kib * 1024)
+        .max()
+}
+
+/// Samples the RSS (`VmRSS`) of a contender's processes every [`SAMPLE_EVERY`] while it runs,
+/// the largest of them per sample (as [`combine`] does for the tables). Reads `/proc` only, so it
+/// adds no request to the API server and nothing to what the benchmark measures. A process that
+/// has exited is left out of a sample; a sample with no readable process is not recorded.
+#[derive(Debug)]
+pub struct RssSampler {
+    samples: Arc<Mutex<Vec<(Instant, u64)>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl RssSampler {
+    /// Starts sampling `pids` (the first sample at once).
+    pub fn start(pids: Vec<u32>) -> Self {
+        let samples = Arc::new(Mutex::new(Vec::new()));
+        let out = Arc::clone(&samples);
+        let task = tokio::spawn(async move {
+            let mut every = tokio::time::interval(SAMPLE_EVERY);
+            every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                every.tick().await;
+                if let Some(rss) = largest_rss(&pids) {
+                    out.lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .push((Instant::now(), rss));
+                }
+            }
+        });
+        RssSampler { samples, task }
+    }
+
+    /// The samples so far (when, RSS bytes), in time order.
+    pub fn samples(&self) -> Vec<(Instant, u64)> {
+        self.samples
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Stops sampling; the samples (when, RSS bytes), in time order.
+    pub fn stop(self) -> Vec<(Instant, u64)> {
+        self.task.abort();
+        std::mem::take(&mut *self.samples.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+}
+
+impl Drop for RssSampler {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -118,5 +185,25 @@ mod tests {
         let c = combine(&[a, b]);
         assert_eq!((c.peak_rss, c.rss, c.cpu_seconds), (7, 3, 2.0));
         Ok(())
+    }
+
+    #[test]
+    fn the_largest_rss_leaves_out_processes_that_are_gone() {
+        // u32::MAX is above any pid_max: no such process.
+        assert_eq!(largest_rss(&[u32::MAX]), None);
+        let me = largest_rss(&[u32::MAX, std::process::id()]);
+        assert!(me.is_some_and(|rss| rss > 0), "{me:?}");
+    }
+
+    #[tokio::test]
+    async fn the_sampler_records_in_time_order() {
+        let sampler = RssSampler::start(vec![std::process::id()]);
+        // Waits for samples, however slow the machine; asserts nothing about time.
+        while sampler.samples().len() < 3 {
+            tokio::time::sleep(SAMPLE_EVERY).await;
+        }
+        let samples = sampler.stop();
+        assert!(samples.iter().all(|(_, rss)| *rss > 0), "{samples:?}");
+        assert!(samples.windows(2).all(|w| w[0].0 <= w[1].0), "{samples:?}");
     }
 }

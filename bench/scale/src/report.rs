@@ -322,6 +322,7 @@ mod tests {
             at_idle_start: combine(|p| p.at_converge),
             at_end: combine(|p| p.at_end),
             processes,
+            series: Default::default(),
         }
     }
 

@@ -7,6 +7,10 @@
 //! what each wasmop host reports about its caches and slice); let the tail of the work settle
 //! (no controller write for 6 s, at most 60 s); then count the writes of an idle window.
 //!
+//! While it runs, [`Series`] records for the charts what is observed anyway: the converged count
+//! at each change the watches saw, and the controller's RSS from `/proc` every 250 ms, from
+//! the first create to the end of the idle window (no API request is added).
+//!
 //! A contender that does not converge within the budget still yields a row: its
 //! [`Measurement::converged`] says how many Apps it got to, its convergence time is the budget,
 //! and it has no idle window (a run that is still working has nothing idle to measure).
@@ -30,7 +34,7 @@ use crate::apimetrics::Requests;
 use crate::cluster::Cluster;
 use crate::contenders::{self, Binaries, Contender, Running, Tuning};
 use crate::converge::{Tracker, create_apps};
-use crate::procstat::{self, ProcStat};
+use crate::procstat::{self, ProcStat, RssSampler};
 use crate::replicametrics::ReplicaReport;
 use crate::{Error, Result};
 
@@ -68,6 +72,51 @@ pub struct Measurement {
     pub at_end: ProcStat,
     /// Each process of the controller (one, or one per sharded replica).
     pub processes: Vec<Process>,
+    /// Converged Apps and RSS over time, for the charts.
+    pub series: Series,
+}
+
+/// Converged Apps and the controller's RSS over time, in seconds since the first create
+/// (samples taken just before it are slightly negative).
+#[derive(Debug, Clone, Default)]
+pub struct Series {
+    /// (seconds, converged Apps) at every change the watches saw, until the end of the run.
+    pub converged: Vec<(f64, usize)>,
+    /// (seconds, RSS bytes) every [`procstat::SAMPLE_EVERY`]; of the largest process when
+    /// there are several (sharded replicas).
+    pub rss: Vec<(f64, u64)>,
+    /// When the observation ended (the end of the idle window), seconds.
+    pub end: f64,
+}
+
+/// Seconds from `origin` to `t`, negative when `t` came first.
+pub fn seconds_since(origin: Instant, t: Instant) -> f64 {
+    if t >= origin {
+        t.duration_since(origin).as_secs_f64()
+    } else {
+        -origin.duration_since(t).as_secs_f64()
+    }
+}
+
+impl Series {
+    /// The series of a run whose first create was at `started`, observed until `end`.
+    pub fn new(
+        started: Instant,
+        end: Instant,
+        converged: &[(Instant, usize)],
+        rss: &[(Instant, u64)],
+    ) -> Self {
+        let at = |t| seconds_since(started, t);
+        // The count before the first create is 0 (a fresh cluster): the line starts there.
+        let converged = std::iter::once((0.0, 0))
+            .chain(converged.iter().map(|(t, c)| (at(*t).max(0.0), *c)))
+            .collect();
+        Series {
+            converged,
+            rss: rss.iter().map(|(t, b)| (at(*t), *b)).collect(),
+            end: at(end),
+        }
+    }
 }
 
 /// One process of a contender.
@@ -194,9 +243,11 @@ pub async fn measure(
     let mut tracker = Tracker::start(&client, tuning.layout.watched()).await?;
     let at_start = stats(contender, &mut running)?;
     // From here the peak is the work's: start-up (a wasmop host's module compile) is `at_start`.
-    for pid in running.pids().into_iter().flatten() {
-        procstat::reset_peak(pid)?;
+    let pids: Vec<u32> = running.pids().into_iter().flatten().collect();
+    for pid in &pids {
+        procstat::reset_peak(*pid)?;
     }
+    let sampler = RssSampler::start(pids);
     let before = Requests::read(&client).await?;
     eprintln!(
         "[bench] {label}: creating {n} Apps in {} namespace(s)",
@@ -246,6 +297,7 @@ pub async fn measure(
     tokio::time::sleep(idle).await;
     let idle_requests = Requests::read(&client).await?.since(&idle_before);
     let at_end = stats(contender, &mut running)?;
+    let series = Series::new(started, Instant::now(), &tracker.history(), &sampler.stop());
     let idle_writes_per_min = if idle.is_zero() {
         f64::NAN
     } else {
@@ -279,5 +331,29 @@ pub async fn measure(
         at_idle_start: procstat::combine(&idle_start),
         at_end: procstat::combine(&at_end),
         processes,
+        series,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn series_are_in_seconds_since_the_first_create() {
+        let t0 = Instant::now();
+        let started = t0 + Duration::from_secs(1);
+        let s = Series::new(
+            started,
+            started + Duration::from_secs(30),
+            &[
+                (started + Duration::from_secs(2), 1),
+                (started + Duration::from_secs(5), 2),
+            ],
+            &[(t0, 10), (started + Duration::from_millis(250), 20)],
+        );
+        assert_eq!(s.converged, vec![(0.0, 0), (2.0, 1), (5.0, 2)]);
+        assert_eq!(s.rss, vec![(-1.0, 10), (0.25, 20)]);
+        assert_eq!(s.end, 30.0);
+    }
 }

@@ -17,10 +17,13 @@
 //!   in one namespace would all land on one replica.
 //! - `WASMOP_BENCH_WASMOP_ARGS`: extra `wasmop run` flags, space-separated (e.g.
 //!   `--kube-qps 0`), read by [`crate::contenders::wasmop`].
+//! - `WASMOP_BENCH_CHARTS`: the directory the SVG charts go to (default `<target>/bench`, see
+//!   [`crate::chart`]).
 //!
 //! # Errors
 //! [`Error::Setting`] for a value that does not parse or is out of range.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::contenders::Contender;
@@ -48,6 +51,8 @@ pub struct Settings {
     pub replicas: Vec<usize>,
     /// Namespaces `wasmop-sharded` spreads the Apps over.
     pub namespaces: usize,
+    /// Where the charts go, if set (else the bench's default).
+    pub charts: Option<PathBuf>,
 }
 
 /// Most replicas a row may start (each is a host process with its own module compile).
@@ -171,6 +176,7 @@ impl Settings {
             concurrency,
             floor_concurrency,
             timeout: seconds("WASMOP_BENCH_TIMEOUT")?,
+            charts: var("WASMOP_BENCH_CHARTS").map(PathBuf::from),
         })
     }
 
@@ -202,6 +208,7 @@ mod tests {
         assert!(s.contenders.contains(&Contender::WasmopSharded));
         assert_eq!(s.replicas, vec![1, 2, 3]);
         assert_eq!(s.namespaces, 100);
+        assert_eq!(s.charts, None);
         Ok(())
     }
 
@@ -212,7 +219,9 @@ mod tests {
             ("WASMOP_BENCH_REPLICAS", "2, 3"),
             ("WASMOP_BENCH_NAMESPACES", "40"),
             ("WASMOP_BENCH_N", " "),
+            ("WASMOP_BENCH_CHARTS", "/tmp/charts"),
         ])?;
+        assert_eq!(s.charts, Some(PathBuf::from("/tmp/charts")));
         assert_eq!(
             s.contenders,
             vec![Contender::Floor, Contender::WasmopSharded]

@@ -13,12 +13,16 @@
 //!   `metadata.managedFields`, `resourceVersion`, `generation` and timestamps; `create` when it
 //!   does not exist; `prune` when it exists, is controlled by the primary and is not in the
 //!   complete set. The status the module reports is compared with the live status fields.
+//! - Over many primaries ([`Progress::MANY`] or more) it shows its progress on stderr: one line
+//!   rewritten in place when stderr is a terminal (cleared before the report), else a line at
+//!   each tenth; stdout carries only the report.
 //!
 //! # Errors
 //! [`CliError::Other`] when the WasmReconciler or the module cannot be read. A primary whose
 //! module call or dry run fails is counted `failed`, one whose intents are refused `refused`;
 //! the command exits 1 when any primary failed (the preview is incomplete), 0 otherwise.
 
+use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -407,6 +411,9 @@ pub async fn preview(args: &Args) -> Result<Vec<(String, Outcome)>, CliError> {
         primaries.extend(list.items);
     }
     primaries.sort_by_key(|p| (p.namespace(), p.name_any()));
+    let stderr = std::io::stderr();
+    let live = stderr.is_terminal();
+    let mut progress = Progress::new(stderr, primaries.len(), live);
     let mut outcomes = Vec::new();
     for p in &primaries {
         let shown = format!("{} {}", primary_kind.kind, ObjectKey::of(p));
@@ -422,8 +429,71 @@ pub async fn preview(args: &Args) -> Result<Vec<(String, Outcome)>, CliError> {
             )
             .await,
         ));
+        progress.step(&outcomes);
     }
+    progress.finish();
     Ok(outcomes)
+}
+
+/// The progress of a preview over many primaries (see the module docs). Errors writing it are
+/// ignored: progress is a courtesy, the report is the result.
+#[derive(Debug)]
+pub struct Progress<W: Write> {
+    out: W,
+    total: usize,
+    live: bool,
+    /// The last tenth reported (not live).
+    tenth: usize,
+}
+
+impl<W: Write> Progress<W> {
+    /// Fewer primaries than this preview quickly: no progress is shown.
+    pub const MANY: usize = 10;
+
+    /// Progress over `total` primaries, written to `out`; `live`: rewrite one line in place (a
+    /// terminal), else a line at each tenth.
+    pub fn new(out: W, total: usize, live: bool) -> Self {
+        Progress {
+            out,
+            total,
+            live,
+            tenth: 0,
+        }
+    }
+
+    /// After each primary: `outcomes` so far.
+    pub fn step(&mut self, outcomes: &[(String, Outcome)]) {
+        if self.total < Self::MANY {
+            return;
+        }
+        let done = outcomes.len();
+        let count = |f: fn(&Outcome) -> bool| outcomes.iter().filter(|(_, o)| f(o)).count();
+        let line = format!(
+            "diff: {done} of {} primaries previewed ({} changed, {} refused, {} failed)",
+            self.total,
+            count(|o| matches!(o, Outcome::Changed(_))),
+            count(|o| matches!(o, Outcome::Refused(_))),
+            count(|o| matches!(o, Outcome::Failed(_))),
+        );
+        if self.live {
+            let _ = write!(self.out, "\r\x1b[2K{line}");
+            let _ = self.out.flush();
+            return;
+        }
+        let tenth = done * 10 / self.total;
+        if tenth > self.tenth {
+            self.tenth = tenth;
+            let _ = writeln!(self.out, "{line}");
+        }
+    }
+
+    /// After the last primary: clears the live line.
+    pub fn finish(&mut self) {
+        if self.live && self.total >= Self::MANY {
+            let _ = write!(self.out, "\r\x1b[2K");
+            let _ = self.out.flush();
+        }
+    }
 }
 
 /// A client of `config` impersonating `wr`'s ServiceAccount.
@@ -560,6 +630,56 @@ mod tests {
                 .any(|l| l.starts_with('+') && l.contains("password")),
             "the changed key is shown:\n{shown}"
         );
+    }
+
+    fn progress(total: usize, live: bool) -> String {
+        let mut out = Vec::new();
+        let mut progress = Progress::new(&mut out, total, live);
+        let mut outcomes = Vec::new();
+        for i in 0..total {
+            let outcome = match i % 4 {
+                0 => Outcome::Changed(vec!["create ConfigMap ns/c".into()]),
+                1 => Outcome::Refused("intents refused".into()),
+                2 => Outcome::Failed("boom".into()),
+                _ => Outcome::Unchanged,
+            };
+            outcomes.push((format!("Widget ns/w{i}"), outcome));
+            progress.step(&outcomes);
+        }
+        progress.finish();
+        String::from_utf8_lossy(&out).into_owned()
+    }
+
+    #[test]
+    fn a_preview_of_many_primaries_shows_its_progress() {
+        // Not a terminal: a line at each tenth, the last one the whole count.
+        let lines = progress(100, false);
+        let lines: Vec<&str> = lines.lines().collect();
+        assert_eq!(lines.len(), 10, "{lines:?}");
+        assert_eq!(
+            lines[0],
+            "diff: 10 of 100 primaries previewed (3 changed, 3 refused, 2 failed)"
+        );
+        assert_eq!(
+            lines[9],
+            "diff: 100 of 100 primaries previewed (25 changed, 25 refused, 25 failed)"
+        );
+        // 25 primaries: each tenth that a primary completes, once.
+        assert_eq!(progress(25, false).lines().count(), 10);
+        // A terminal: one line rewritten in place, cleared at the end.
+        let live = progress(12, true);
+        assert_eq!(live.matches('\r').count(), 13, "{live:?}");
+        assert!(
+            live.contains("diff: 12 of 12 primaries previewed"),
+            "{live:?}"
+        );
+        assert!(
+            live.ends_with("\r\x1b[2K") && !live.contains('\n'),
+            "{live:?}"
+        );
+        // A few primaries preview quickly: nothing.
+        assert_eq!(progress(Progress::<Vec<u8>>::MANY - 1, false), "");
+        assert_eq!(progress(3, true), "");
     }
 
     #[test]
