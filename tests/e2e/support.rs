@@ -23,7 +23,7 @@ use wasmop::operations::leader::LeaderConfig;
 use wasmop_testenv::{TestEnv, eventually};
 
 /// How long the e2e tests wait for the cluster to converge.
-pub const WAIT: Duration = Duration::from_secs(60);
+pub const WAIT: Duration = Duration::from_secs(180);
 
 pub fn apply_params() -> PatchParams {
     PatchParams::apply("wasmop-e2e").force()

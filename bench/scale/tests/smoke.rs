@@ -98,7 +98,7 @@ fn check_sharded(m: &Measurement) {
 /// How many contenders run at once, each on its own control plane. The smoke run asserts no
 /// timing, so they need not run alone as `make bench-scale`'s do; most of a contender's time is
 /// waiting (its control plane starting, the settle and the idle windows), which overlaps.
-const AT_ONCE: usize = 3;
+const AT_ONCE: usize = 2;
 
 /// Measures `contender` at N Apps and checks every figure was obtained.
 async fn measured(contender: Contender, binaries: &Binaries) -> anyhow::Result<Measurement> {
