@@ -79,7 +79,11 @@ step "pushing the modules (wasmop push validates each one first)"
 "$WASMOP" push "$MODULES/configmap_propagator.wasm" --name configmap-propagator -n wasmop-examples
 
 step "starting the host (log: $work/host.log)"
-"$WASMOP" run --cache-dir "${WASMOP_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/wasmop}/modules" \
+# A compiled-module cache of this run's own: the demo stops its host at the end, maybe during
+# the background compile of the module it swapped in, and the host counts a compile it did not
+# finish as a crash (its quarantine marker stays); two such runs quarantined v2 for every later
+# demo sharing ~/.cache/wasmop (the sixth and seventh stops' failures at the hot-swap step).
+"$WASMOP" run --cache-dir "$work/compiled" \
   --metrics-addr 127.0.0.1:0 --webhook-addr 127.0.0.1:0 \
   >"$work/host.log" 2>&1 &
 host_pid=$!
