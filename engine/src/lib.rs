@@ -59,7 +59,9 @@ pub use cache::{ArtifactCache, DEFAULT_CACHE_MAX_BYTES};
 pub use determinism::TICK as CLOCK_TICK;
 pub use error::{CallError, LoadError};
 pub use needs::{Needs, NeedsError, needs};
-pub use quarantine::{DEFAULT_QUARANTINE_AFTER, MAX_MARKERS as MAX_QUARANTINE_MARKERS};
+pub use quarantine::{
+    DEFAULT_QUARANTINE_AFTER, MAX_MARKERS as MAX_QUARANTINE_MARKERS, exiting as exiting_process,
+};
 pub use queue::{CallQueue, QueueTimeout, Slot};
 pub use tier::{CompileGate, CompilePermit, FastCompiler, Tier};
 

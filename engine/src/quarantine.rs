@@ -10,7 +10,9 @@
 //!
 //! # Guarantees
 //! - A compile that ends, well or badly, leaves no marker (the marker is dropped with the
-//!   compile's [`Marker`], unwinding included): only a dead process leaves one.
+//!   compile's [`Marker`], unwinding included), and neither does a process that exits by choice
+//!   while compiles run (a graceful shutdown during a background compile): [`exiting`] deletes
+//!   the markers of the compiles still under way. Only a dead process leaves one.
 //! - After `after` consecutive crashes during compiles of one digest the digest is refused
 //!   before anything is compiled, with the markers' paths: deleting them (or pushing another
 //!   module) clears it.
@@ -27,7 +29,10 @@
 //!   cannot be locked is counted as before: hosts sharing such a directory could count each
 //!   other's compiles under way as crashes.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Mutex, PoisonError};
 
 use crate::error::LoadError;
 
@@ -41,18 +46,58 @@ pub const MAX_MARKERS: usize = 64;
 /// The extension of a marker.
 const EXTENSION: &str = "compiling";
 
+/// The markers of one process's compiles under way ([`PROCESS`]; tests make their own): whoever
+/// takes a path out of it (the compile's end, or [`exiting`]) deletes that marker, so each is
+/// deleted once, and never after another process made a new one at the same path.
+#[derive(Debug)]
+pub(crate) struct Live {
+    markers: Mutex<Option<HashMap<u64, PathBuf>>>,
+    next: AtomicU64,
+    /// Set by [`Live::exit`]: compiles that begin afterwards run unmarked.
+    exiting: AtomicBool,
+}
+
+/// This process's compiles under way.
+static PROCESS: Live = Live::new();
+
+impl Live {
+    const fn new() -> Live {
+        Live {
+            markers: Mutex::new(None),
+            next: AtomicU64::new(1),
+            exiting: AtomicBool::new(false),
+        }
+    }
+
+    fn with<T>(&self, f: impl FnOnce(&mut HashMap<u64, PathBuf>) -> T) -> T {
+        let mut guard = self.markers.lock().unwrap_or_else(PoisonError::into_inner);
+        f(guard.get_or_insert_with(HashMap::new))
+    }
+
+    fn exit(&self) {
+        self.exiting.store(true, Ordering::SeqCst);
+        self.with(|m| {
+            for (_, path) in m.drain() {
+                let _ = std::fs::remove_file(path);
+            }
+        });
+    }
+}
+
 /// A compile under way: its marker, locked while it lives, is deleted when this is dropped.
 #[derive(Debug)]
 pub(crate) struct Marker {
-    path: Option<PathBuf>,
+    /// Where it is registered, and its key there (None: no marker).
+    live: Option<(&'static Live, u64)>,
     /// The marker, open and locked (the lock goes with the process).
     file: Option<std::fs::File>,
 }
 
 impl Drop for Marker {
     fn drop(&mut self) {
-        if let Some(path) = self.path.take() {
-            let _ = std::fs::remove_file(path);
+        if let Some((live, id)) = self.live.take() {
+            // Deleted under the registry's lock, so `exiting` never deletes it a second time.
+            live.with(|m| m.remove(&id).map(std::fs::remove_file));
         }
         // Unlocked once deleted: nobody sees a finished compile's marker unlocked.
         self.file.take();
@@ -61,15 +106,38 @@ impl Drop for Marker {
 
 impl Marker {
     const NONE: Marker = Marker {
-        path: None,
+        live: None,
         file: None,
     };
+
+    fn new(live: &'static Live, path: PathBuf, file: std::fs::File) -> Marker {
+        let id = live.next.fetch_add(1, Ordering::Relaxed);
+        live.with(|m| m.insert(id, path));
+        Marker {
+            live: Some((live, id)),
+            file: Some(file),
+        }
+    }
 
     /// What a process killed during the compile leaves: the marker, unlocked.
     #[cfg(test)]
     fn crash(mut self) {
-        self.path = None;
+        if let Some((live, id)) = self.live.take() {
+            live.with(|m| m.remove(&id));
+        }
     }
+}
+
+/// The process is exiting by choice (a graceful shutdown, a command's end): deletes the
+/// markers of its compiles still under way, which will never end but did not crash, and runs
+/// any compile that begins afterwards without a marker. Call it last, just before the process
+/// exits; compiles go on meanwhile (their ends delete nothing more).
+///
+/// # Caveats
+/// - A compile that would have killed the process in the moments between this call and the
+///   exit is not counted.
+pub fn exiting() {
+    PROCESS.exit();
 }
 
 /// Whether a live compile holds `path`'s lock.
@@ -151,7 +219,12 @@ pub(crate) fn check(dir: &Path, sha256: &str, after: u32) -> Result<(), LoadErro
 /// The count it writes is one more than the marker left there, if any; a marker that cannot be
 /// written is logged, never fatal (the compile runs unguarded).
 pub(crate) fn begin(entry: &Path, after: u32) -> Marker {
-    if after == 0 {
+    begin_in(&PROCESS, entry, after)
+}
+
+/// [`begin`], registered in `live`.
+fn begin_in(live: &'static Live, entry: &Path, after: u32) -> Marker {
+    if after == 0 || live.exiting.load(Ordering::SeqCst) {
         return Marker::NONE;
     }
     let path = marker_path(entry);
@@ -159,10 +232,7 @@ pub(crate) fn begin(entry: &Path, after: u32) -> Marker {
         bound(dir);
     }
     match lock_marker(&path) {
-        Ok(Some(file)) => Marker {
-            path: Some(path),
-            file: Some(file),
-        },
+        Ok(Some(file)) => Marker::new(live, path, file),
         // Another compile of this digest and tier is under way: its marker stands for both.
         Ok(None) => Marker::NONE,
         Err(e) => {
@@ -272,6 +342,36 @@ mod tests {
             std::fs::remove_file(path).expect("the marker is deleted");
         }
         assert!(check(dir.path(), &sha, 2).is_ok());
+    }
+
+    /// The demo's and a rolling restart's case: the process exits by choice while a compile
+    /// runs (a background optimizing compile at SIGTERM). Not a crash: nothing is left.
+    #[test]
+    fn a_process_that_exits_by_choice_during_a_compile_leaves_no_crash() {
+        let live: &'static Live = Box::leak(Box::new(Live::new()));
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let (sha, crashed) = ("ab".repeat(32), "cd".repeat(32));
+        begin_in(live, &entry(dir.path(), &crashed, "fast"), 2).crash();
+        let under_way = begin_in(live, &entry(dir.path(), &sha, "optimized"), 2);
+        live.exit();
+        assert!(
+            markers_of(dir.path(), &sha).is_empty(),
+            "the exit deleted the marker of the compile under way"
+        );
+        assert_eq!(
+            markers_of(dir.path(), &crashed).len(),
+            1,
+            "a dead compile's marker stays counted"
+        );
+        // Another host sharing the directory marks the same compile; this process's compile
+        // then ends (before the exit completes): the other's marker stays.
+        let elsewhere = begin(&entry(dir.path(), &sha, "optimized"), 2);
+        drop(under_way);
+        assert!(marker_path(&entry(dir.path(), &sha, "optimized")).exists());
+        drop(elsewhere);
+        // A compile that begins after the exit began runs unmarked.
+        begin_in(live, &entry(dir.path(), &sha, "fast"), 2).crash();
+        assert!(markers_of(dir.path(), &sha).is_empty());
     }
 
     #[test]

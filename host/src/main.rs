@@ -53,6 +53,9 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     };
+    // An exit by choice: compiles still under way (a background optimizing compile at SIGTERM)
+    // did not crash, so their quarantine markers go.
+    wasmop::engine::exiting_process();
     // Spans still queued go out, however the command ended (a no-op when already flushed).
     traces::shutdown();
     code
