@@ -17,7 +17,7 @@ use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use wasmop_testenv::{TestEnv, eventually};
+use wasmop_testenv::{Plane, TestEnv, Turn, eventually};
 
 fn app(name: &str, image: &str) -> anyhow::Result<DynamicObject> {
     Ok(serde_json::from_value(json!({
@@ -729,7 +729,9 @@ async fn graceful_exit_during_a_compile(
 /// stopped by SIGTERM during a compile counts no crash ([`graceful_exit_during_a_compile`]).
 #[tokio::test]
 async fn a_module_whose_compile_killed_the_host_twice_is_quarantined() -> anyhow::Result<()> {
-    let env = TestEnv::get("quarantine").await?;
+    // A plane of its own: its tenant reconciler (a cluster-scoped primary, left quarantined)
+    // would conflict with the python suite's on the shared plane.
+    let env = TestEnv::with("quarantine", Plane::Fresh, Turn::Shared).await?;
     let registry = wasmop_testenv::Registry::start().await?;
     let module = std::fs::read(tenant_module(TenantBuild::First).await?)?;
     let sha = wasmop::engine::sha256_hex(&module);
