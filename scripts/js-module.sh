@@ -14,13 +14,13 @@
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+NAME=js-module
+# shellcheck source=scripts/lib/tools.sh
+source "$ROOT/scripts/lib/tools.sh"
 SDK="$ROOT/guest-sdk/js"
 LOCK="$SDK/tools/package-lock.json"
-CACHE=${WASMOP_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/wasmop}
 TOOLS=${WASMOP_JS_TOOLS:-$CACHE/componentize-js-0.23.0}
 MIN_NODE=20.6
-
-die() { echo "js-module: $*" >&2; exit 1; }
 
 need_node() {
   command -v node >/dev/null || die "node not found: install Node.js $MIN_NODE or newer (Debian: apt-get install nodejs npm)"
@@ -34,20 +34,16 @@ tools() {
   need_node
   command -v npm >/dev/null || die "npm not found: install npm (Debian: apt-get install npm)"
   command -v flock >/dev/null || die "flock not found: Debian: apt-get install util-linux"
-  mkdir -p "$(dirname "$TOOLS")"
-  # One installer at a time (tests build in parallel); the stamp says what is installed.
-  exec 9>"$TOOLS.lock"
-  flock 9
-  if ! cmp -s "$LOCK" "$TOOLS/.package-lock.json" 2>/dev/null; then
-    echo "js-module: installing the pinned JavaScript tools into $TOOLS (first time only)" >&2
-    rm -rf "$TOOLS"
-    mkdir -p "$TOOLS"
-    cp "$SDK/tools/package.json" "$LOCK" "$TOOLS/"
-    (cd "$TOOLS" && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error >&2) ||
-      { rm -rf "$TOOLS"; die "cannot install $LOCK with npm ci (the first run needs the npm registry)"; }
-    cp "$LOCK" "$TOOLS/.package-lock.json"
-  fi
-  flock -u 9
+  install_once "$TOOLS" "$LOCK" .package-lock.json install_tools
+}
+
+# npm ci of the pinned tools into the empty $TOOLS (install_once's INSTALL).
+install_tools() {
+  echo "$NAME: installing the pinned JavaScript tools into $TOOLS (first time only)" >&2
+  mkdir -p "$TOOLS"
+  cp "$SDK/tools/package.json" "$LOCK" "$TOOLS/"
+  (cd "$TOOLS" && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error >&2) ||
+    { rm -rf "$TOOLS"; die "cannot install $LOCK with npm ci (the first run needs the npm registry)"; }
 }
 
 inputs_digest() {
@@ -68,18 +64,14 @@ build() {
   tools
   mkdir -p "$(dirname "$out")"
   out=$(cd "$(dirname "$out")" && pwd)/$(basename "$out")
-  # One build of OUT at a time (test binaries may ask for the same module at once).
-  exec 8>"$out.lock"
-  flock 8
-  local digest
-  digest=$(inputs_digest "$app_dir")
-  if [ -f "$out" ] && [ "$(cat "$out.inputs" 2>/dev/null)" = "$digest" ]; then
-    echo "js-module: $out is up to date" >&2
-    return
-  fi
+  build_once "$out" inputs_digest componentize "$app_dir" "$app" "$out"
+}
+
+# componentize APP_DIR APP OUT: APP_DIR/APP.js into OUT (build_once's BUILD).
+componentize() {
+  local app_dir=$1 app=$2 out=$3
   node "$SDK/tools/build.mjs" "$TOOLS" "$ROOT/wit" "$SDK/src" "$app_dir" "$app" "$out" ||
     die "componentize-js failed for $app_dir/$app.js (its message is above)"
-  echo "$digest" >"$out.inputs"
 }
 
 run_tests() {

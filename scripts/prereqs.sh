@@ -67,40 +67,41 @@ check_cc() {
     miss "a C compiler ($cc) for ring and aws-lc-sys: Debian: apt-get install gcc (or build-essential)"
 }
 
-check_python() {
-  if ! command -v python3 >/dev/null; then
-    miss "python3 >= $MIN_PYTHON: Debian: apt-get install python3 python3-venv"
-    return
+# at_least CMD MIN VERSION ABSENT OLD: CMD is on PATH and the function VERSION prints its version,
+# >= MIN. Else one missing line, "CMD >= MIN: ABSENT" or "CMD >= MIN (found HAVE): OLD", and
+# returns 1 (no CMD) or 2 (too old), for the caller to skip the checks that need CMD.
+at_least() {
+  local cmd=$1 min=$2 version=$3 absent=$4 old=$5
+  if ! command -v "$cmd" >/dev/null; then
+    miss "$cmd >= $min: $absent"
+    return 1
   fi
   local have
-  have=$(python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null) || have=0
-  version_at_least "$have" "$MIN_PYTHON" ||
-    { miss "python3 >= $MIN_PYTHON (found $have): Debian 12+: apt-get install python3, or pyenv"; return; }
+  have=$("$version" 2>/dev/null) || have=0
+  version_at_least "$have" "$min" || { miss "$cmd >= $min (found $have): $old"; return 2; }
+}
+
+python_version() { python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])'; }
+node_version() { node -p 'process.versions.node'; }
+go_version() { go env GOVERSION | sed 's/^go//; s/[^0-9.].*//'; }
+
+check_python() {
+  at_least python3 "$MIN_PYTHON" python_version "Debian: apt-get install python3 python3-venv" \
+    "Debian 12+: apt-get install python3, or pyenv" || return 0
   python3 -c 'import venv, ensurepip' 2>/dev/null ||
     miss "Python's venv with ensurepip: Debian: apt-get install python3-venv"
 }
 
 check_node() {
-  if ! command -v node >/dev/null; then
-    miss "node >= $MIN_NODE: Debian 13+: apt-get install nodejs npm (or https://nodejs.org)"
-    return
-  fi
-  local have
-  have=$(node -p 'process.versions.node' 2>/dev/null) || have=0
-  version_at_least "$have" "$MIN_NODE" ||
-    miss "node >= $MIN_NODE (found $have): https://nodejs.org (Debian's nodejs is older before Debian 13)"
+  # A node too old still has its npm checked; no node, no npm check.
+  at_least node "$MIN_NODE" node_version "Debian 13+: apt-get install nodejs npm (or https://nodejs.org)" \
+    "https://nodejs.org (Debian's nodejs is older before Debian 13)" || [ $? -eq 2 ] || return 0
   command -v npm >/dev/null || miss "npm: Debian: apt-get install npm"
 }
 
 check_go() {
-  if ! command -v go >/dev/null; then
-    miss "go >= $MIN_GO: https://go.dev/dl/ (Debian's golang-go is older; put go on PATH)"
-    return
-  fi
-  local have
-  have=$(go env GOVERSION 2>/dev/null | sed 's/^go//; s/[^0-9.].*//') || have=0
-  version_at_least "$have" "$MIN_GO" ||
-    miss "go >= $MIN_GO (found $have): https://go.dev/dl/ (Debian's golang-go is older)"
+  at_least go "$MIN_GO" go_version "https://go.dev/dl/ (Debian's golang-go is older; put go on PATH)" \
+    "https://go.dev/dl/ (Debian's golang-go is older)" || true
 }
 
 check_binutils() {

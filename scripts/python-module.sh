@@ -12,30 +12,26 @@
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+NAME=python-module
+# shellcheck source=scripts/lib/tools.sh
+source "$ROOT/scripts/lib/tools.sh"
 REQUIREMENTS="$ROOT/guest-sdk/python/requirements.txt"
-CACHE=${WASMOP_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/wasmop}
 VENV=${WASMOP_PYTHON_VENV:-$CACHE/componentize-py-0.25.1}
 PYTHON=${PYTHON:-python3}
-
-die() { echo "python-module: $*" >&2; exit 1; }
 
 tools() {
   command -v "$PYTHON" >/dev/null || die "$PYTHON not found: install Python 3.11 or newer"
   "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' ||
     die "$("$PYTHON" --version) is too old: the SDK's native tests need Python 3.11 or newer"
-  mkdir -p "$(dirname "$VENV")"
-  # One installer at a time (tests build in parallel); the stamp says what is installed.
-  exec 9>"$VENV.lock"
-  flock 9
-  if ! cmp -s "$REQUIREMENTS" "$VENV/.requirements" 2>/dev/null; then
-    echo "python-module: installing the pinned Python tools into $VENV (first time only)" >&2
-    rm -rf "$VENV"
-    "$PYTHON" -m venv "$VENV" || die "cannot create a venv at $VENV (is python3-venv installed?)"
-    "$VENV/bin/pip" install --quiet --disable-pip-version-check -r "$REQUIREMENTS" ||
-      die "cannot install $REQUIREMENTS (the first run needs the package index)"
-    cp "$REQUIREMENTS" "$VENV/.requirements"
-  fi
-  flock -u 9
+  install_once "$VENV" "$REQUIREMENTS" .requirements install_tools
+}
+
+# A venv with the pinned tools at the empty $VENV (install_once's INSTALL).
+install_tools() {
+  echo "$NAME: installing the pinned Python tools into $VENV (first time only)" >&2
+  "$PYTHON" -m venv "$VENV" || die "cannot create a venv at $VENV (is python3-venv installed?)"
+  "$VENV/bin/pip" install --quiet --disable-pip-version-check -r "$REQUIREMENTS" ||
+    die "cannot install $REQUIREMENTS (the first run needs the package index)"
 }
 
 inputs_digest() {
@@ -52,22 +48,17 @@ build() {
   [ -f "$app_dir/$app.py" ] || die "no $app_dir/$app.py"
   tools
   mkdir -p "$(dirname "$out")"
-  # One build of OUT at a time (test binaries may ask for the same module at once).
-  exec 8>"$out.lock"
-  flock 8
-  local digest
-  digest=$(inputs_digest "$app_dir")
-  if [ -f "$out" ] && [ "$(cat "$out.inputs" 2>/dev/null)" = "$digest" ]; then
-    echo "python-module: $out is up to date" >&2
-    return
-  fi
-  local started=$SECONDS
+  build_once "$out" inputs_digest componentize "$app_dir" "$app" "$out"
+}
+
+# componentize APP_DIR APP OUT: APP_DIR/APP.py into OUT (build_once's BUILD).
+componentize() {
+  local app_dir=$1 app=$2 out=$3 started=$SECONDS
   "$VENV/bin/componentize-py" -d "$ROOT/wit/reconciler.wit" -w module componentize "$app" \
     -p "$app_dir" -p "$ROOT/guest-sdk/python" -o "$out.tmp" >&2 ||
     die "componentize-py failed for $app_dir/$app.py (its message is above)"
   mv "$out.tmp" "$out"
-  echo "$digest" >"$out.inputs"
-  echo "python-module: built $out ($(stat -c %s "$out") bytes) in $((SECONDS - started)) s" >&2
+  echo "$NAME: built $out ($(stat -c %s "$out") bytes) in $((SECONDS - started)) s" >&2
 }
 
 run_pytest() {

@@ -1,5 +1,6 @@
 //! The `wasmop` command line, run as users run it.
 
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -368,25 +369,35 @@ fn kubeconfig(dir: &Path, name: &str, body: &str) -> PathBuf {
     path
 }
 
-#[test]
-fn push_takes_its_namespace_as_kubectl_does() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    // KUBECONFIG is a list merged in order: the current context from the first file, the
-    // contexts from the second.
+/// A KUBECONFIG list of two files in `dir`, merged in order: the current context (`two`) from
+/// the first, the contexts from the second, which holds cluster `c`, user `u` and `contexts`
+/// (the items of its `contexts:` list). Returns the list and the second file.
+fn kubeconfig_list(dir: &Path, contexts: &str) -> (OsString, PathBuf) {
     let first = kubeconfig(
-        dir.path(),
+        dir,
         "a",
         "apiVersion: v1\nkind: Config\ncurrent-context: two\n",
     );
     let second = kubeconfig(
-        dir.path(),
+        dir,
         "b",
-        "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster: {server: 'https://127.0.0.1:1'}\n\
-         users:\n- name: u\n  user: {token: t}\ncontexts:\n\
-         - name: two\n  context: {cluster: c, user: u, namespace: from-two}\n\
-         - name: three\n  context: {cluster: c, user: u, namespace: from-three}\n",
+        &format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster: {{server: 'https://127.0.0.1:1'}}\n\
+             users:\n- name: u\n  user: {{token: t}}\ncontexts:\n{contexts}"
+        ),
     );
     let list = std::env::join_paths([&first, &second]).expect("join");
+    (list, second)
+}
+
+#[test]
+fn push_takes_its_namespace_as_kubectl_does() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (list, second) = kubeconfig_list(
+        dir.path(),
+        "- name: two\n  context: {cluster: c, user: u, namespace: from-two}\n\
+         - name: three\n  context: {cluster: c, user: u, namespace: from-three}\n",
+    );
     let namespace = |extra: &[&str]| {
         let out = stdout_of(
             wasmop()
@@ -414,19 +425,10 @@ fn push_takes_its_namespace_as_kubectl_does() {
 #[test]
 fn run_takes_kubectls_connection_flags_and_kubeconfig_list() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let first = kubeconfig(
+    let (list, _) = kubeconfig_list(
         dir.path(),
-        "a",
-        "apiVersion: v1\nkind: Config\ncurrent-context: two\n",
+        "- name: two\n  context: {cluster: c, user: u}\n",
     );
-    let second = kubeconfig(
-        dir.path(),
-        "b",
-        "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster: {server: 'https://127.0.0.1:1'}\n\
-         users:\n- name: u\n  user: {token: t}\ncontexts:\n\
-         - name: two\n  context: {cluster: c, user: u}\n",
-    );
-    let list = std::env::join_paths([&first, &second]).expect("join");
     // A context the merged list does not hold is refused at once, named, before any connection.
     let out = wasmop()
         .args(["run", "--context", "nope"])

@@ -9,10 +9,14 @@
 //! compiled code in the cache beside it. A missing node, npm or toolchain fails these tests with
 //! the script's message: they never skip.
 
+mod common;
+
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 use std::sync::OnceLock;
 use std::time::Duration;
+
+use common::{build, root, succeed};
 
 use wasmop::contract::{
     Action, ConditionStatus, Context, EventType, Gvk, KindObjects, Mapping, Operation, Propagation,
@@ -22,45 +26,26 @@ use wasmop::engine::{
     CallError, Engine, EngineConfig, Limits, MAX_CORE_INSTANCES_PER_MODULE, Module,
 };
 
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
 fn tmp() -> PathBuf {
     Path::new(env!("CARGO_TARGET_TMPDIR")).join("js")
 }
 
+/// `bash scripts/js-module.sh`, its arguments to be added.
 fn script() -> Command {
-    let mut cmd = Command::new("bash");
-    cmd.arg(root().join("scripts/js-module.sh"));
-    cmd
-}
-
-fn succeed(what: &str, out: Output) -> String {
-    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "{what} failed ({}):\n{stdout}\n{stderr}",
-        out.status
-    );
-    stdout + &stderr
+    common::script("js-module.sh")
 }
 
 /// The probe component, built once per test binary (skipped by the script when up to date).
 fn probe_wasm() -> &'static Path {
     static BUILT: OnceLock<PathBuf> = OnceLock::new();
     BUILT.get_or_init(|| {
-        let out = tmp().join("probe.wasm");
-        let result = script()
-            .arg("build")
-            .arg(root().join("tests/guests/js-probe"))
-            .arg("probe")
-            .arg(&out)
-            .output()
-            .expect("runs bash");
-        succeed("building the js-probe component", result);
-        out
+        build(
+            script(),
+            &root().join("tests/guests/js-probe"),
+            "probe",
+            tmp().join("probe.wasm"),
+            "building the js-probe component",
+        )
     })
 }
 
@@ -415,15 +400,13 @@ fn a_js_project_from_wasmop_new_passes_its_tests_and_its_golden_test() {
         "{text}"
     );
 
-    let module = tmp().join("hello_js.wasm");
-    let built = script()
-        .arg("build")
-        .arg(&dir)
-        .arg("hello_js")
-        .arg(&module)
-        .output()
-        .expect("runs bash");
-    succeed("building the generated project", built);
+    let module = build(
+        script(),
+        &dir,
+        "hello_js",
+        tmp().join("hello_js.wasm"),
+        "building the generated project",
+    );
     let golden = wasmop()
         .arg("test")
         .arg(&module)
@@ -441,16 +424,13 @@ fn a_js_project_from_wasmop_new_passes_its_tests_and_its_golden_test() {
 fn feature_flags_wasm() -> &'static Path {
     static BUILT: OnceLock<PathBuf> = OnceLock::new();
     BUILT.get_or_init(|| {
-        let out = tmp().join("feature_flags.wasm");
-        let result = script()
-            .arg("build")
-            .arg(root().join("examples/feature-flags"))
-            .arg("flags")
-            .arg(&out)
-            .output()
-            .expect("runs bash");
-        succeed("building the feature-flags component", result);
-        out
+        build(
+            script(),
+            &root().join("examples/feature-flags"),
+            "flags",
+            tmp().join("feature_flags.wasm"),
+            "building the feature-flags component",
+        )
     })
 }
 

@@ -5,45 +5,30 @@
 //! The first run installs the pinned tools (network); later runs are offline. A missing Python
 //! fails these tests with the script's message: they never skip.
 
+mod common;
+
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 use std::sync::OnceLock;
 
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
+use common::{build, root, succeed};
 
+/// `bash scripts/python-module.sh`, its arguments to be added.
 fn script() -> Command {
-    let mut cmd = Command::new("bash");
-    cmd.arg(root().join("scripts/python-module.sh"));
-    cmd
-}
-
-fn succeed(what: &str, out: Output) -> String {
-    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "{what} failed ({}):\n{stdout}\n{stderr}",
-        out.status
-    );
-    stdout + &stderr
+    common::script("python-module.sh")
 }
 
 /// The tenant component, built once per test binary (skipped by the script when up to date).
 fn tenant_wasm() -> &'static Path {
     static BUILT: OnceLock<PathBuf> = OnceLock::new();
     BUILT.get_or_init(|| {
-        let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("python/tenant.wasm");
-        let result = script()
-            .arg("build")
-            .arg(root().join("examples/tenant"))
-            .arg("tenant")
-            .arg(&out)
-            .output()
-            .expect("runs bash");
-        succeed("building the tenant component", result);
-        out
+        build(
+            script(),
+            &root().join("examples/tenant"),
+            "tenant",
+            Path::new(env!("CARGO_TARGET_TMPDIR")).join("python/tenant.wasm"),
+            "building the tenant component",
+        )
     })
 }
 

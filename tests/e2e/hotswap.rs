@@ -58,6 +58,30 @@ fn revision(d: &Deployment) -> Option<String> {
         .cloned()
 }
 
+/// Waits (as `what`) until every Deployment of `names` exists with the module revision `rev`
+/// (`None`: without the revision annotation).
+async fn wait_revision(
+    deployments: &Api<Deployment>,
+    what: &str,
+    names: &[String],
+    rev: Option<&str>,
+) -> anyhow::Result<()> {
+    eventually(what, WAIT, || async {
+        let mut ok = 0;
+        for n in names {
+            if deployments
+                .get_opt(n)
+                .await?
+                .is_some_and(|d| revision(&d).as_deref() == rev)
+            {
+                ok += 1;
+            }
+        }
+        Ok((ok == names.len()).then_some(()))
+    })
+    .await
+}
+
 #[tokio::test]
 async fn v1_to_v2_swaps_without_failures_garbage_is_refused_and_v2_keeps_serving()
 -> anyhow::Result<()> {
@@ -83,22 +107,11 @@ async fn v1_to_v2_swaps_without_failures_garbage_is_refused_and_v2_keeps_serving
         apps.create(&PostParams::default(), &app).await?;
     }
     let deployments: Api<Deployment> = env.api();
-    eventually(
+    wait_revision(
+        &deployments,
         "five Deployments from v1, without the revision annotation",
-        WAIT,
-        || async {
-            let mut ok = 0;
-            for n in &names {
-                if deployments
-                    .get_opt(n)
-                    .await?
-                    .is_some_and(|d| revision(&d).is_none())
-                {
-                    ok += 1;
-                }
-            }
-            Ok((ok == names.len()).then_some(()))
-        },
+        &names,
+        None,
     )
     .await?;
     wait_active(&env.client, &wr, &v1).await?;
@@ -123,19 +136,12 @@ async fn v1_to_v2_swaps_without_failures_garbage_is_refused_and_v2_keeps_serving
         wasmop_test_modules::IMAGE_UPDATER_V2,
     )
     .await?;
-    eventually("every Deployment re-applied by v2", WAIT, || async {
-        let mut ok = 0;
-        for n in &names {
-            if deployments
-                .get_opt(n)
-                .await?
-                .is_some_and(|d| revision(&d).as_deref() == Some("2"))
-            {
-                ok += 1;
-            }
-        }
-        Ok((ok == names.len()).then_some(()))
-    })
+    wait_revision(
+        &deployments,
+        "every Deployment re-applied by v2",
+        &names,
+        Some("2"),
+    )
     .await?;
     editor.await?;
     wait_active(&env.client, &wr, &v2).await?;
@@ -251,12 +257,13 @@ async fn a_swap_under_a_converged_app_reaches_its_children() -> anyhow::Result<(
     .await?;
     wait_active(&env.client, &wr, &v2).await?;
     let deployments: Api<Deployment> = env.api();
-    eventually("the Deployment re-applied by v2", WAIT, || async {
-        Ok(deployments
-            .get_opt("web")
-            .await?
-            .filter(|d| revision(d).as_deref() == Some("2")))
-    })
+    let web = ["web".to_string()];
+    wait_revision(
+        &deployments,
+        "the Deployment re-applied by v2",
+        &web,
+        Some("2"),
+    )
     .await?;
     host.shutdown().await?;
     env.passed()

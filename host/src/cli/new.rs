@@ -698,24 +698,31 @@ mod tests {
         assert!(refused.is_some_and(|e| e.contains("--sdk-path is for --lang rust")));
     }
 
-    #[test]
-    fn the_js_sdk_copy_has_every_source_file_of_guest_sdk_js() {
-        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../guest-sdk/js/src");
+    /// The paths under `prefix` that `list` copies, and the files of the repository's `dir` as
+    /// they would be copied (`prefix` and the file name); both sorted.
+    fn copied_and_on_disk(list: Template, dir: &str, prefix: &str) -> (Vec<String>, Vec<String>) {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(dir);
         let mut on_disk: Vec<String> = std::fs::read_dir(&dir)
             .map(|entries| {
                 entries
                     .filter_map(|e| e.ok()?.file_name().into_string().ok())
-                    .map(|name| format!("wasmop-sdk/{name}"))
+                    .map(|name| format!("{prefix}{name}"))
                     .collect()
             })
             .unwrap_or_default();
         on_disk.sort();
-        let mut copied: Vec<String> = JS
+        let mut copied: Vec<String> = list
             .iter()
             .map(|(path, _)| path.to_string())
-            .filter(|path| path.starts_with("wasmop-sdk/"))
+            .filter(|path| path.starts_with(prefix))
             .collect();
         copied.sort();
+        (copied, on_disk)
+    }
+
+    #[test]
+    fn the_js_sdk_copy_has_every_source_file_of_guest_sdk_js() {
+        let (copied, on_disk) = copied_and_on_disk(JS, "guest-sdk/js/src", "wasmop-sdk/");
         assert!(!on_disk.is_empty());
         assert_eq!(
             copied, on_disk,
@@ -749,22 +756,7 @@ mod tests {
 
     #[test]
     fn the_sdk_copy_has_every_source_file_of_guest_sdk() {
-        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../guest-sdk/src");
-        let mut on_disk: Vec<String> = std::fs::read_dir(&dir)
-            .map(|entries| {
-                entries
-                    .filter_map(|e| e.ok()?.file_name().into_string().ok())
-                    .map(|name| format!("wasmop-sdk/src/{name}"))
-                    .collect()
-            })
-            .unwrap_or_default();
-        on_disk.sort();
-        let mut copied: Vec<String> = RUST_SDK
-            .iter()
-            .map(|(path, _)| path.to_string())
-            .filter(|path| path.starts_with("wasmop-sdk/src/"))
-            .collect();
-        copied.sort();
+        let (copied, on_disk) = copied_and_on_disk(RUST_SDK, "guest-sdk/src", "wasmop-sdk/src/");
         assert_eq!(
             copied, on_disk,
             "RUST_SDK must list every file of guest-sdk/src"
