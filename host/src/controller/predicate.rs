@@ -12,7 +12,10 @@
 //!   timestamp or generation triggers a reconcile; a status-only change does not (the module's
 //!   resync and its children's events still bring the primary back).
 //! - The first event of every primary (after a start, and after kube-runtime's one-hour
-//!   fingerprint expiry) triggers a reconcile.
+//!   fingerprint expiry) triggers a reconcile. This holds because the primaries' stream passes
+//!   a primary on only while the controller's store holds it (`streams::once_cached`): one
+//!   passed on earlier would be dropped by the controller as not found, and its fingerprint,
+//!   already seen, would let none of its next unchanged events through.
 //!
 //! # Errors
 //! Nothing here fails.

@@ -8,6 +8,8 @@
 //!   `wasmop_cache_objects` at its cache's size.
 //! - The state of primaries that are gone is freed as their watch sees them go
 //!   ([`States::forget_gone`]); status-only changes of a primary call for no reconcile.
+//! - A primary is passed on to the controller only while its store holds it: the objects of a
+//!   list at the list's end ([`once_cached`]), so none is dropped as not found.
 //! - With sharding, each watch sees only this replica's slice, and reports each list to the
 //!   reconciler's [`Listed`] once its cache holds it (gained primaries wait for every cache).
 
@@ -16,6 +18,7 @@ use std::sync::Arc;
 use futures::{Stream, StreamExt};
 use kube::Client;
 use kube::api::{Api, DynamicObject};
+use kube::runtime::reflector::Store;
 use kube::runtime::reflector::store::Writer;
 use kube::runtime::{WatchStreamExt, utils::PredicateConfig, watcher};
 
@@ -88,7 +91,7 @@ impl Watches<'_> {
         let sharding = self.sharded_by(hash::Key::of_primary);
         let lister = sharding.as_ref().map(|(_, _, l)| l.clone());
         let requested = states.clone();
-        watch_events(
+        let cached = watch_events(
             self.client,
             primary,
             &self.settings.namespaces,
@@ -110,12 +113,11 @@ impl Watches<'_> {
             move || store.len()
         }))
         .inspect(shard_metrics(self.settings, store.clone()))
-        .inspect(move |e| states.forget_gone(e, &store))
-        .applied_objects()
-        // The host's own status writes (and anyone's status-only changes) call for no
-        // reconcile.
-        .predicate_filter(|c: &Compact| c.outside_status(), PredicateConfig::default())
-        .inspect(move |o| {
+        .inspect({
+            let store = store.clone();
+            move |e| states.forget_gone(e, &store)
+        });
+        calling_for_reconcile(cached, store).inspect(move |o| {
             if let Ok(o) = o {
                 requested.requested(&ObjectKey::of(o));
             }
@@ -196,6 +198,65 @@ impl Watches<'_> {
     }
 }
 
+/// The primaries of `events` (already reflected in `store`) that call for a reconcile: each
+/// applied primary once `store` holds it ([`once_cached`]), unless nothing outside its status
+/// changed since it was last passed on (the host's own status writes, anyone's status-only
+/// changes, a relist of unchanged primaries).
+fn calling_for_reconcile(
+    events: impl Stream<Item = Result<watcher::Event<Compact>, watcher::Error>> + Send + 'static,
+    store: Store<Compact>,
+) -> impl Stream<Item = Result<Compact, watcher::Error>> + Send + 'static {
+    once_cached(events, store)
+        .predicate_filter(|c: &Compact| c.outside_status(), PredicateConfig::default())
+}
+
+/// The applied primaries of `events` (already reflected in `store`), each passed on only once
+/// `store` holds it: an `Apply` as it comes, the objects of a list at its `InitDone`, read from
+/// the store, which holds exactly that list from then on.
+///
+/// kube-runtime's reflector keeps a list's objects aside until its `InitDone`, and its
+/// controller drops a request for an object its store does not hold. Passed on as they came
+/// (`applied_objects`), the objects first seen in a list were lost whenever the controller
+/// looked them up before the list was done (a list abandoned for the sharded watch's probe, a
+/// slow next page), and the predicate filter, having seen them, dropped them in the next list:
+/// never reconciled (until a resync).
+///
+/// # Guarantees
+/// - Every primary passed on is in `store` as it is passed on.
+/// - Every object of a finished list is passed on (to the predicate filter).
+///
+/// # Caveats
+/// - A list abandoned before its `InitDone` (the sharded watch's probe restart, an error
+///   mid-list) passes nothing on: the list that replaces it passes its objects.
+/// - A list's objects call for reconciles only once the whole list has arrived.
+fn once_cached(
+    events: impl Stream<Item = Result<watcher::Event<Compact>, watcher::Error>> + Send + 'static,
+    store: Store<Compact>,
+) -> impl Stream<Item = Result<Compact, watcher::Error>> + Send + 'static {
+    events.flat_map(move |event| futures::stream::iter(applied(event, &store)))
+}
+
+/// What [`once_cached`] passes on for `event`.
+type Applied = Box<dyn Iterator<Item = Result<Compact, watcher::Error>> + Send>;
+
+/// The primaries [`once_cached`] passes on for `event` (errors as they come).
+fn applied(
+    event: Result<watcher::Event<Compact>, watcher::Error>,
+    store: &Store<Compact>,
+) -> Applied {
+    match event {
+        Ok(watcher::Event::Apply(o)) => Box::new(std::iter::once(Ok(o))),
+        // Cheap clones: a `Compact` shares its text with the store's.
+        Ok(watcher::Event::InitDone) => {
+            Box::new(store.state().into_iter().map(|o| Ok(Compact::clone(&o))))
+        }
+        Ok(watcher::Event::Init | watcher::Event::InitApply(_) | watcher::Event::Delete(_)) => {
+            Box::new(std::iter::empty())
+        }
+        Err(e) => Box::new(std::iter::once(Err(e))),
+    }
+}
+
 /// With sharding: tells `lister` that a list is done once the cache the events passed to the
 /// returned closure were recorded in holds it (the gained primaries are then reconciled, see
 /// [`crate::sharding::listed`]).
@@ -212,7 +273,7 @@ fn listed_when_cached<K>(
 /// With sharding: keeps the shard metrics at the primaries' store's size.
 fn shard_metrics(
     settings: &Settings,
-    store: kube::runtime::reflector::Store<Compact>,
+    store: Store<Compact>,
 ) -> impl Fn(&Result<watcher::Event<Compact>, watcher::Error>) + Send + 'static {
     let (sharded, reconciler) = (settings.shards.is_some(), settings.name.clone());
     move |e| {
@@ -328,4 +389,99 @@ fn watch_events(
     })
     .default_backoff()
     .boxed()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::ResourceExt;
+    use kube::api::{ApiResource, GroupVersionKind};
+    use kube::runtime::reflector::ObjectRef;
+    use kube::runtime::watcher::Event;
+
+    fn widgets() -> ApiResource {
+        ApiResource::from_gvk(&GroupVersionKind::gvk("test.wasmop.dev", "v1", "Widget"))
+    }
+
+    fn widget(name: &str) -> Compact {
+        widget_at(name, "1", serde_json::json!({}))
+    }
+
+    fn widget_at(name: &str, rv: &str, status: serde_json::Value) -> Compact {
+        let mut o = DynamicObject::new(name, &widgets())
+            .within("ns0-shard")
+            .data(serde_json::json!({"spec": {"size": 1}, "status": status}));
+        o.metadata.uid = Some(format!("uid-{name}"));
+        o.metadata.resource_version = Some(rv.into());
+        o.metadata.generation = Some(1);
+        Compact::new(&o).unwrap_or_else(|e| panic!("compact: {e}"))
+    }
+
+    /// The primaries `events` pass on to the controller, in name order, each with whether the
+    /// store held it as it was passed on (kube-runtime's controller looks it up there and drops
+    /// the request when it is not).
+    fn passed_on(events: Vec<Event<Compact>>) -> Vec<(String, bool)> {
+        let writer = Writer::new(widgets());
+        let store: Store<Compact> = writer.as_reader();
+        let reflected = futures::stream::iter(events.into_iter().map(Ok)).reflect(writer);
+        let held = |o: &Compact| store.get(&ObjectRef::from_obj_with(o, widgets())).is_some();
+        let passed = calling_for_reconcile(reflected, store.clone()).map(|o| match o {
+            Ok(o) => (o.name_any(), held(&o)),
+            Err(e) => panic!("no error was sent: {e}"),
+        });
+        let mut passed: Vec<(String, bool)> = futures::executor::block_on(passed.collect());
+        passed.sort();
+        passed
+    }
+
+    /// The e2e flake of `a_replica_that_cannot_set_the_reconciler_up_withdraws_its_share`: the
+    /// first Widget came in the list of a sharded watch that did not know yet whether the API
+    /// server filters, which restarts the watch to probe the server with it and so abandons
+    /// that list before its `InitDone`. The Widget was passed on before the store held it (the
+    /// controller found nothing and dropped the request) and, unchanged in the next list, the
+    /// predicate filter let it through no more: no reconcile, ever.
+    #[test]
+    fn a_primary_of_a_list_abandoned_for_the_probe_is_passed_on_once_the_store_holds_it() {
+        let events = vec![
+            // The list after the active ranges changed, before any Widget existed.
+            Event::Init,
+            Event::InitDone,
+            // The next list has the first Widget: the watch restarts to probe the server.
+            Event::Init,
+            Event::InitApply(widget("w-0")),
+            // The list after the probe.
+            Event::Init,
+            Event::InitApply(widget("w-0")),
+            Event::InitApply(widget("w-1")),
+            Event::InitDone,
+            // A relist of unchanged primaries calls for no reconcile.
+            Event::Init,
+            Event::InitApply(widget("w-0")),
+            Event::InitApply(widget("w-1")),
+            Event::InitDone,
+        ];
+        assert_eq!(
+            passed_on(events),
+            [("w-0".to_string(), true), ("w-1".to_string(), true)],
+            "each primary passed on once, while the store holds it"
+        );
+    }
+
+    /// Watch events between lists are passed on as they come, unless nothing outside the
+    /// status changed.
+    #[test]
+    fn an_applied_primary_is_passed_on_unless_only_its_status_changed() {
+        let status_only = widget_at("w-0", "2", serde_json::json!({"ready": true}));
+        let events = vec![
+            Event::Init,
+            Event::InitDone,
+            Event::Apply(widget("w-0")),
+            Event::Apply(status_only),
+            Event::Apply(widget("w-1")),
+        ];
+        assert_eq!(
+            passed_on(events),
+            [("w-0".to_string(), true), ("w-1".to_string(), true)]
+        );
+    }
 }

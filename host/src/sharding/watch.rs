@@ -15,7 +15,10 @@
 //! - Every event passed on is of an object in the active ranges, or a `Delete` (an `Apply` of an
 //!   object outside them is passed on as a `Delete`).
 //! - Until the server's support is known (a custom resource kind with no object yet), the first
-//!   object seen restarts the watch once to probe the server with it.
+//!   object seen restarts the watch once to probe the server with it. If that object came in a
+//!   list, the list is abandoned before its `InitDone` and the new watch lists it again: take a
+//!   list's objects as cached only at its `InitDone` (the primaries' stream does, see
+//!   `controller::streams::once_cached`).
 //! - A change of the active ranges restarts the watch with a full list (`Init` .. `InitDone`),
 //!   which replaces the reflector's store; while nothing is active the stream reports an empty
 //!   list and waits. Each list's ranges are reported to the spec's [`Lister`] as it starts.
