@@ -6,10 +6,7 @@
 #   1. provisioning (Go builds of the control plane, registry, collector, crane and cosign into
 #      the cache; nothing to do when the cache is warm) runs beside the test build, which is
 #      also clippy's run (clippy-driver as the workspace wrapper);
-#   2. the end-to-end binary (tests/e2e) runs beside every other test binary, and its sharding
-#      scenarios (serialized among themselves, ~3 minutes) in a second process of the same
-#      binary beside both: started first rather than last (libtest starts tests in name
-#      order), they no longer end the run alone on a half-idle machine.
+#   2. the end-to-end binary (tests/e2e) runs beside every other test binary.
 #
 # Each step is a row of the phase table (scripts/phases.sh); overlapping rows say so. The
 # output of the steps that run beside another goes to $TARGET_DIR/make-test-logs/ and is
@@ -77,14 +74,8 @@ say "the end-to-end tests run beside the other tests (their output: $LOGS/other-
 # Each test's turn (tests/src/turns.rs) goes to a timeline: seconds waited and held.
 TIMELINE=$LOGS/e2e-timeline.tsv
 rm -f "$TIMELINE"
-# The sharding scenarios: one at a time (each runs four hosts and a control plane of its own).
-WASMOP_TEST_TIMELINE=$TIMELINE $PHASES cargo-test "end-to-end sharding scenarios (tests/e2e)" \
-  $CARGO test -p wasmop-testenv --test e2e -- sharding:: --test-threads=1 \
-  >"$LOGS/e2e-sharding.log" 2>&1 &
-sharding=$!
 WASMOP_TEST_TIMELINE=$TIMELINE $PHASES cargo-test "end-to-end tests (tests/e2e)" \
-  $CARGO test -p wasmop-testenv --test e2e -- --skip sharding:: \
-  --test-threads="${E2E_TEST_THREADS:-4}" &
+  $CARGO test -p wasmop-testenv --test e2e -- --test-threads="${E2E_TEST_THREADS:-4}" &
 e2e=$!
 $PHASES cargo-test "other tests (beside the end-to-end tests)" bash -c "
   $CARGO test --workspace --exclude wasmop-testenv &&
@@ -93,8 +84,6 @@ $PHASES cargo-test "other tests (beside the end-to-end tests)" bash -c "
 other=$?
 wait "$e2e"
 e2e_status=$?
-wait "$sharding"
-sharding_status=$?
 
 # The lone turns run one after another with nothing beside them: their sum is the floor of
 # the end-to-end tests' time. The longest shared turns follow.
@@ -110,10 +99,7 @@ timeline() {
 }
 timeline
 
-say "output of the sharding scenarios ($LOGS/e2e-sharding.log):"
-cat "$LOGS/e2e-sharding.log"
 say "output of the other tests ($LOGS/other-tests.log):"
 cat "$LOGS/other-tests.log"
 [ "$other" -eq 0 ] || failed "a test outside the end-to-end binary failed (exit $other); see the output just above"
 [ "$e2e_status" -eq 0 ] || failed "an end-to-end test failed (exit $e2e_status); its output is above the other tests' output"
-[ "$sharding_status" -eq 0 ] || failed "a sharding scenario failed (exit $sharding_status); its output is above the other tests' output"

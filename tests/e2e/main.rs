@@ -14,9 +14,7 @@
 //!   (and the Helm chart of the same image on a fresh plane, `chart::install_upgrade_uninstall`);
 //! - `scale` counts the API server's writes and open watches: a fresh plane per test;
 //! - `servers` measures this process's memory and process-wide server metrics: alone;
-//! - `sharding` starts a fresh plane per scenario with four host processes: one scenario at a
-//!   time (`make test` runs them in a process of their own beside this one, see
-//!   scripts/test-run.sh).
+//! - `sharding` starts a fresh plane per scenario with four host processes: alone.
 
 mod support;
 

@@ -5,9 +5,8 @@
 //! Each scenario runs on a control plane of its own: one with the `ShardedListAndWatch` feature
 //! gate (the hosts detect it and let the API server filter their watches), one without (the
 //! hosts filter on their side). Each runs on a control plane of its own, beside the other
-//! tests of the e2e binary (`make test` runs this file in a second process of it, from the
-//! start) but not beside another scenario of this file ([`scenario_turn`]): four hosts and a
-//! control plane at a time are enough for a 2-core machine.
+//! tests of the e2e process but not beside another scenario of this file ([`scenario_turn`]):
+//! four hosts and a control plane at a time are enough for a 2-core machine.
 //!
 //! The proof, from records rather than timing:
 //! - the objects: every Widget's `status.observedGeneration` catches up with each spec change
