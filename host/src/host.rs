@@ -370,6 +370,7 @@ impl Host {
             let configs = match target {
                 Some(t) => Some(WebhookConfigs::new(
                     client.clone(),
+                    ctx.config.clone(),
                     ctx.discovery.clone(),
                     t,
                     cert.ca_pem.clone(),

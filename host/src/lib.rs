@@ -12,11 +12,13 @@
 //! - [`modules`]: where a module comes from ([`modules::source`]), the swappable active module
 //!   ([`modules::slot`]) and the host's copy of it ([`modules::copy`]).
 //! - [`manager`]: one supervised controller per WasmReconciler, module loading and hot swap,
-//!   its status and conditions, the release of its finalizers, and the rules that keep one
-//!   reconciler per primary.
+//!   its status and conditions, and the release of its finalizers.
+//! - [`conflict`]: the rule that keeps one reconciler per primary (the manager and the
+//!   finalizer webhook both apply it).
 //! - [`controller`]: the reconcile loop of one WasmReconciler: its watches, the checks of a
 //!   module's intents, the writes under the module's identity.
-//! - [`admission`]: the validating admission webhook, its configuration and TLS.
+//! - [`admission`]: the validating admission webhook, the finalizer webhook, their
+//!   configurations and TLS.
 //! - [`operations`]: leader election, metrics, probes and readiness, and the servers' limits.
 //! - [`sharding`]: replicas sharing every WasmReconciler's primaries (membership Leases, the
 //!   handover protocol, sharded watches).
@@ -29,6 +31,7 @@
 
 pub mod admission;
 pub mod cli;
+pub mod conflict;
 pub mod controller;
 pub mod crd;
 pub mod discovery;

@@ -13,8 +13,10 @@ use std::time::Duration;
 
 use crate::support::*;
 use kube::Client;
-use kube::api::{DynamicObject, ListParams, PostParams};
+use kube::api::{Api, DynamicObject, ListParams, PostParams};
 use serde_json::json;
+use wasmop::crd::finalizer_for;
+use wasmop::host::WebhookOptions;
 use wasmop_testenv::{Plane, TestEnv, Turn, eventually};
 
 /// How many Apps the test converges.
@@ -401,7 +403,14 @@ async fn converging_apps_reads_nothing_and_writes_each_child_once() -> anyhow::R
     let (seen, watch) = watch_statuses(apps.clone());
     // A debounce longer than any rollout here, so that the count does not depend on how fast
     // this machine rolls out (with the default 5 s, a rollout slower than that writes a step).
-    let host = start_host_with(&env, |o| o.status_debounce = Duration::from_secs(120)).await?;
+    // The webhook serves the finalizer webhook: the image-updater finalizes.
+    let host = start_host_with(&env, |o| {
+        o.status_debounce = Duration::from_secs(120);
+        o.webhook = Some(WebhookOptions::new(([127, 0, 0, 1], 0).into()));
+    })
+    .await?;
+    let finalizer = finalizer_for("image-updater");
+    finalizer_webhook_serves(&apps, &finalizer).await?;
     let before = api_requests(&env.client).await?;
     for i in 0..N {
         apps.create(&PostParams::default(), &app(&format!("app-{i}"))?)
@@ -484,15 +493,35 @@ async fn converging_apps_reads_nothing_and_writes_each_child_once() -> anyhow::R
             "{reads} reads of children (a new child's first apply needs none)"
         ));
     }
-    for (key, what) in [
-        ("APPLY deployments/", "Deployment applies"),
-        ("APPLY services/", "Service applies"),
-        ("PATCH apps/", "finalizer writes"),
-        ("APPLY apps/status", "status writes"),
+    for (key, what, per_app) in [
+        ("APPLY deployments/", "Deployment applies", 1.0),
+        ("APPLY services/", "Service applies", 1.0),
+        // The finalizer webhook added it as each App was created.
+        ("PATCH apps/", "finalizer writes", 0.0),
+        ("APPLY apps/status", "status writes", 1.0),
     ] {
-        if count(key) != n {
-            problems.push(format!("{} {what}, not one per App", count(key)));
+        if count(key) != n * per_app {
+            problems.push(format!("{} {what}, not {per_app} per App", count(key)));
         }
+    }
+    let without: Vec<String> = apps
+        .list(&ListParams::default())
+        .await?
+        .items
+        .iter()
+        .filter(|a| {
+            !a.metadata
+                .finalizers
+                .iter()
+                .flatten()
+                .any(|f| *f == finalizer)
+        })
+        .map(|a| a.metadata.name.clone().unwrap_or_default())
+        .collect();
+    if !without.is_empty() {
+        problems.push(format!(
+            "Apps without the finalizer {finalizer}: {without:?}"
+        ));
     }
     if module_events != n {
         problems.push(format!("{module_events} Event requests, not one per App"));
@@ -505,6 +534,35 @@ async fn converging_apps_reads_nothing_and_writes_each_child_once() -> anyhow::R
     }
     assert!(problems.is_empty(), "{problems:#?}\nrequests: {requests:?}");
     env.passed()
+}
+
+/// Waits until the API server calls the finalizer webhook on creates of Apps: a server-side
+/// dry-run create (mutating webhooks with `sideEffects: None` are called on those) comes back
+/// holding `finalizer`. The host applies the configuration once its module is active; the API
+/// server then picks it up from its watch.
+async fn finalizer_webhook_serves(
+    apps: &Api<DynamicObject>,
+    finalizer: &str,
+) -> anyhow::Result<()> {
+    let dry_run = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    eventually(
+        "a dry-run create of an App comes back with the finalizer",
+        Duration::from_secs(120),
+        || async {
+            let probe = apps.create(&dry_run, &app("finalizer-probe")?).await?;
+            let has = probe
+                .metadata
+                .finalizers
+                .iter()
+                .flatten()
+                .any(|f| f == finalizer);
+            Ok(has.then_some(()))
+        },
+    )
+    .await
 }
 
 /// The reads of children among `requests`.

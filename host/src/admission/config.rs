@@ -21,7 +21,9 @@
 //! # Errors
 //! [`WebhookConfigError`] when the kind cannot be resolved or the API refuses a write.
 
-use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
+};
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
@@ -107,7 +109,7 @@ pub enum WebhookConfigError {
     #[error("{0}")]
     Kind(#[from] crate::discovery::DiscoveryError),
     /// The API server refused.
-    #[error("ValidatingWebhookConfiguration {name}: {source}")]
+    #[error("webhook configuration {name}: {source}")]
     Api {
         /// The configuration.
         name: String,
@@ -123,7 +125,7 @@ pub enum WebhookConfigError {
         reason: String,
     },
     /// The built configuration does not deserialize (a bug).
-    #[error("building ValidatingWebhookConfiguration {name}: {source}")]
+    #[error("building webhook configuration {name}: {source}")]
     Build {
         /// The configuration.
         name: String,
@@ -164,7 +166,6 @@ pub fn build(
     resolved: &Resolved,
     scope: Scope<'_>,
 ) -> Result<Value, WebhookConfigError> {
-    use base64::Engine as _;
     let Scope {
         target,
         ca_bundle_pem,
@@ -172,18 +173,58 @@ pub fn build(
         builtin,
     } = scope;
     let name = wr.name_any();
+    let rule = rule(wr, resolved, builtin, &["CREATE", "UPDATE"])?;
+    let mut webhook = json!({
+        "name": format!("{name}.validate.wasmop.dev"),
+        "clientConfig": client_config(target, ca_bundle_pem, &path(&name)),
+        "rules": [rule],
+        "failurePolicy": wr.spec.admission.failure_policy.as_str(),
+        "sideEffects": "None",
+        "admissionReviewVersions": ["v1"],
+        "timeoutSeconds": wr.spec.admission.timeout_seconds.clamp(1, 30),
+        "matchPolicy": "Equivalent",
+    });
+    webhook["namespaceSelector"] = namespace_selector(wr, resolved, host_namespace);
+    Ok(configuration(wr, "ValidatingWebhookConfiguration", webhook))
+}
+
+/// The rule a webhook of `wr` matches: `operations` on its primary kind's resource.
+///
+/// # Errors
+/// [`WebhookConfigError::Refused`] for Leases and built-in kinds not allowed.
+pub(super) fn rule(
+    wr: &WasmReconciler,
+    resolved: &Resolved,
+    builtin: &BuiltinKinds,
+    operations: &[&str],
+) -> Result<Value, WebhookConfigError> {
     let gvk = wr.spec.primary.gvk();
-    let (group, version) = match gvk.api_version.split_once('/') {
-        Some((g, v)) => (g.to_string(), v.to_string()),
-        None => (String::new(), gvk.api_version.clone()),
-    };
-    if let Some(reason) = refusal(&group, &gvk.kind, builtin) {
-        return Err(WebhookConfigError::Refused { name, reason });
+    let (group, version) = gvk
+        .api_version
+        .split_once('/')
+        .unwrap_or(("", &gvk.api_version));
+    if let Some(reason) = refusal(group, &gvk.kind, builtin) {
+        return Err(WebhookConfigError::Refused {
+            name: wr.name_any(),
+            reason,
+        });
     }
+    Ok(json!({
+        "apiGroups": [group],
+        "apiVersions": [version],
+        "resources": [resolved.resource.plural],
+        "operations": operations,
+        "scope": if resolved.namespaced { "Namespaced" } else { "Cluster" },
+    }))
+}
+
+/// How the API server reaches `path` on the host: `target` and the serving certificate's CA.
+pub(super) fn client_config(target: &WebhookTarget, ca_bundle_pem: &str, path: &str) -> Value {
+    use base64::Engine as _;
     let ca = base64::engine::general_purpose::STANDARD.encode(ca_bundle_pem.as_bytes());
-    let client_config = match target {
+    match target {
         WebhookTarget::Url(base) => json!({
-            "url": format!("{}{}", base.trim_end_matches('/'), path(&name)),
+            "url": format!("{}{path}", base.trim_end_matches('/')),
             "caBundle": ca,
         }),
         WebhookTarget::Service {
@@ -191,27 +232,20 @@ pub fn build(
             name: svc,
             port,
         } => json!({
-            "service": {"namespace": namespace, "name": svc, "port": port, "path": path(&name)},
+            "service": {"namespace": namespace, "name": svc, "port": port, "path": path},
             "caBundle": ca,
         }),
-    };
-    let mut webhook = json!({
-        "name": format!("{name}.validate.wasmop.dev"),
-        "clientConfig": client_config,
-        "rules": [{
-            "apiGroups": [group],
-            "apiVersions": [version],
-            "resources": [resolved.resource.plural],
-            "operations": ["CREATE", "UPDATE"],
-            "scope": if resolved.namespaced { "Namespaced" } else { "Cluster" },
-        }],
-        "failurePolicy": wr.spec.admission.failure_policy.as_str(),
-        "sideEffects": "None",
-        "admissionReviewVersions": ["v1"],
-        "timeoutSeconds": wr.spec.admission.timeout_seconds.clamp(1, 30),
-        "matchPolicy": "Equivalent",
-    });
-    // Also on cluster-scoped kinds: there it spares the excluded Namespace objects themselves.
+    }
+}
+
+/// The namespaces a webhook of `wr` covers: not the host's own nor [`EXCLUDED_NAMESPACES`]
+/// (also on cluster-scoped kinds: there it spares those Namespace objects themselves), and only
+/// `spec.namespaces` when set.
+pub(super) fn namespace_selector(
+    wr: &WasmReconciler,
+    resolved: &Resolved,
+    host_namespace: Option<&str>,
+) -> Value {
     let spared: Vec<&str> = host_namespace
         .into_iter()
         .chain(EXCLUDED_NAMESPACES)
@@ -221,10 +255,16 @@ pub fn build(
     if resolved.namespaced && !wr.spec.namespaces.is_empty() {
         expressions.push(json!({"key": "kubernetes.io/metadata.name", "operator": "In", "values": wr.spec.namespaces}));
     }
-    webhook["namespaceSelector"] = json!({"matchExpressions": expressions});
-    Ok(json!({
+    json!({"matchExpressions": expressions})
+}
+
+/// The webhook configuration of `kind` (validating or mutating) named after `wr`, owned by it,
+/// holding `webhook`.
+pub(super) fn configuration(wr: &WasmReconciler, kind: &str, webhook: Value) -> Value {
+    let name = wr.name_any();
+    json!({
         "apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "ValidatingWebhookConfiguration",
+        "kind": kind,
         "metadata": {
             "name": config_name(&name),
             "labels": {crate::controller::intents::RECONCILER_LABEL: name, "app.kubernetes.io/managed-by": "wasmop"},
@@ -234,18 +274,21 @@ pub fn build(
             }],
         },
         "webhooks": [webhook],
-    }))
+    })
 }
 
 /// Applies and removes configurations.
 #[derive(Clone)]
 pub struct WebhookConfigs {
     api: Api<ValidatingWebhookConfiguration>,
-    discovery: Discovery,
-    target: WebhookTarget,
-    ca_bundle_pem: String,
-    host_namespace: Option<String>,
-    builtin: BuiltinKinds,
+    pub(super) mutating: Api<MutatingWebhookConfiguration>,
+    /// The host's configuration, for asking as a module's ServiceAccount.
+    pub(super) config: kube::Config,
+    pub(super) discovery: Discovery,
+    pub(super) target: WebhookTarget,
+    pub(super) ca_bundle_pem: String,
+    pub(super) host_namespace: Option<String>,
+    pub(super) builtin: BuiltinKinds,
 }
 
 impl std::fmt::Debug for WebhookConfigs {
@@ -257,9 +300,11 @@ impl std::fmt::Debug for WebhookConfigs {
 }
 
 impl WebhookConfigs {
-    /// Writes with `client`.
+    /// Writes with `client`; asks as a module's ServiceAccount with `config` (the host's
+    /// configuration, impersonating it).
     pub fn new(
         client: Client,
+        config: kube::Config,
         discovery: Discovery,
         target: WebhookTarget,
         ca_bundle_pem: String,
@@ -267,7 +312,9 @@ impl WebhookConfigs {
         builtin: BuiltinKinds,
     ) -> Self {
         WebhookConfigs {
-            api: Api::all(client),
+            api: Api::all(client.clone()),
+            mutating: Api::all(client),
+            config,
             discovery,
             target,
             ca_bundle_pem,

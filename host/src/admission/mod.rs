@@ -1,6 +1,8 @@
-//! The validating admission webhook: every replica serves `POST /validate/<reconciler>` over
-//! HTTPS and answers with the verdict of the module's `validate` on the old and new object; the
-//! leader keeps each WasmReconciler's `ValidatingWebhookConfiguration` in sync
+//! The admission webhooks: every replica serves `POST /validate/<reconciler>` over HTTPS and
+//! answers with the verdict of the module's `validate` on the old and new object, and
+//! `POST /finalize/<reconciler>`, which adds the reconciler's finalizer to a primary as it is
+//! created ([`finalizer`]); the leader keeps each WasmReconciler's
+//! `ValidatingWebhookConfiguration` and `MutatingWebhookConfiguration` in sync
 //! ([`crate::admission::config`]).
 //!
 //! Which module answers: the module serving the reconciler in this process (published by the
@@ -11,9 +13,9 @@
 //! (`status.moduleCopy`, see [`crate::modules::copy`]); checked against that digest, compiled
 //! ahead (on every WasmReconciler change) and cached.
 //!
-//! Only modules whose metadata declares `validates` get a webhook: the contract says a module
-//! that does not declare it has nothing to judge, so the host does not put it in the API
-//! server's path.
+//! Only modules whose metadata declares `validates` get a validating webhook: the contract says a
+//! module that does not declare it has nothing to judge, so the host does not put it in the API
+//! server's path. Likewise only modules that declare `finalizes` get the finalizer webhook.
 //!
 //! # Guarantees
 //! - The module gets its own deadline: `spec.admission.timeoutSeconds` less one second, capped
@@ -24,8 +26,8 @@
 //! - A module failure or timeout follows `spec.admission.failurePolicy`: `Fail` denies with a
 //!   message saying the module failed, `Ignore` allows with a warning; both are logged and
 //!   counted (`wasmop_admission_errors_total`).
-//! - A request is refused before its body is read when its path is not `/validate/<name>`
-//!   (404), `<name>` is not a WasmReconciler this host serves (404: a stale webhook, the API
+//! - A request is refused before its body is read when its path is not `/validate/<name>` or
+//!   `/finalize/<name>` (404), `<name>` is not a WasmReconciler this host serves (404: a stale webhook, the API
 //!   server applies its failure policy), the WasmReconciler cache has not synced yet (503), its
 //!   `Content-Length` exceeds 8 MiB (413), or a slot of `--webhook-max-reviews` or the body's
 //!   bytes of `--webhook-max-review-bytes` ([`budget`]) cannot be had within
@@ -49,6 +51,7 @@
 
 pub mod budget;
 pub mod config;
+pub mod finalizer;
 mod review;
 /// The serving certificate (kept at the crate root, where the test registry uses it too).
 pub use crate::tls;
@@ -390,6 +393,49 @@ impl Webhook {
         response
     }
 
+    /// The finalizer webhook's answer for a review of WasmReconciler `name`: always allowed,
+    /// with the patch adding its finalizer when [`finalizer::finalizer_patch`] gives one.
+    fn finalizer(&self, name: &str, review: Result<Review, String>) -> AdmissionResponse {
+        let request = match review {
+            Ok(r) => r,
+            Err(e) => return AdmissionResponse::invalid(format!("not an AdmissionReview: {e}")),
+        };
+        let response = allowed(&request);
+        let (Operation::Create, Some(object)) = (&request.operation, request.object()) else {
+            return response;
+        };
+        let all = self.reconcilers.state();
+        let Some(wr) = all.iter().find(|w| w.name_any() == name) else {
+            return response;
+        };
+        let finalizes = self.served(wr).map(|m| m.metadata().finalizes);
+        let all = all.iter().map(|w| &**w);
+        let namespace = request.namespace.as_deref();
+        let Some(patch) = finalizer::finalizer_patch(wr, all, namespace, object, finalizes) else {
+            return response;
+        };
+        match response.with_patch(patch) {
+            Ok(r) => {
+                metrics::global().finalizer_added(name);
+                r
+            }
+            Err(e) => {
+                tracing::warn!(reconciler = name, error = %e, "the finalizer patch does not serialize");
+                allowed(&request)
+            }
+        }
+    }
+
+    /// The module serving `wr` on this replica, without reading or loading one: the manager's,
+    /// or one loaded ahead for admission that is still the active one.
+    fn served(&self, wr: &WasmReconciler) -> Option<Module> {
+        let name = wr.name_any();
+        self.slots.module(&name).or_else(|| {
+            let active = &wr.status.as_ref()?.active_module.as_ref()?.sha256;
+            self.already_loaded(&name, active)
+        })
+    }
+
     async fn judge(
         &self,
         wr: &WasmReconciler,
@@ -661,7 +707,7 @@ where
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     let path = req.uri().path().to_string();
-    let Some(name) = path.strip_prefix("/validate/").filter(|n| !n.is_empty()) else {
+    let Some((hook, name)) = route(&path) else {
         return refuse(StatusCode::NOT_FOUND, "unknown", "not found\n".into());
     };
     if req.method() != Method::POST {
@@ -753,10 +799,15 @@ where
             );
         }
     };
-    let response = webhook
-        .review(name, parsed)
-        .instrument(tracing::info_span!("review", reconciler = name))
-        .await;
+    let response = match hook {
+        Hook::Validate => {
+            webhook
+                .review(name, parsed)
+                .instrument(tracing::info_span!("review", reconciler = name))
+                .await
+        }
+        Hook::Finalizer => webhook.finalizer(name, parsed),
+    };
     match serde_json::to_string(&response.into_review()) {
         Ok(json) => text(StatusCode::OK, "application/json", json),
         Err(e) => text(
@@ -765,6 +816,25 @@ where
             format!("{e}\n"),
         ),
     }
+}
+
+/// Which webhook a request is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Hook {
+    /// `/validate/<name>`: the module's verdict.
+    Validate,
+    /// `/finalize/<name>`: the reconciler's finalizer on a created primary ([`finalizer`]).
+    Finalizer,
+}
+
+/// The webhook and WasmReconciler name `path` is for, if any.
+fn route(path: &str) -> Option<(Hook, &str)> {
+    let (hook, name) = if let Some(name) = path.strip_prefix("/validate/") {
+        (Hook::Validate, name)
+    } else {
+        (Hook::Finalizer, path.strip_prefix("/finalize/")?)
+    };
+    (!name.is_empty() && !name.contains('/')).then_some((hook, name))
 }
 
 fn too_large(cap: usize) -> Response<Full<Bytes>> {
@@ -861,9 +931,10 @@ async fn keep_in_sync(
                     }
                     if *leading.borrow()
                         && let Some(c) = &configs
-                        && let Err(e) = c.remove(&name).await
                     {
-                        tracing::warn!(reconciler = %name, error = %e, "removing the webhook configuration");
+                        for e in [c.remove(&name).await, c.remove_finalizer(&name).await].into_iter().filter_map(Result::err) {
+                            tracing::warn!(reconciler = %name, error = %e, "removing the webhook configurations");
+                        }
                     }
                     continue;
                 }
@@ -885,32 +956,51 @@ async fn keep_in_sync(
         };
         let lead = *leading.borrow();
         for wr in changed {
-            let name = wr.name_any();
-            // Load ahead (followers) and learn whether the module validates.
-            let validates = match webhook.module(&wr).await {
-                Ok(m) => Some(m.metadata().validates),
+            // Load ahead (followers) and learn what the module declares.
+            let declared = match webhook.module(&wr).await {
+                Ok(m) => Some((m.metadata().validates, m.metadata().finalizes)),
                 Err(e) => {
-                    tracing::debug!(reconciler = %name, error = %e, "no module for admission yet");
+                    tracing::debug!(reconciler = %wr.name_any(), error = %e, "no module for admission yet");
                     None
                 }
             };
-            let Some(c) = configs.as_ref().filter(|_| lead) else {
-                continue;
-            };
-            let result = match validates {
-                Some(true) => c.apply(&wr).await,
-                Some(false) => c.remove(&name).await,
-                None => Ok(()),
-            };
-            match result {
-                Ok(()) if validates == Some(true) => {
-                    tracing::debug!(reconciler = %name, "webhook configuration applied")
-                }
-                Ok(()) => {}
-                Err(e) => {
-                    tracing::warn!(reconciler = %name, error = %e, "keeping the webhook configuration")
-                }
+            if let (Some(c), Some((validates, finalizes))) =
+                (configs.as_ref().filter(|_| lead), declared)
+            {
+                sync_configs(c, &wr, &reader.state(), (validates, finalizes)).await;
             }
+        }
+    }
+}
+
+/// Applies or removes `wr`'s webhook configurations as its module declares (`validates`,
+/// `finalizes`); `all` are the WasmReconcilers known (for the finalizer webhook's conflicts).
+async fn sync_configs(
+    c: &WebhookConfigs,
+    wr: &WasmReconciler,
+    all: &[Arc<WasmReconciler>],
+    (validates, finalizes): (bool, bool),
+) {
+    let name = wr.name_any();
+    let validating = if validates {
+        c.apply(wr).await
+    } else {
+        c.remove(&name).await
+    };
+    if let Err(e) = validating {
+        tracing::warn!(reconciler = %name, error = %e, "keeping the validating webhook configuration");
+    }
+    let finalizer = if finalizes {
+        c.apply_finalizer(wr, all).await
+    } else {
+        c.remove_finalizer(&name).await.map(|()| false)
+    };
+    match finalizer {
+        Ok(applied) => {
+            tracing::debug!(reconciler = %name, applied, "finalizer webhook configuration")
+        }
+        Err(e) => {
+            tracing::warn!(reconciler = %name, error = %e, "keeping the finalizer webhook configuration")
         }
     }
 }

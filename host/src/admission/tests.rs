@@ -39,11 +39,16 @@ fn reconciler() -> WasmReconciler {
 /// A webhook serving [`RECONCILER`] with the misbehave test module (it denies `spec.mode:
 /// forbidden`), its WasmReconcilers listed, its API server unreachable (nothing here calls it).
 async fn webhook() -> Arc<Webhook> {
+    webhook_with(wasmop_test_modules::MISBEHAVE).await
+}
+
+/// A webhook serving [`RECONCILER`] with test module `name`.
+async fn webhook_with(name: &'static str) -> Arc<Webhook> {
     // The engine blocks on its own runtime while loading: off the test's workers.
-    let (engine, module) = tokio::task::spawn_blocking(|| {
+    let (engine, module) = tokio::task::spawn_blocking(move || {
         let engine =
             Engine::new(&EngineConfig::default()).unwrap_or_else(|e| panic!("engine: {e}"));
-        let bytes = wasmop_test_modules::bytes(wasmop_test_modules::MISBEHAVE);
+        let bytes = wasmop_test_modules::bytes(name);
         let module = engine
             .load(&bytes, &Limits::default())
             .unwrap_or_else(|e| panic!("module: {e}"));
@@ -187,7 +192,11 @@ impl Body for Counted {
 }
 
 fn post<B>(body: B, len: usize) -> Request<B> {
-    Request::post(format!("/validate/{RECONCILER}"))
+    post_to("validate", body, len)
+}
+
+fn post_to<B>(hook: &str, body: B, len: usize) -> Request<B> {
+    Request::post(format!("/{hook}/{RECONCILER}"))
         .header(http::header::CONTENT_LENGTH, len)
         .body(body)
         .unwrap_or_else(|e| panic!("request: {e}"))
@@ -295,4 +304,56 @@ async fn concurrent_large_reviews_stay_within_the_byte_budget_and_small_ones_are
         "spec.mode: widgets in forbidden mode are refused"
     );
     assert_eq!(verdict(&server, "good").await["response"]["allowed"], true);
+}
+
+/// The finalizer webhook's answer to a small create review, from a webhook serving `module`.
+async fn finalizer_answer(module: &'static str) -> serde_json::Value {
+    let server = server(webhook_with(module).await);
+    let text = review("create", "good", 0);
+    let len = text.len();
+    let body = http_body_util::Full::new(Bytes::from(text));
+    let response = handle(&server, post_to("finalize", body, len)).await;
+    assert_eq!(response.status(), StatusCode::OK);
+    let body = response
+        .into_body()
+        .collect()
+        .await
+        .unwrap_or_else(|e| match e {})
+        .to_bytes();
+    serde_json::from_slice(&body).unwrap_or_else(|e| panic!("response: {e}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_finalizer_webhook_patches_a_create_only_for_a_module_that_finalizes() {
+    use base64::Engine as _;
+    let finalizing = finalizer_answer(wasmop_test_modules::IMAGE_UPDATER).await;
+    let r = &finalizing["response"];
+    assert_eq!((&r["uid"], &r["allowed"]), (&json!("create"), &json!(true)));
+    assert_eq!(r["patchType"], "JSONPatch");
+    let patch = base64::engine::general_purpose::STANDARD
+        .decode(r["patch"].as_str().unwrap_or_default())
+        .unwrap_or_else(|e| panic!("{e}"));
+    let patch: serde_json::Value = serde_json::from_slice(&patch).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        patch,
+        json!([{"op": "add", "path": "/metadata/finalizers", "value": [crate::crd::finalizer_for(RECONCILER)]}])
+    );
+    let plain = finalizer_answer(wasmop_test_modules::MISBEHAVE).await;
+    assert_eq!(plain["response"]["allowed"], true);
+    assert!(plain["response"]["patch"].is_null(), "{plain}");
+}
+
+#[test]
+fn only_the_two_webhook_paths_route() {
+    assert_eq!(route("/validate/a"), Some((Hook::Validate, "a")));
+    assert_eq!(route("/finalize/a"), Some((Hook::Finalizer, "a")));
+    for path in [
+        "/validate/",
+        "/finalize/",
+        "/finalize/a/b",
+        "/mutate/a",
+        "/",
+    ] {
+        assert_eq!(route(path), None, "{path}");
+    }
 }

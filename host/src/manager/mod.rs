@@ -45,7 +45,7 @@
 //! - [`access`], [`conflict`]: the set-up checks (read access, overlapping reconcilers).
 
 pub mod access;
-pub mod conflict;
+pub use crate::conflict;
 mod rekey;
 pub mod release;
 pub mod status;

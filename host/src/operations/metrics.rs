@@ -151,6 +151,7 @@ pub struct Metrics {
     hotswap: Family<ResultLabels, Counter>,
     admission: Family<AdmissionLabels, Counter>,
     admission_errors: Family<ReconcilerLabel, Counter>,
+    finalizers_added: Family<ReconcilerLabel, Counter>,
     module_info: Family<ModuleLabels, Gauge>,
     leader: Gauge,
     server_connections: Family<ServerLabel, Gauge>,
@@ -188,6 +189,7 @@ impl Metrics {
             hotswap: Family::default(),
             admission: Family::default(),
             admission_errors: Family::default(),
+            finalizers_added: Family::default(),
             module_info: Family::default(),
             leader: Gauge::default(),
             server_connections: Family::default(),
@@ -276,6 +278,11 @@ impl Metrics {
             "wasmop_admission_errors",
             "Admission reviews whose module call failed or timed out (answered by the failure policy)",
             m.admission_errors.clone(),
+        );
+        registry.register(
+            "wasmop_finalizers_added",
+            "Primaries the finalizer webhook gave their reconciler's finalizer as they were created",
+            m.finalizers_added.clone(),
         );
         registry.register(
             "wasmop_module_info",
@@ -435,6 +442,13 @@ impl Metrics {
     /// One admission review whose module call failed.
     pub fn admission_error(&self, reconciler: &str) {
         self.admission_errors
+            .get_or_create(&label(reconciler))
+            .inc();
+    }
+
+    /// The finalizer webhook added `reconciler`'s finalizer to a created primary.
+    pub fn finalizer_added(&self, reconciler: &str) {
+        self.finalizers_added
             .get_or_create(&label(reconciler))
             .inc();
     }

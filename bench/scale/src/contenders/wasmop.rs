@@ -121,8 +121,10 @@ pub async fn register(cluster: &Cluster, binaries: &Binaries, tuning: Tuning) ->
     cluster.apply(docs).await
 }
 
-/// The `wasmop run` arguments: JSON logs, the probe server on a free port, no webhook, a
-/// compiled-module cache in `dir`, then `extra`, then `WASMOP_BENCH_WASMOP_ARGS`.
+/// The `wasmop run` arguments: JSON logs, the probe server on a free port, the webhook on a free
+/// loopback port (as a deployed host serves it: the image-updater's validating webhook and the
+/// finalizer webhook, which spares the finalizer's write per App), a compiled-module cache in
+/// `dir`, then `extra`, then `WASMOP_BENCH_WASMOP_ARGS`.
 pub fn host_args(cluster: &Cluster, dir: &Path, extra: &[String]) -> Vec<String> {
     let mut args: Vec<String> = [
         "--log-format",
@@ -133,7 +135,7 @@ pub fn host_args(cluster: &Cluster, dir: &Path, extra: &[String]) -> Vec<String>
         "--metrics-addr",
         "127.0.0.1:0",
         "--webhook-addr",
-        "off",
+        "127.0.0.1:0",
         "--cache-dir",
         &dir.join("compiled").display().to_string(),
     ]

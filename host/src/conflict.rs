@@ -42,9 +42,9 @@ pub fn precedes(a: &WasmReconciler, b: &WasmReconciler) -> bool {
 /// and come before it.
 pub fn winner_over<'a>(
     wr: &WasmReconciler,
-    all: &'a [WasmReconciler],
+    all: impl IntoIterator<Item = &'a WasmReconciler>,
 ) -> Option<&'a WasmReconciler> {
-    all.iter()
+    all.into_iter()
         .filter(|other| other.name_any() != wr.name_any())
         .filter(|other| overlaps(other, wr) && precedes(other, wr))
         .min_by(|x, y| {
