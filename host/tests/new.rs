@@ -19,8 +19,14 @@ fn repo() -> PathBuf {
 
 /// The `wasmop` binary with `args`, its failure shown with its output.
 fn wasmop(args: &[&str]) -> Output {
+    // A compiled-module cache of the test's own, not the user's.
+    let cache = Path::new(WASMOP)
+        .parent()
+        .map(|d| d.join("new-test-cache"))
+        .unwrap_or_else(std::env::temp_dir);
     let out = Command::new(WASMOP)
         .args(args)
+        .env("WASMOP_CACHE", cache)
         .output()
         .unwrap_or_else(|e| panic!("running {WASMOP}: {e}"));
     assert!(

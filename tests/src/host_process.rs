@@ -18,6 +18,11 @@
 //!   (`host-<n>.log` in the given directory), all kept for a failure report.
 //! - [`HostProcess::kill`] is a crash: SIGKILL, no graceful shutdown, nothing released.
 //! - Dropping a [`HostProcess`] kills the child.
+//! - Its compiled-module cache is its own (`WASMOP_CACHE=<dir>/wasmop-cache`, kept across
+//!   restarts, unless the caller sets `WASMOP_CACHE` or passes `--cache-dir`): a test that kills
+//!   a host during a compile leaves the compile's quarantine marker there, never in the user's
+//!   `~/.cache/wasmop/compiled`, where two such kills quarantined the module for the user's
+//!   own `wasmop push` (a bare machine's `make demo` after `make test` failed so).
 //!
 //! # Errors
 //! `anyhow` errors that say what failed, with the host's log when it exited or did not start.
@@ -99,6 +104,7 @@ impl HostProcess {
         let log = std::fs::File::create(&self.log)
             .with_context(|| format!("creating {}", self.log.display()))?;
         let mut command = tokio::process::Command::new(&self.binary);
+        command.env("WASMOP_CACHE", self.dir.join("wasmop-cache"));
         for (key, value) in &self.env {
             match value {
                 Some(v) => command.env(key, v),
