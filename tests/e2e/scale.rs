@@ -391,7 +391,7 @@ fn watch_statuses(api: kube::Api<DynamicObject>) -> (Seen, tokio::task::JoinHand
 async fn converging_apps_reads_nothing_and_writes_each_child_once() -> anyhow::Result<()> {
     let env = TestEnv::with("scale-requests", Plane::Fresh, Turn::Shared).await?;
     const N: usize = 20;
-    let (_, _) = image_updater(
+    let (reconciler, _) = image_updater(
         &env,
         "image-updater",
         wasmop_test_modules::IMAGE_UPDATER,
@@ -409,7 +409,7 @@ async fn converging_apps_reads_nothing_and_writes_each_child_once() -> anyhow::R
         o.webhook = Some(WebhookOptions::new(([127, 0, 0, 1], 0).into()));
     })
     .await?;
-    let finalizer = finalizer_for("image-updater");
+    let finalizer = finalizer_for(&reconciler);
     finalizer_webhook_serves(&apps, &finalizer).await?;
     let before = api_requests(&env.client).await?;
     for i in 0..N {
