@@ -46,10 +46,11 @@
 //! Below them: [`cache`] (the compact caches of owned and related kinds, and indexes),
 //! [`compact`] (a primary as its store holds it), [`scope`] (the namespaces watched),
 //! [`crate::manager::access`] (what the module's identity may read), [`intents`] (the checks of a
-//! response), [`apply`] (the writes), [`noop`] (writes that would change nothing),
+//! response), [`apply`] (the writes), [`noop`] (writes that would change nothing), [`expect`]
+//! (children just created and not yet in the caches),
 //! [`predicate`] (which primary changes call for a reconcile), [`resync`] (jittered resyncs),
 //! [`priority`] (reactive work before timed work), [`limit`] (the host-wide bound),
-//! [`crate::manager::status`], [`crate::manager::conflict`] and [`crate::manager::release`] (one
+//! [`crate::manager::status`], [`crate::conflict`] and [`crate::manager::release`] (one
 //! reconciler per primary, and letting go).
 //!
 //! # Scale
@@ -76,6 +77,7 @@ pub mod apply;
 pub mod cache;
 pub mod call;
 pub mod compact;
+pub mod expect;
 pub mod finalizer;
 pub mod health;
 pub mod hold;

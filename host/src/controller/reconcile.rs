@@ -15,6 +15,8 @@
 //! - A `reconcile` whose inputs are those of the last call, which succeeded, asked for no
 //!   requeue, wrote everything and held nothing back, does not call the module
 //!   (see [`super::inputs`]); it is counted in `wasmop_reconcile_skipped_total`.
+//! - A `reconcile` whose caches do not show yet every child the last one created waits for
+//!   them, at most [`super::expect::EXPECT_FOR`] (see [`super::expect`]).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -31,6 +33,7 @@ use super::apply::{Applier, ApplyReport, FailureKind, Observed, object_reference
 use super::cache::{self, Cache};
 use super::call::{self, Check, Export};
 use super::compact::Compact;
+use super::expect::Expected;
 use super::finalizer::{self, After, Before};
 use super::hold::{self, StatusHold};
 use super::inputs;
@@ -667,6 +670,8 @@ async fn apply(
         .record("apply.failed", report.failures.len() as i64)
         .record("apply.status_deferred", report.status_deferred);
     shared.states.remember(key, report.remembered.clone());
+    let created = Expected::new(report.created.clone(), Instant::now());
+    shared.states.expect(key, created);
     shared.states.status_held(key, report.status_deferred);
     if report.status_deferred {
         tracing::debug!(
@@ -767,6 +772,11 @@ async fn run_once(
     };
     let export = Export::of(primary.metadata.deletion_timestamp.is_some());
     let (request, observed) = request(shared, active, &current, &key, (trigger, attempt))?;
+    if export == Export::Reconcile
+        && let Some(wait) = shared.states.awaiting(&key, &observed, Instant::now())
+    {
+        return Ok(awaiting_children(shared, &key, wait));
+    }
     let inputs = (export == Export::Reconcile)
         .then(|| inputs::fingerprint(&request, active.module.sha256()));
     if let Some(fingerprint) = inputs
@@ -835,6 +845,18 @@ fn unchanged_inputs(shared: &Shared, key: &ObjectKey) -> Action {
     let next = (resync::jittered(shared.settings.resync), Trigger::Resync);
     shared.states.succeeded(key, next.clone());
     Action::requeue(next.0)
+}
+
+/// A reconcile that waits for the children the last one created to reach the caches (see
+/// [`super::expect`]): no call, no write; their creation events call for the next reconcile,
+/// at the latest after `wait`.
+fn awaiting_children(shared: &Shared, key: &ObjectKey, wait: Duration) -> Action {
+    tracing::debug!(
+        wait_ms = wait.as_millis() as u64,
+        "waiting for the children the last reconcile created to reach the caches"
+    );
+    shared.states.succeeded(key, (wait, Trigger::Requeue));
+    Action::requeue(wait)
 }
 
 /// When the reconcile that writes a status held back by `report` is due at the latest (see

@@ -23,7 +23,9 @@ use std::time::{Duration, Instant};
 use kube::runtime::reflector::Store;
 use kube::runtime::watcher;
 
+use super::apply::Observed;
 use super::compact::Compact;
+use super::expect::Expected;
 use super::health::Health;
 use super::{noop, priority};
 use crate::contract::Trigger;
@@ -47,6 +49,9 @@ pub(super) struct ObjectState {
     /// succeeded, asked for no requeue and held nothing back: a reconcile with the same
     /// inputs need not call the module (see [`super::inputs`]).
     settled: Option<u64>,
+    /// Children the last apply created that the caches had not shown yet (see
+    /// [`super::expect`]).
+    expected: Option<Expected>,
 }
 
 /// The trigger of a reconcile that starts with the object's state `st`, the primary at `rv`
@@ -199,6 +204,32 @@ impl States {
         {
             st.applied = applied;
         }
+    }
+
+    /// Records the children the last apply of `key` created (see [`super::expect`]).
+    pub(super) fn expect(&self, key: &ObjectKey, expected: Option<Expected>) {
+        if let Ok(mut objects) = self.objects.lock()
+            && let Some(st) = objects.get_mut(key)
+        {
+            st.expected = expected;
+        }
+    }
+
+    /// How long a reconcile of `key` at `now` still waits for children the last one created
+    /// (None: go on; the expectation is then dropped).
+    pub(super) fn awaiting(
+        &self,
+        key: &ObjectKey,
+        observed: &[Observed],
+        now: Instant,
+    ) -> Option<Duration> {
+        let mut objects = self.objects.lock().ok()?;
+        let st = objects.get_mut(key)?;
+        let wait = st.expected.as_ref()?.wait(observed, now);
+        if wait.is_none() {
+            st.expected = None;
+        }
+        wait
     }
 
     /// Records a successful reconcile of `key`, the next one due after `next`.

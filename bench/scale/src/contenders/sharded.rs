@@ -76,7 +76,10 @@ pub async fn start(
         // Each replica has its own compiled-module cache, as a pod of its own would.
         let own = dir.join(format!("replica-{i}"));
         let extra = ["--namespace", HOST_NAMESPACE, "--shards", "auto"].map(str::to_string);
-        let args = wasmop::host_args(cluster, &own, &extra);
+        // No webhook: replicas serving admission need one serving certificate (`--shards auto`
+        // refuses otherwise), which the bench does not make; so these rows write each App's
+        // finalizer with a request of the host's own, as a host without its webhook does.
+        let args = wasmop::host_args(cluster, &own, "off", &extra);
         hosts.push(wasmop::serve(&binaries.wasmop, args, &own).await?);
     }
     let began = Instant::now();

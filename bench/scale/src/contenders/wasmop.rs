@@ -39,7 +39,7 @@ pub async fn start(
     dir: &Path,
 ) -> Result<Running> {
     register(cluster, binaries, tuning).await?;
-    let host = serve(&binaries.wasmop, host_args(cluster, dir, &[]), dir).await?;
+    let host = serve(&binaries.wasmop, host_args(cluster, dir, WEBHOOK, &[]), dir).await?;
     Ok(Running::Host(Box::new(host)))
 }
 
@@ -121,11 +121,15 @@ pub async fn register(cluster: &Cluster, binaries: &Binaries, tuning: Tuning) ->
     cluster.apply(docs).await
 }
 
-/// The `wasmop run` arguments: JSON logs, the probe server on a free port, the webhook on a free
-/// loopback port (as a deployed host serves it: the image-updater's validating webhook and the
-/// finalizer webhook, which spares the finalizer's write per App), a compiled-module cache in
-/// `dir`, then `extra`, then `WASMOP_BENCH_WASMOP_ARGS`.
-pub fn host_args(cluster: &Cluster, dir: &Path, extra: &[String]) -> Vec<String> {
+/// Where the single host serves its webhook: a free loopback port, as a deployed host serves it
+/// (the image-updater's validating webhook, and the finalizer webhook, which spares the
+/// finalizer's write per App).
+pub const WEBHOOK: &str = "127.0.0.1:0";
+
+/// The `wasmop run` arguments: JSON logs, the probe server on a free port, the webhook at
+/// `webhook` (`--webhook-addr`), a compiled-module cache in `dir`, then `extra`, then
+/// `WASMOP_BENCH_WASMOP_ARGS`.
+pub fn host_args(cluster: &Cluster, dir: &Path, webhook: &str, extra: &[String]) -> Vec<String> {
     let mut args: Vec<String> = [
         "--log-format",
         "json",
@@ -135,7 +139,7 @@ pub fn host_args(cluster: &Cluster, dir: &Path, extra: &[String]) -> Vec<String>
         "--metrics-addr",
         "127.0.0.1:0",
         "--webhook-addr",
-        "127.0.0.1:0",
+        webhook,
         "--cache-dir",
         &dir.join("compiled").display().to_string(),
     ]
