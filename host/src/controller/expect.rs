@@ -81,7 +81,7 @@ mod tests {
                 );
                 o.metadata.namespace = Some("ns".into());
                 Observed {
-                    kind: Gvk::new("v1", kind),
+                    kind: Gvk::new("v1", *kind),
                     objects: vec![o],
                 }
             })
