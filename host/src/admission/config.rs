@@ -285,10 +285,10 @@ pub struct WebhookConfigs {
     /// The host's configuration, for asking as a module's ServiceAccount.
     pub(super) config: kube::Config,
     pub(super) discovery: Discovery,
-    pub(super) target: WebhookTarget,
-    pub(super) ca_bundle_pem: String,
-    pub(super) host_namespace: Option<String>,
-    pub(super) builtin: BuiltinKinds,
+    target: WebhookTarget,
+    ca_bundle_pem: String,
+    host_namespace: Option<String>,
+    builtin: BuiltinKinds,
 }
 
 impl std::fmt::Debug for WebhookConfigs {
@@ -330,37 +330,24 @@ impl WebhookConfigs {
     /// [`WebhookConfigError`].
     pub async fn apply(&self, wr: &WasmReconciler) -> Result<(), WebhookConfigError> {
         let resolved = self.discovery.resolve(&wr.spec.primary.gvk()).await?;
-        let name = config_name(&wr.name_any());
-        let scope = Scope {
-            target: &self.target,
-            ca_bundle_pem: &self.ca_bundle_pem,
-            host_namespace: self.host_namespace.as_deref(),
-            builtin: &self.builtin,
-        };
-        let value = match build(wr, &resolved, scope) {
+        let value = match build(wr, &resolved, self.scope()) {
             Ok(v) => v,
             Err(refused) => {
                 self.remove(&wr.name_any()).await?;
                 return Err(refused);
             }
         };
-        let vwc: ValidatingWebhookConfiguration =
-            serde_json::from_value(value).map_err(|source| WebhookConfigError::Build {
-                name: name.clone(),
-                source,
-            })?;
-        self.api
-            .patch(
-                &name,
-                &PatchParams::apply(FIELD_MANAGER).force(),
-                &Patch::Apply(&vwc),
-            )
-            .await
-            .map_err(|source| WebhookConfigError::Api {
-                name: name.clone(),
-                source,
-            })?;
-        Ok(())
+        apply_as(&self.api, &config_name(&wr.name_any()), value).await
+    }
+
+    /// Where the webhooks point and what they spare.
+    pub(super) fn scope(&self) -> Scope<'_> {
+        Scope {
+            target: &self.target,
+            ca_bundle_pem: &self.ca_bundle_pem,
+            host_namespace: self.host_namespace.as_deref(),
+            builtin: &self.builtin,
+        }
     }
 
     /// Removes WasmReconciler `name`'s configuration, if any.
@@ -368,12 +355,46 @@ impl WebhookConfigs {
     /// # Errors
     /// [`WebhookConfigError::Api`].
     pub async fn remove(&self, name: &str) -> Result<(), WebhookConfigError> {
-        let name = config_name(name);
-        match self.api.delete(&name, &DeleteParams::default()).await {
-            Ok(_) => Ok(()),
-            Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
-            Err(source) => Err(WebhookConfigError::Api { name, source }),
-        }
+        delete_as(&self.api, config_name(name)).await
+    }
+}
+
+/// Applies `value`, a built configuration of kind `K`, as `name` (server-side apply with the
+/// host's field manager).
+pub(super) async fn apply_as<K>(
+    api: &Api<K>,
+    name: &str,
+    value: Value,
+) -> Result<(), WebhookConfigError>
+where
+    K: Clone + std::fmt::Debug + serde::Serialize + serde::de::DeserializeOwned,
+{
+    let typed: K = serde_json::from_value(value).map_err(|source| WebhookConfigError::Build {
+        name: name.to_string(),
+        source,
+    })?;
+    api.patch(
+        name,
+        &PatchParams::apply(FIELD_MANAGER).force(),
+        &Patch::Apply(&typed),
+    )
+    .await
+    .map_err(|source| WebhookConfigError::Api {
+        name: name.to_string(),
+        source,
+    })?;
+    Ok(())
+}
+
+/// Deletes configuration `name` of kind `K`; one already gone is fine.
+pub(super) async fn delete_as<K>(api: &Api<K>, name: String) -> Result<(), WebhookConfigError>
+where
+    K: Clone + std::fmt::Debug + serde::de::DeserializeOwned,
+{
+    match api.delete(&name, &DeleteParams::default()).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Err(source) => Err(WebhookConfigError::Api { name, source }),
     }
 }
 

@@ -27,19 +27,18 @@
 
 use std::sync::Arc;
 
-use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::authorization::v1::SelfSubjectAccessReview;
-use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, PostParams};
 use kube::{Client, ResourceExt};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::config::{
-    WebhookConfigError, WebhookConfigs, client_config, config_name, configuration,
-    namespace_selector, rule,
+    WebhookConfigError, WebhookConfigs, apply_as, client_config, config_name, configuration,
+    delete_as, namespace_selector, rule,
 };
 use crate::conflict;
-use crate::crd::{FIELD_MANAGER, WasmReconciler, finalizer_for, is_finalizer_of};
+use crate::crd::{WasmReconciler, finalizer_for, is_finalizer_of};
 use crate::discovery::Resolved;
 
 /// How long the API server waits for the finalizer webhook before it creates the object as it
@@ -186,44 +185,25 @@ impl WebhookConfigs {
     ) -> Result<bool, WebhookConfigError> {
         let name = config_name(&wr.name_any());
         let resolved = self.discovery.resolve(&wr.spec.primary.gvk()).await?;
-        let scope = super::config::Scope {
-            target: &self.target,
-            ca_bundle_pem: &self.ca_bundle_pem,
-            host_namespace: self.host_namespace.as_deref(),
-            builtin: &self.builtin,
-        };
-        let api_error = |source| WebhookConfigError::Api {
-            name: name.clone(),
-            source,
-        };
         let wins = conflict::winner_over(wr, all.iter().map(|w| &**w)).is_none();
-        let value = match build(wr, &resolved, scope) {
+        let value = match build(wr, &resolved, self.scope()) {
             Ok(v) if wins && wr.metadata.deletion_timestamp.is_none() => v,
             _ => {
                 self.remove_finalizer(&wr.name_any()).await?;
                 return Ok(false);
             }
         };
-        if !may_patch_primaries(&self.config, wr, &resolved)
+        let allowed = may_patch_primaries(&self.config, wr, &resolved)
             .await
-            .map_err(api_error)?
-        {
-            self.remove_finalizer(&wr.name_any()).await?;
-            return Ok(false);
-        }
-        let mwc: MutatingWebhookConfiguration =
-            serde_json::from_value(value).map_err(|source| WebhookConfigError::Build {
+            .map_err(|source| WebhookConfigError::Api {
                 name: name.clone(),
                 source,
             })?;
-        self.mutating
-            .patch(
-                &name,
-                &PatchParams::apply(FIELD_MANAGER).force(),
-                &Patch::Apply(&mwc),
-            )
-            .await
-            .map_err(api_error)?;
+        if !allowed {
+            self.remove_finalizer(&wr.name_any()).await?;
+            return Ok(false);
+        }
+        apply_as(&self.mutating, &name, value).await?;
         Ok(true)
     }
 
@@ -232,12 +212,7 @@ impl WebhookConfigs {
     /// # Errors
     /// [`WebhookConfigError::Api`].
     pub async fn remove_finalizer(&self, name: &str) -> Result<(), WebhookConfigError> {
-        let name = config_name(name);
-        match self.mutating.delete(&name, &DeleteParams::default()).await {
-            Ok(_) => Ok(()),
-            Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
-            Err(source) => Err(WebhookConfigError::Api { name, source }),
-        }
+        delete_as(&self.mutating, config_name(name)).await
     }
 }
 
@@ -245,6 +220,7 @@ impl WebhookConfigs {
 mod tests {
     use super::*;
     use crate::admission::config::{BuiltinKinds, Scope, WebhookTarget};
+    use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
     use kube::api::{ApiResource, GroupVersionKind};
 
     fn wr(name: &str, created: &str, namespaces: &[&str]) -> WasmReconciler {

@@ -206,11 +206,19 @@ fn post_to<B>(hook: &str, body: B, len: usize) -> Request<B> {
 async fn verdict(server: &Server, mode: &str) -> serde_json::Value {
     let text = review("small", mode, 0);
     let len = text.len();
-    let response = handle(
+    answer(
         server,
         post(http_body_util::Full::new(Bytes::from(text)), len),
     )
-    .await;
+    .await
+}
+
+/// The AdmissionReview `request` is answered with (200 OK).
+async fn answer(
+    server: &Server,
+    request: Request<http_body_util::Full<Bytes>>,
+) -> serde_json::Value {
+    let response = handle(server, request).await;
     assert_eq!(response.status(), StatusCode::OK);
     let body = response
         .into_body()
@@ -312,15 +320,7 @@ async fn finalizer_answer(module: &'static str) -> serde_json::Value {
     let text = review("create", "good", 0);
     let len = text.len();
     let body = http_body_util::Full::new(Bytes::from(text));
-    let response = handle(&server, post_to("finalize", body, len)).await;
-    assert_eq!(response.status(), StatusCode::OK);
-    let body = response
-        .into_body()
-        .collect()
-        .await
-        .unwrap_or_else(|e| match e {})
-        .to_bytes();
-    serde_json::from_slice(&body).unwrap_or_else(|e| panic!("response: {e}"))
+    answer(&server, post_to("finalize", body, len)).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
