@@ -293,6 +293,21 @@ pub struct ChildSet {
     pub kind: Gvk,
     /// The desired objects.
     pub objects: Vec<Value>,
+    /// Observed children of this kind left exactly as they are: neither applied nor pruned.
+    /// Only the host's own adapters set it (a Metacontroller hook's children that the child's
+    /// update strategy does not update now); a module's response never does.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub keep: Vec<ChildKey>,
+}
+
+/// The namespace and name of a child.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct ChildKey {
+    /// The namespace (None: cluster-scoped).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    /// The name.
+    pub name: String,
 }
 
 /// How a delete propagates.

@@ -298,7 +298,11 @@ pub(crate) fn response_out(r: wit::ReconcileResponse) -> Result<c::ReconcileResp
                 .enumerate()
                 .map(|(i, json)| parse(json, || format!("children[{kind}][{i}]")))
                 .collect::<Result<Vec<_>, _>>()?;
-            Ok(c::ChildSet { kind, objects })
+            Ok(c::ChildSet {
+                kind,
+                objects,
+                keep: Vec::new(),
+            })
         })
         .collect::<Result<Vec<_>, CallError>>()?;
     Ok(c::ReconcileResponse {

@@ -68,6 +68,14 @@ impl Entropy {
         }
     }
 
+    /// For a hook call: the request's time; a seed of its document.
+    pub(crate) fn of_hook(now_unix_ms: u64, body: &str) -> Self {
+        Entropy {
+            now_unix_ms,
+            seed: fnv(now_unix_ms, &[body.as_bytes()]),
+        }
+    }
+
     /// Installs the clocks and generators on a WASI context being built.
     pub(crate) fn install(&self, wasi: &mut WasiCtxBuilder) {
         let mut seeds = SplitMix(self.seed);

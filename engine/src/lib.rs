@@ -38,6 +38,7 @@ pub mod contract;
 mod convert;
 mod determinism;
 mod error;
+pub mod hook;
 mod needs;
 mod quarantine;
 mod queue;
@@ -58,6 +59,7 @@ use wasmtime::{Store, Trap};
 pub use cache::{ArtifactCache, DEFAULT_CACHE_MAX_BYTES};
 pub use determinism::TICK as CLOCK_TICK;
 pub use error::{CallError, LoadError};
+pub use hook::{HookAdapter, HookKind, HookRequest};
 pub use needs::{Needs, NeedsError, needs};
 pub use quarantine::{
     DEFAULT_QUARANTINE_AFTER, MAX_MARKERS as MAX_QUARANTINE_MARKERS, exiting as exiting_process,
@@ -83,6 +85,79 @@ mod bindings {
     });
 }
 
+mod hook_bindings {
+    wasmtime::component::bindgen!({
+        world: "hook",
+        path: "../wit",
+        exports: { default: async },
+        // The same `host` import as the module world: one linker serves both.
+        with: { "wasmop:reconciler/host": super::bindings::wasmop::reconciler::host },
+    });
+}
+
+/// A module's pre-linked build, by the world it implements.
+#[derive(Clone)]
+enum Pre {
+    Module(bindings::ModulePre<State>),
+    Hook(hook_bindings::HookPre<State>),
+}
+
+impl Pre {
+    fn engine(&self) -> &wasmtime::Engine {
+        match self {
+            Pre::Module(p) => p.engine(),
+            Pre::Hook(p) => p.engine(),
+        }
+    }
+
+    fn instance_pre(&self) -> &wasmtime::component::InstancePre<State> {
+        match self {
+            Pre::Module(p) => p.instance_pre(),
+            Pre::Hook(p) => p.instance_pre(),
+        }
+    }
+
+    /// The typed exports of `instance`.
+    fn exports(
+        &self,
+        store: &mut Store<State>,
+        instance: &wasmtime::component::Instance,
+    ) -> wasmtime::Result<Exports> {
+        Ok(match self {
+            Pre::Module(_) => Exports::Module(bindings::Module::new(store, instance)?),
+            Pre::Hook(_) => Exports::Hook(hook_bindings::Hook::new(store, instance)?),
+        })
+    }
+}
+
+/// The exports of one sandbox.
+enum Exports {
+    Module(bindings::Module),
+    Hook(hook_bindings::Hook),
+}
+
+impl Exports {
+    /// The guest interface, or an error for a hook module (which has none).
+    fn guest(&self) -> wasmtime::Result<&bindings::exports::wasmop::reconciler::guest::Guest> {
+        match self {
+            Exports::Module(m) => Ok(m.wasmop_reconciler_guest()),
+            Exports::Hook(_) => Err(wasmtime::format_err!(
+                "a hook module (world `hook`) has no guest interface: it serves only a Metacontroller controller"
+            )),
+        }
+    }
+
+    /// The hooks interface, or an error for a module of the `module` world.
+    fn hooks(&self) -> wasmtime::Result<&hook_bindings::exports::wasmop::reconciler::hooks::Guest> {
+        match self {
+            Exports::Hook(h) => Ok(h.wasmop_reconciler_hooks()),
+            Exports::Module(_) => Err(wasmtime::format_err!(
+                "a module of the `module` world has no hooks interface"
+            )),
+        }
+    }
+}
+
 /// The export a module must have: `wasmop:reconciler/guest@0.1.0`.
 fn guest_export() -> String {
     format!("{WIT_PACKAGE}/guest@{WIT_VERSION}")
@@ -94,6 +169,9 @@ pub const MAX_CORE_INSTANCES_PER_MODULE: u32 = 32;
 
 /// The functions of the guest interface.
 const GUEST_FUNCTIONS: [&str; 4] = ["metadata", "reconcile", "finalize", "validate"];
+
+/// The functions of the hooks interface.
+const HOOK_FUNCTIONS: [&str; 1] = ["call"];
 
 /// How the engine is set up (process-wide).
 #[derive(Debug, Clone)]
@@ -321,7 +399,9 @@ pub enum Compiled {
 #[derive(Clone)]
 pub struct Module {
     /// The build serving calls; tiered compilation replaces it with the optimized one.
-    pre: Arc<RwLock<bindings::ModulePre<State>>>,
+    pre: Arc<RwLock<Pre>>,
+    /// A hook module's adapter, once the host gave it one ([`Module::adapted`]).
+    adapter: Option<Arc<dyn HookAdapter>>,
     tier: Arc<AtomicU8>,
     engine: Engine,
     name: Arc<str>,
@@ -532,8 +612,10 @@ impl Engine {
                 (pre, compiled, Tier::Optimized)
             }
         };
+        let is_hook = matches!(pre, Pre::Hook(_));
         let mut module = Module {
             pre: Arc::new(RwLock::new(pre)),
+            adapter: None,
             tier: Arc::new(AtomicU8::new(tier as u8)),
             engine: self.clone(),
             name: Arc::from(text::short_sha(&sha256)),
@@ -544,13 +626,23 @@ impl Engine {
             load_time: Duration::ZERO,
             needs,
         };
+        if is_hook {
+            // A hook says nothing about itself: its metadata comes with its adapter.
+            module.name = Arc::from(format!("hook-{}", text::short_sha(&module.sha256)).as_str());
+            module.metadata.name = module.name.to_string();
+            module.load_time = started.elapsed();
+            if tier == Tier::Fast {
+                self.optimize_in_background(&module, bytes.to_vec(), fresh_fast);
+            }
+            return Ok(module);
+        }
         let metadata = module
             .call(
                 "load",
                 limits,
                 METADATA_OUTPUT_MAX,
                 Entropy::FIXED,
-                async |g, s| g.call_metadata(s).await.map(Ok),
+                async |g, s| g.guest()?.call_metadata(s).await.map(Ok),
             )
             .result
             .map_err(|e| match e {
@@ -644,7 +736,7 @@ fn build(
     sha256: &str,
     write: CacheWrite,
     foreground: Option<Foreground<'_>>,
-) -> Result<(bindings::ModulePre<State>, Compiled, Option<Component>), LoadError> {
+) -> Result<(Pre, Compiled, Option<Component>), LoadError> {
     let cached = || cache.and_then(|c| c.get(engine, sha256));
     if let Some(component) = cached() {
         return Ok((link(engine, linker, &component)?, Compiled::FromCache, None));
@@ -691,15 +783,37 @@ fn link(
     engine: &wasmtime::Engine,
     linker: &Linker<State>,
     component: &Component,
-) -> Result<bindings::ModulePre<State>, LoadError> {
-    check_world(engine, component)?;
+) -> Result<Pre, LoadError> {
+    let world = check_world(engine, component)?;
     let instance_pre = linker
         .instantiate_pre(component)
         .map_err(|e| link_error(&e))?;
-    bindings::ModulePre::new(instance_pre).map_err(|e| LoadError::TypeMismatch {
+    let mismatch = |e: wasmtime::Error| LoadError::TypeMismatch {
         detail: format!("{e:#}"),
         supported: WIT_VERSION,
-    })
+    };
+    match world {
+        World::Module => bindings::ModulePre::new(instance_pre)
+            .map(Pre::Module)
+            .map_err(mismatch),
+        World::Hook => hook_bindings::HookPre::new(instance_pre)
+            .map(Pre::Hook)
+            .map_err(mismatch),
+    }
+}
+
+/// The world a component implements.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum World {
+    /// `module`: a reconciler.
+    Module,
+    /// `hook`: a Metacontroller hook.
+    Hook,
+}
+
+/// The export a hook module must have: `wasmop:reconciler/hooks@0.1.0`.
+fn hooks_export() -> String {
+    format!("{WIT_PACKAGE}/hooks@{WIT_VERSION}")
 }
 
 /// The linker of `engine`: WASI (granting nothing) and the host interface.
@@ -761,9 +875,14 @@ fn check_header(bytes: &[u8]) -> Result<(), LoadError> {
 
 /// Checks, by name, that the component exports the guest interface of our version and imports
 /// nothing but the host interface and WASI, so a mismatch gets a precise message.
-fn check_world(engine: &wasmtime::Engine, component: &Component) -> Result<(), LoadError> {
+fn check_world(engine: &wasmtime::Engine, component: &Component) -> Result<World, LoadError> {
     let ty = component.component_type();
-    let wanted = guest_export();
+    let is_hook = ty.exports(engine).any(|(name, _)| name == hooks_export());
+    let (world, wanted, functions_wanted): (World, String, &[&str]) = if is_hook {
+        (World::Hook, hooks_export(), &HOOK_FUNCTIONS)
+    } else {
+        (World::Module, guest_export(), &GUEST_FUNCTIONS)
+    };
     let prefix = format!("{WIT_PACKAGE}/guest@");
     let exports: Vec<(String, ComponentItem)> = ty
         .exports(engine)
@@ -800,7 +919,7 @@ fn check_world(engine: &wasmtime::Engine, component: &Component) -> Result<(), L
         .exports(engine)
         .map(|(n, _)| n.to_string())
         .collect();
-    let missing: Vec<&str> = GUEST_FUNCTIONS
+    let missing: Vec<&str> = functions_wanted
         .iter()
         .copied()
         .filter(|f| !functions.iter().any(|n| n == f))
@@ -831,7 +950,7 @@ fn check_world(engine: &wasmtime::Engine, component: &Component) -> Result<(), L
             import: name.to_string(),
         });
     }
-    Ok(())
+    Ok(world)
 }
 
 fn link_error(e: &wasmtime::Error) -> LoadError {
@@ -943,11 +1062,14 @@ impl Module {
         request: ReconcileRequest,
         limits: &Limits,
     ) -> Outcome<ReconcileResponse> {
+        if let Some(adapter) = &self.adapter {
+            return adapter.reconcile(self, request, limits);
+        }
         let entropy = Entropy::of_reconcile(&request);
         let request = convert::request_in(request);
         let lane = request.context.reconciler.clone();
         let out = self.call(&lane, limits, limits.output_bytes, entropy, async |g, s| {
-            g.call_reconcile(s, &request).await
+            g.guest()?.call_reconcile(s, &request).await
         });
         flatten(
             out,
@@ -966,11 +1088,14 @@ impl Module {
         request: ReconcileRequest,
         limits: &Limits,
     ) -> Outcome<FinalizeResponse> {
+        if let Some(adapter) = &self.adapter {
+            return adapter.finalize(self, request, limits);
+        }
         let entropy = Entropy::of_reconcile(&request);
         let request = convert::request_in(request);
         let lane = request.context.reconciler.clone();
         let out = self.call(&lane, limits, limits.output_bytes, entropy, async |g, s| {
-            g.call_finalize(s, &request).await
+            g.guest()?.call_finalize(s, &request).await
         });
         flatten(
             out,
@@ -991,11 +1116,70 @@ impl Module {
         let cap = limits.output_bytes.min(VALIDATE_OUTPUT_MAX);
         let lane = format!("validate/{}", self.name);
         let out = self.call(&lane, limits, cap, entropy, async |g, s| {
-            g.call_validate(s, &request).await.map(Ok)
+            g.guest()?.call_validate(s, &request).await.map(Ok)
         });
         flatten(out, cap, convert::validate_size, |v| {
             Ok(convert::validate_out(v))
         })
+    }
+
+    /// Whether the module implements the `hook` world (a Metacontroller hook).
+    pub fn is_hook(&self) -> bool {
+        matches!(
+            *self.pre.read().unwrap_or_else(PoisonError::into_inner),
+            Pre::Hook(_)
+        )
+    }
+
+    /// This hook module, serving `reconcile` and `finalize` through `adapter`, described by
+    /// `metadata` (which comes from the controller that names the hook).
+    ///
+    /// # Errors
+    /// [`LoadError::Metadata`] if the module is not a hook module or `metadata` is not valid.
+    pub fn adapted(
+        mut self,
+        metadata: ModuleMetadata,
+        adapter: Arc<dyn HookAdapter>,
+    ) -> Result<Module, LoadError> {
+        if !self.is_hook() {
+            return Err(LoadError::Metadata(
+                "implements the `module` world, not the `hook` world a Metacontroller controller names: build the hook with `scripts/js-module.sh hook` or `scripts/python-module.sh hook`".into(),
+            ));
+        }
+        check_metadata(&metadata)?;
+        self.metadata = metadata;
+        self.adapter = Some(adapter);
+        Ok(self)
+    }
+
+    /// Runs one hook call of a hook module, in a fresh sandbox under `limits`, queued in
+    /// `lane`. Its answer is capped at `limits.output_bytes`; a non-2xx answer is the
+    /// module's error ([`CallError::Module`], with the status and what the hook said).
+    ///
+    /// # Panics
+    /// As [`Module::reconcile`].
+    pub fn hook(&self, request: HookRequest, lane: &str, limits: &Limits) -> Outcome<String> {
+        use hook_bindings::exports::wasmop::reconciler::hooks as wit;
+        let entropy = Entropy::of_hook(request.now_unix_ms, &request.body);
+        let call = wit::HookRequest {
+            kind: match request.kind {
+                HookKind::Sync => wit::HookKind::Sync,
+                HookKind::Finalize => wit::HookKind::Finalize,
+                HookKind::Customize => wit::HookKind::Customize,
+            },
+            path: request.path,
+            body: request.body,
+        };
+        let cap = limits.output_bytes;
+        let out = self.call(lane, limits, cap, entropy, async |g, s| {
+            let answer = g.hooks()?.call_call(s, &call).await?;
+            Ok(
+                answer.map_err(|e| bindings::wasmop::reconciler::types::ReconcileError {
+                    message: format!("the hook answered HTTP {}: {}", e.status, e.message),
+                }),
+            )
+        });
+        flatten(out, cap, String::len, Ok)
     }
 
     /// Waits for a slot in the call queue (lane `lane`), instantiates a fresh sandbox and calls
@@ -1009,7 +1193,7 @@ impl Module {
         output_cap: usize,
         entropy: Entropy,
         f: impl AsyncFnOnce(
-            &bindings::exports::wasmop::reconciler::guest::Guest,
+            &Exports,
             &mut Store<State>,
         ) -> wasmtime::Result<
             Result<T, bindings::wasmop::reconciler::types::ReconcileError>,
@@ -1054,12 +1238,11 @@ impl Module {
                 .await
                 .map_err(|e| (e, Stage::Instantiate))?;
             // Type-checks the exports: names were checked at load, types only show here.
-            let module =
-                bindings::Module::new(&mut store, &instance).map_err(|e| (e, Stage::Exports))?;
+            let exports = pre
+                .exports(&mut store, &instance)
+                .map_err(|e| (e, Stage::Exports))?;
             instantiated = Some(Instant::now());
-            f(module.wasmop_reconciler_guest(), &mut store)
-                .await
-                .map_err(|e| (e, Stage::Call))
+            f(&exports, &mut store).await.map_err(|e| (e, Stage::Call))
         };
         // Dropping `run` at the deadline abandons the guest wherever it is (in a WASI sleep,
         // too) and frees its instance.

@@ -118,6 +118,7 @@ fn native(request: ReconcileRequest) -> c::ReconcileResponse {
             .child_sets()
             .iter()
             .map(|(k, objects)| c::ChildSet {
+                keep: Vec::new(),
                 kind: Gvk::new(k.api_version.clone(), k.kind.clone()),
                 objects: objects
                     .iter()

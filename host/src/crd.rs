@@ -131,6 +131,101 @@ pub struct WasmReconcilerSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "preserve_unknown")]
     pub config: Option<serde_json::Value>,
+    /// Set when this reconciler serves a Metacontroller controller: the module is a hook
+    /// (world `hook`), and this is how its calls are made and answered. The host writes it
+    /// (from a CompositeController's spec); an administrator does not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hook: Option<HookSpec>,
+}
+
+/// How a hook module serves a Metacontroller controller ([`WasmReconcilerSpec::hook`]).
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct HookSpec {
+    /// The controller, as its hooks receive it in `controller` (the CompositeController).
+    #[schemars(schema_with = "preserve_unknown")]
+    pub controller: serde_json::Value,
+    /// The hook API version: `v1` or `v2` (children keyed by `namespace/name` always).
+    #[serde(default)]
+    pub version: HookVersion,
+    /// Whether the hook's response is read strictly (unknown fields refused; v2's default).
+    #[serde(default)]
+    pub strict: bool,
+    /// The child kinds and how each is updated.
+    #[serde(default)]
+    pub children: Vec<HookChild>,
+    /// The path of the sync hook (`/sync`).
+    pub sync: String,
+    /// The path of the finalize hook, if the controller has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finalize: Option<String>,
+}
+
+/// A hook API version.
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, Default, PartialEq, Eq, JsonSchema)]
+pub enum HookVersion {
+    /// Children keyed by name, or `namespace/name` when the parent is cluster-scoped and the
+    /// child namespaced.
+    #[default]
+    #[serde(rename = "v1")]
+    V1,
+    /// Namespaced children keyed by `namespace/name`, cluster-scoped ones by name.
+    #[serde(rename = "v2")]
+    V2,
+}
+
+/// One child kind of a hook's controller.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct HookChild {
+    /// `v1`, `apps/v1`.
+    pub api_version: String,
+    /// `Pod`.
+    pub kind: String,
+    /// How existing children are updated.
+    #[serde(default)]
+    pub method: UpdateMethod,
+    /// Conditions every child must have before a rolling update moves to the next one.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub status_checks: Vec<ConditionCheck>,
+}
+
+impl HookChild {
+    /// As a contract kind.
+    pub fn gvk(&self) -> Gvk {
+        Gvk::new(self.api_version.clone(), self.kind.clone())
+    }
+}
+
+/// Metacontroller's child update methods.
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, Default, PartialEq, Eq, JsonSchema)]
+pub enum UpdateMethod {
+    /// Existing children are never updated (delete one to have it recreated).
+    #[default]
+    OnDelete,
+    /// A child that differs is deleted, and created again by a later sync.
+    Recreate,
+    /// A child that differs is updated in place.
+    InPlace,
+    /// As Recreate, one child at a time, while every child passes the status checks.
+    RollingRecreate,
+    /// As InPlace, one child at a time, while every child passes the status checks.
+    RollingInPlace,
+}
+
+/// A condition a child must have (`type`, and `status` and `reason` when given).
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ConditionCheck {
+    /// The condition type (`Ready`).
+    #[serde(rename = "type")]
+    pub type_: String,
+    /// The status it must have (`"True"`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<String>,
+    /// The reason it must have.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
 }
 
 /// Drops the integer formats schemars derives from unsigned Rust types (`uint16`, `uint32`,
@@ -153,7 +248,14 @@ fn kubernetes_formats(schema: &mut schemars::Schema) {
     schemars::transform::transform_subschemas(&mut kubernetes_formats, schema);
 }
 
-fn preserve_unknown(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+pub(crate) fn preserve_unknown_list(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "array",
+        "items": {"type": "object", "x-kubernetes-preserve-unknown-fields": true},
+    })
+}
+
+pub(crate) fn preserve_unknown(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
     schemars::json_schema!({
         "type": "object",
         "x-kubernetes-preserve-unknown-fields": true,
@@ -672,16 +774,27 @@ pub fn parse_quantity(text: &str) -> Result<u64, String> {
 /// All CRDs the host serves, as YAML documents (what `wasmop crdgen` prints).
 pub fn crds_yaml() -> String {
     use kube::CustomResourceExt;
-    let crd = WasmReconciler::crd();
-    let mut out = String::from(
-        "# Generated by `wasmop crdgen`; do not edit. `make test` fails when this drifts.\n",
-    );
-    match serde_saphyr::to_string(&crd) {
-        Ok(yaml) => out.push_str(&yaml),
-        Err(e) => out.push_str(&format!("# cannot render YAML: {e}\n")),
-    }
-    if !out.ends_with('\n') {
-        out.push('\n');
+    render_crds("wasmop crdgen", &[WasmReconciler::crd()])
+}
+
+/// `crds` as YAML documents, headed by a line naming `command`, which made them.
+pub(crate) fn render_crds(
+    command: &str,
+    crds: &[k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition],
+) -> String {
+    let mut out =
+        format!("# Generated by `{command}`; do not edit. `make test` fails when this drifts.\n");
+    for (i, crd) in crds.iter().enumerate() {
+        if i > 0 {
+            out.push_str("---\n");
+        }
+        match serde_saphyr::to_string(crd) {
+            Ok(yaml) => out.push_str(&yaml),
+            Err(e) => out.push_str(&format!("# cannot render YAML: {e}\n")),
+        }
+        if !out.ends_with('\n') {
+            out.push('\n');
+        }
     }
     out
 }

@@ -62,6 +62,11 @@ impl Discovery {
         }
     }
 
+    /// The client it asks with.
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
     /// Resolves `kind`.
     ///
     /// # Errors

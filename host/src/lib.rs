@@ -13,6 +13,7 @@
 //!   ([`modules::slot`]) and the host's copy of it ([`modules::copy`]).
 //! - [`manager`]: one supervised controller per WasmReconciler, module loading and hot swap,
 //!   its status and conditions, and the release of its finalizers.
+//! - [`metacontroller`]: Metacontroller's CompositeControllers served with hook modules.
 //! - [`conflict`]: the rule that keeps one reconciler per primary (the manager and the
 //!   finalizer webhook both apply it).
 //! - [`controller`]: the reconcile loop of one WasmReconciler: its watches, the checks of a
@@ -38,6 +39,7 @@ pub mod discovery;
 pub mod grant;
 pub mod host;
 pub mod manager;
+pub mod metacontroller;
 pub mod modules;
 pub mod object;
 pub mod operations;

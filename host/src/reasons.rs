@@ -109,6 +109,17 @@ reasons! {
     /// The OCI reference names no module.
     MODULE_NOT_FOUND = "ModuleNotFound";
 
+    // The Ready condition of a Metacontroller CompositeController wasmop serves.
+
+    /// `Ready=True`: a WasmReconciler serves the controller (its own conditions say how).
+    SERVED = "Served";
+    /// `Ready=False`: the controller uses a feature wasmop does not serve (the message names
+    /// the field); it is not served at all.
+    UNSUPPORTED = "Unsupported";
+    /// `Ready=False`: a WasmReconciler of the name wasmop gives this controller's exists and is
+    /// not this controller's.
+    NAME_TAKEN = "NameTaken";
+
     // Warning Events on the WasmReconciler.
 
     /// The self-check of a new module could not run (cluster or host); retried.

@@ -297,6 +297,8 @@ impl Webhook {
             .await
             .map_err(|e| ModuleUnavailable::Load(e.to_string()))?
             .map_err(|e| ModuleUnavailable::Load(e.to_string()))?;
+        let module = crate::metacontroller::serve(module, &wr.spec)
+            .map_err(|e| ModuleUnavailable::Load(e.to_string()))?;
         tracing::info!(reconciler = %name, sha256 = %crate::text::short_hex(&found), "loaded the module for admission");
         if let Ok(mut l) = self.loaded.lock() {
             l.insert(name, (found, module.clone()));

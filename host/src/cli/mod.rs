@@ -50,7 +50,12 @@ pub enum Command {
     /// Put a module in a ConfigMap (gzip-compressed when large), checking it first.
     Push(push::Args),
     /// Print the CustomResourceDefinitions the host serves (YAML).
-    Crdgen,
+    Crdgen {
+        /// Print the CompositeController's (Metacontroller's, with `spec.wasmop`) instead of
+        /// the WasmReconciler's.
+        #[arg(long)]
+        metacontroller: bool,
+    },
     /// Scaffold a module project (skeleton, fixtures and golden file, k8s/ manifests, README)
     /// that builds and passes `wasmop test` out of the box.
     New(new::Args),
@@ -198,8 +203,12 @@ pub async fn run(cli: Cli, invocation: plugin::Invocation) -> Result<ExitCode, C
         Command::Diff(args) => diff::run(args).await,
         Command::Completion(args) => Ok(plugin::completion(&args, invocation)),
         Command::Plugin(args) => plugin::run(args),
-        Command::Crdgen => {
-            print!("{}", crate::crd::crds_yaml());
+        Command::Crdgen { metacontroller } => {
+            if metacontroller {
+                print!("{}", crate::metacontroller::crds_yaml());
+            } else {
+                print!("{}", crate::crd::crds_yaml());
+            }
             Ok(ExitCode::SUCCESS)
         }
     }

@@ -538,6 +538,11 @@ impl Applier {
             .objects
             .iter()
             .map(|c| (c.namespace.clone(), c.name.clone()))
+            .chain(
+                set.keep
+                    .iter()
+                    .map(|k| (k.namespace.clone(), k.name.clone())),
+            )
             .collect();
         let stale = observed
             .iter()
@@ -996,6 +1001,7 @@ pub(super) mod tests {
             .collect();
         let validated = Validated {
             children: vec![PreparedSet {
+                keep: Default::default(),
                 kind,
                 namespaced: true,
                 objects,
@@ -1084,6 +1090,7 @@ pub(super) mod tests {
             };
             let validated = Validated {
                 children: vec![PreparedSet {
+                    keep: Default::default(),
                     kind,
                     namespaced: true,
                     objects: vec![PreparedChild {

@@ -34,7 +34,9 @@ use std::time::Duration;
 use serde::Serialize;
 use serde_json::{Map, Value, json};
 
-use crate::contract::{Action, ChildSet, Event, Gvk, ObjectRef, ReconcileResponse, Status};
+use crate::contract::{
+    Action, ChildKey, ChildSet, Event, Gvk, ObjectRef, ReconcileResponse, Status,
+};
 use crate::text::{cut, inert, is_unsafe_char};
 
 pub use crate::grant::{
@@ -175,6 +177,9 @@ pub struct PreparedSet {
     pub namespaced: bool,
     /// The children.
     pub objects: Vec<PreparedChild>,
+    /// Observed children left as they are (see [`ChildSet::keep`]): not pruned.
+    #[serde(skip_serializing_if = "BTreeSet::is_empty")]
+    pub keep: BTreeSet<ChildKey>,
 }
 
 /// A validated response, ready to apply.
@@ -349,6 +354,7 @@ impl Checker<'_> {
                 kind,
                 namespaced,
                 objects,
+                keep: set.keep.into_iter().collect(),
             });
         }
         out
@@ -1029,6 +1035,7 @@ mod tests {
             &observed(),
             ReconcileResponse {
                 children: vec![ChildSet {
+                    keep: Vec::new(),
                     kind: role.clone(),
                     objects: vec![object],
                 }],
@@ -1046,6 +1053,7 @@ mod tests {
     fn children_are_prepared_with_namespace_label_and_controller_owner() {
         let v = check(ReconcileResponse {
             children: vec![ChildSet {
+                keep: Vec::new(),
                 kind: Gvk::new("apps/v1", "Deployment"),
                 objects: vec![deployment("web")],
             }],
@@ -1075,6 +1083,7 @@ mod tests {
         let p = problems(check(ReconcileResponse {
             children: vec![
                 ChildSet {
+                    keep: Vec::new(),
                     kind: Gvk::new("apps/v1", "Deployment"),
                     objects: vec![
                         deployment("a"),
@@ -1084,6 +1093,7 @@ mod tests {
                     ],
                 },
                 ChildSet {
+                    keep: Vec::new(),
                     kind: Gvk::new("v1", "Secret"),
                     objects: vec![],
                 },
@@ -1143,6 +1153,7 @@ mod tests {
             &ObservedChildren::default(),
             ReconcileResponse {
                 children: vec![ChildSet {
+                    keep: Vec::new(),
                     kind: Gvk::new("v1", "Service"),
                     objects: vec![
                         json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "s"}}),
@@ -1160,6 +1171,7 @@ mod tests {
             &ObservedChildren::default(),
             ReconcileResponse {
                 children: vec![ChildSet {
+                    keep: Vec::new(),
                     kind: Gvk::new("v1", "Service"),
                     objects: vec![
                         json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "s", "namespace": "a"}}),
@@ -1447,6 +1459,7 @@ mod tests {
         let over = ReconcileResponse {
             // Invalid objects: were they examined, each would be a violation of its own.
             children: vec![ChildSet {
+                keep: Vec::new(),
                 kind: Gvk::new("apps/v1", "Deployment"),
                 objects: vec![json!("x"), json!("y"), json!("z")],
             }],
@@ -1488,6 +1501,7 @@ mod tests {
         let sets = ReconcileResponse {
             children: (0..3)
                 .map(|i| ChildSet {
+                    keep: Vec::new(),
                     kind: Gvk::new("v1", format!("K{i}")),
                     objects: vec![],
                 })
@@ -1500,6 +1514,7 @@ mod tests {
         // At the limit is fine, and the defaults are the documented ones.
         let at = ReconcileResponse {
             children: vec![ChildSet {
+                keep: Vec::new(),
                 kind: Gvk::new("apps/v1", "Deployment"),
                 objects: vec![deployment("a"), deployment("b")],
             }],
@@ -1543,6 +1558,7 @@ mod tests {
         );
         let p = problems(check(ReconcileResponse {
             children: vec![ChildSet {
+                keep: Vec::new(),
                 kind: Gvk::new("apps/v1", "Deployment"),
                 objects: vec![deployment("a\nINFO forged")],
             }],

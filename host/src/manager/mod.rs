@@ -260,6 +260,13 @@ pub async fn run(
         seen_in_init: None,
     };
     readiness::global().pending("manager");
+    // Metacontroller's CompositeControllers become WasmReconcilers that this loop serves.
+    let (compose_stop, stopped) = tokio::sync::watch::channel(false);
+    let compose = tokio::spawn(crate::metacontroller::compose::run(
+        reconcilers.ctx.client.clone(),
+        reconcilers.ctx.discovery.clone(),
+        stopped,
+    ));
     tokio::pin!(shutdown);
     loop {
         let event = tokio::select! {
@@ -272,6 +279,8 @@ pub async fn run(
             Err(e) => tracing::warn!(error = %e, "watching WasmReconcilers"),
         }
     }
+    let _ = compose_stop.send(true);
+    let _ = compose.await;
     reconcilers.stop_all().await;
     readiness::global().forget("manager");
     Ok(())

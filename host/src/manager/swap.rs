@@ -444,6 +444,10 @@ pub(super) async fn candidate(s: &Subject, given: Option<Read>) -> Result<Candid
         },
         message: format!("{} key {}: {e}", source_label(&s.wr), bytes.key),
     })?;
+    let module = crate::metacontroller::serve(module, spec).map_err(|e| SetupError {
+        reason: reasons::MODULE_INVALID,
+        message: format!("{} key {}: {e}", source_label(&s.wr), bytes.key),
+    })?;
     let owned: Vec<Gvk> = spec.owns.iter().map(|k| k.gvk()).collect();
     let related: Vec<Gvk> = spec.related.iter().map(|k| k.gvk()).collect();
     let mut fit = Fit::compute(module.metadata(), &spec.primary.gvk(), &owned, &related).map_err(

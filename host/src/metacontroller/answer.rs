@@ -1,0 +1,470 @@
+//! A hook's answer, as wasmop's intents: the desired children through each child kind's update
+//! strategy, the status, `resyncAfterSeconds` and `finalized`.
+//!
+//! # Guarantees
+//! - Every child kind of the controller gets a complete set: an observed child the hook did
+//!   not return is deleted (Metacontroller's rule), with the uid precondition of every prune.
+//! - A child the hook returns that exists already is written only as its kind's method says:
+//!   `OnDelete` never; `InPlace` always (a no-op write is skipped by the host); `Recreate`
+//!   deletes it when it differs (a later sync creates it again); the rolling methods do the
+//!   same for one differing child at a time, and only while every child of the kind passes the
+//!   status checks. The others are kept exactly as they are.
+//! - A child of a kind the controller does not list, a response that is not a JSON object, or
+//!   (strict) one with unknown fields is refused whole: nothing of it is written.
+//!
+//! # Caveats
+//! - While finalizing, wasmop deletes the children the hook no longer returns but creates and
+//!   updates none (a finalize answer carries no children in wasmop's contract).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::contract::{
+    Action, ChildKey, ChildSet, Condition, ConditionStatus, FinalizeResponse, Gvk, ObjectRef,
+    Propagation, ReconcileResponse, Status,
+};
+use crate::controller::noop::covers_object;
+use crate::crd::{ConditionCheck, HookChild, HookSpec, UpdateMethod};
+
+use super::document::Observed;
+
+/// The fields a sync or finalize answer may have.
+const FIELDS: [&str; 4] = ["status", "children", "resyncAfterSeconds", "finalized"];
+
+/// A parsed answer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Answer {
+    /// The status to write (None: left as it is).
+    pub status: Option<Status>,
+    /// The desired children per kind of the controller.
+    pub children: Vec<(Gvk, Vec<Value>)>,
+    /// `resyncAfterSeconds`.
+    pub resync_after: Option<Duration>,
+    /// `finalized`.
+    pub finalized: bool,
+}
+
+/// Parses `body` for `spec`.
+///
+/// # Errors
+/// Why the answer is refused (the hook's fault).
+pub fn parse(spec: &HookSpec, body: &str) -> Result<Answer, String> {
+    let value: Value =
+        serde_json::from_str(body).map_err(|e| format!("the hook's answer is not JSON: {e}"))?;
+    let Value::Object(mut map) = value else {
+        return Err("the hook's answer is not a JSON object".into());
+    };
+    if spec.strict
+        && let Some(unknown) = map.keys().find(|k| !FIELDS.contains(&k.as_str()))
+    {
+        return Err(format!(
+            "the hook's answer has the unknown field {unknown:?} (strict: the hook's responseUnMarshallMode or version v2)"
+        ));
+    }
+    let children = children(spec, map.remove("children").unwrap_or(Value::Null))?;
+    let resync_after = match map.remove("resyncAfterSeconds") {
+        None | Some(Value::Null) => None,
+        Some(v) => Some(seconds(&v)?),
+    };
+    Ok(Answer {
+        status: status(map.remove("status").unwrap_or(Value::Null))?,
+        children,
+        resync_after,
+        finalized: map
+            .remove("finalized")
+            .and_then(|v| v.as_bool())
+            .unwrap_or(false),
+    })
+}
+
+fn seconds(v: &Value) -> Result<Duration, String> {
+    v.as_f64()
+        .filter(|s| s.is_finite() && *s >= 0.0 && *s < 1e9)
+        .map(Duration::from_secs_f64)
+        .ok_or_else(|| format!("resyncAfterSeconds {v} is not a number of seconds"))
+}
+
+fn children(spec: &HookSpec, value: Value) -> Result<Vec<(Gvk, Vec<Value>)>, String> {
+    let list = match value {
+        Value::Null => Vec::new(),
+        Value::Array(list) => list,
+        _ => return Err("the hook's children is not a list".into()),
+    };
+    let mut sets: Vec<(Gvk, Vec<Value>)> = spec
+        .children
+        .iter()
+        .map(|c| (c.gvk(), Vec::new()))
+        .collect();
+    for (i, child) in list.into_iter().enumerate() {
+        let field = |f: &str| {
+            child
+                .get(f)
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_string()
+        };
+        let kind = Gvk::new(field("apiVersion"), field("kind"));
+        let Some((_, set)) = sets.iter_mut().find(|(k, _)| *k == kind) else {
+            return Err(format!(
+                "children[{i}] is a {kind}, which is not a child resource of the controller"
+            ));
+        };
+        set.push(child);
+    }
+    Ok(sets)
+}
+
+/// The hook's status as wasmop's: its conditions typed, `observedGeneration` left to the host.
+fn status(value: Value) -> Result<Option<Status>, String> {
+    let mut fields = match value {
+        Value::Null => return Ok(None),
+        Value::Object(map) => map,
+        _ => return Err("the hook's status is not a JSON object".into()),
+    };
+    fields.remove("observedGeneration");
+    let conditions = match fields.remove("conditions") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Array(list)) => list.iter().map(condition).collect::<Result<_, _>>()?,
+        Some(_) => return Err("the hook's status.conditions is not a list".into()),
+    };
+    Ok(Some(Status {
+        fields: Value::Object(fields),
+        conditions,
+    }))
+}
+
+fn condition(c: &Value) -> Result<Condition, String> {
+    let text = |f: &str| {
+        c.get(f)
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string()
+    };
+    let status = match text("status").as_str() {
+        "True" => ConditionStatus::True,
+        "False" => ConditionStatus::False,
+        "Unknown" | "" => ConditionStatus::Unknown,
+        other => {
+            return Err(format!(
+                "status condition {:?} has status {other:?}: True, False or Unknown",
+                text("type")
+            ));
+        }
+    };
+    let reason = text("reason");
+    Ok(Condition {
+        type_: text("type"),
+        status,
+        // Kubernetes requires a reason; a hook's condition without one gets this.
+        reason: if reason.is_empty() {
+            "Unspecified".into()
+        } else {
+            reason
+        },
+        message: text("message"),
+    })
+}
+
+/// The namespace and name of `object`; a namespaced parent's children default to its namespace.
+fn key_of(object: &Value, parent_namespace: Option<&str>) -> ChildKey {
+    let text = |p: &str| {
+        object
+            .pointer(p)
+            .and_then(Value::as_str)
+            .map(str::to_string)
+    };
+    ChildKey {
+        namespace: text("/metadata/namespace").or_else(|| parent_namespace.map(str::to_string)),
+        name: text("/metadata/name").unwrap_or_default(),
+    }
+}
+
+/// Whether `child` has every condition `checks` asks for.
+fn passes(child: &Value, checks: &[ConditionCheck]) -> bool {
+    let conditions = child
+        .pointer("/status/conditions")
+        .and_then(Value::as_array);
+    checks.iter().all(|check| {
+        conditions.into_iter().flatten().any(|c| {
+            let is = |f: &str, want: &Option<String>| {
+                want.as_deref()
+                    .is_none_or(|w| c.get(f).and_then(Value::as_str) == Some(w))
+            };
+            c.get("type").and_then(Value::as_str) == Some(check.type_.as_str())
+                && is("status", &check.status)
+                && is("reason", &check.reason)
+        })
+    })
+}
+
+/// What happens to the desired children of one kind: written, or kept as they are. Observed
+/// children in neither are deleted (pruned).
+fn plan(
+    child: &HookChild,
+    desired: Vec<Value>,
+    observed: &[Value],
+    parent_ns: Option<&str>,
+) -> ChildSet {
+    let observed: BTreeMap<ChildKey, &Value> =
+        observed.iter().map(|o| (key_of(o, None), o)).collect();
+    let rolling = matches!(
+        child.method,
+        UpdateMethod::RollingRecreate | UpdateMethod::RollingInPlace
+    );
+    let all_pass = observed.values().all(|o| passes(o, &child.status_checks));
+    let mut next_rolls = rolling && all_pass;
+    let (mut objects, mut keep) = (Vec::new(), Vec::new());
+    for d in desired {
+        let key = key_of(&d, parent_ns);
+        let Some(current) = observed.get(&key) else {
+            objects.push(d);
+            continue;
+        };
+        let differs = !covers_object(&d, current);
+        let update = match child.method {
+            UpdateMethod::OnDelete => false,
+            UpdateMethod::InPlace => true,
+            UpdateMethod::Recreate => differs,
+            UpdateMethod::RollingRecreate | UpdateMethod::RollingInPlace => {
+                differs && std::mem::take(&mut next_rolls)
+            }
+        };
+        match (update, child.method) {
+            (true, UpdateMethod::InPlace | UpdateMethod::RollingInPlace) => objects.push(d),
+            // Recreate: neither written nor kept, so pruned; the next sync creates it.
+            (true, _) => {}
+            (false, _) => keep.push(key),
+        }
+    }
+    ChildSet {
+        kind: child.gvk(),
+        objects,
+        keep,
+    }
+}
+
+/// A sync answer as a reconcile response.
+pub fn reconcile_response(
+    spec: &HookSpec,
+    observed: &Observed,
+    answer: Answer,
+) -> ReconcileResponse {
+    let parent_ns = observed.parent_namespace();
+    let children = spec
+        .children
+        .iter()
+        .zip(answer.children)
+        .zip(&observed.children)
+        .map(|((child, (_, desired)), (_, seen))| plan(child, desired, seen, parent_ns))
+        .collect();
+    ReconcileResponse {
+        children,
+        actions: Vec::new(),
+        status: answer.status,
+        events: Vec::new(),
+        requeue_after: answer.resync_after,
+    }
+}
+
+/// A finalize answer as a finalize response: the observed children the hook no longer returns
+/// are deleted.
+pub fn finalize_response(observed: &Observed, answer: Answer) -> FinalizeResponse {
+    let parent_ns = observed.parent_namespace();
+    let mut actions = Vec::new();
+    for ((kind, seen), (_, desired)) in observed.children.iter().zip(&answer.children) {
+        let wanted: BTreeSet<ChildKey> = desired.iter().map(|d| key_of(d, parent_ns)).collect();
+        for o in seen.iter().filter(|o| !wanted.contains(&key_of(o, None))) {
+            let key = key_of(o, None);
+            actions.push(Action::Delete {
+                target: ObjectRef {
+                    api_version: kind.api_version.clone(),
+                    kind: kind.kind.clone(),
+                    namespace: key.namespace,
+                    name: key.name,
+                },
+                propagation: Propagation::Background,
+            });
+        }
+    }
+    FinalizeResponse {
+        done: answer.finalized,
+        actions,
+        status: answer.status,
+        events: Vec::new(),
+        requeue_after: answer.resync_after,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn spec(method: &str) -> HookSpec {
+        serde_json::from_value(json!({
+            "controller": {},
+            "children": [{"apiVersion": "v1", "kind": "Pod", "method": method,
+                "statusChecks": [{"type": "Ready", "status": "True"}]}],
+            "sync": "/sync"
+        }))
+        .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    fn pod(name: &str, image: &str, ready: bool) -> Value {
+        json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "ns"},
+            "spec": {"containers": [{"name": "c", "image": image}]},
+            "status": {"conditions": [{"type": "Ready", "status": if ready { "True" } else { "False" }}]}})
+    }
+
+    fn desired(name: &str, image: &str) -> Value {
+        json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+            "spec": {"containers": [{"name": "c", "image": image}]}})
+    }
+
+    /// The written names and the kept names of the one set of `method`'s plan.
+    fn run(method: &str, want: Vec<Value>, seen: Vec<Value>) -> (Vec<String>, Vec<String>) {
+        let spec = spec(method);
+        let observed = Observed {
+            parent: json!({"metadata": {"name": "p", "namespace": "ns"}}),
+            children: vec![(Gvk::new("v1", "Pod"), seen)],
+        };
+        let body = json!({"children": want}).to_string();
+        let answer = parse(&spec, &body).unwrap_or_else(|e| panic!("{e}"));
+        let response = reconcile_response(&spec, &observed, answer);
+        let set = &response.children[0];
+        let names = set
+            .objects
+            .iter()
+            .map(|o| {
+                o["metadata"]["name"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string()
+            })
+            .collect();
+        (names, set.keep.iter().map(|k| k.name.clone()).collect())
+    }
+
+    #[test]
+    fn on_delete_creates_what_is_missing_and_never_touches_what_exists() {
+        let (written, kept) = run(
+            "OnDelete",
+            vec![desired("a", "v2"), desired("b", "v2")],
+            vec![pod("a", "v1", true), pod("gone", "v1", true)],
+        );
+        assert_eq!(written, ["b"]);
+        // `gone` is neither written nor kept: pruned.
+        assert_eq!(kept, ["a"]);
+    }
+
+    #[test]
+    fn in_place_writes_every_desired_child() {
+        let (written, kept) = run(
+            "InPlace",
+            vec![desired("a", "v2"), desired("b", "v1")],
+            vec![pod("a", "v1", true), pod("b", "v1", true)],
+        );
+        assert_eq!(written, ["a", "b"]);
+        assert!(kept.is_empty());
+    }
+
+    #[test]
+    fn recreate_deletes_each_child_that_differs_and_keeps_the_others() {
+        let (written, kept) = run(
+            "Recreate",
+            vec![desired("a", "v2"), desired("b", "v1")],
+            vec![pod("a", "v1", true), pod("b", "v1", true)],
+        );
+        assert!(written.is_empty());
+        assert_eq!(kept, ["b"]);
+    }
+
+    #[test]
+    fn rolling_updates_one_differing_child_at_a_time_in_the_hooks_order() {
+        let want = vec![desired("b", "v2"), desired("a", "v2")];
+        let (written, kept) = run(
+            "RollingInPlace",
+            want.clone(),
+            vec![pod("a", "v1", true), pod("b", "v1", true)],
+        );
+        assert_eq!(written, ["b"]);
+        assert_eq!(kept, ["a"]);
+        let (written, kept) = run(
+            "RollingRecreate",
+            want,
+            vec![pod("a", "v1", true), pod("b", "v1", true)],
+        );
+        assert!(written.is_empty());
+        assert_eq!(kept, ["a"]);
+    }
+
+    #[test]
+    fn rolling_waits_while_a_child_fails_its_status_checks() {
+        let want = vec![desired("b", "v2"), desired("a", "v2"), desired("c", "v1")];
+        let (written, kept) = run(
+            "RollingRecreate",
+            want,
+            vec![pod("a", "v1", true), pod("b", "v1", false)],
+        );
+        // `c` is new: created whatever the checks say.
+        assert_eq!(written, ["c"]);
+        assert_eq!(kept, ["b", "a"]);
+    }
+
+    #[test]
+    fn a_child_of_a_kind_the_controller_does_not_list_is_refused() {
+        let body = json!({"children": [{"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "s"}}]}).to_string();
+        let e = parse(&spec("InPlace"), &body).err().unwrap_or_default();
+        assert!(e.contains("v1/Secret"), "{e}");
+    }
+
+    #[test]
+    fn strict_answers_refuse_unknown_fields_and_loose_ones_ignore_them() {
+        let body = json!({"children": [], "extra": 1}).to_string();
+        let mut s = spec("InPlace");
+        assert!(parse(&s, &body).is_ok());
+        s.strict = true;
+        assert!(parse(&s, &body).err().unwrap_or_default().contains("extra"));
+    }
+
+    #[test]
+    fn status_conditions_are_typed_and_observed_generation_is_the_hosts() {
+        let body = json!({"status": {"replicas": 2, "observedGeneration": 9,
+            "conditions": [{"type": "Ready", "status": "True"}]}})
+        .to_string();
+        let answer = parse(&spec("InPlace"), &body).unwrap_or_else(|e| panic!("{e}"));
+        let status = answer.status.unwrap_or_else(|| panic!("a status"));
+        assert_eq!(status.fields, json!({"replicas": 2}));
+        assert_eq!(status.conditions[0].status, ConditionStatus::True);
+        assert_eq!(status.conditions[0].reason, "Unspecified");
+        let bad =
+            json!({"status": {"conditions": [{"type": "Ready", "status": "yes"}]}}).to_string();
+        assert!(parse(&spec("InPlace"), &bad).is_err());
+    }
+
+    #[test]
+    fn finalize_deletes_the_children_no_longer_returned_and_reports_finalized() {
+        let observed = Observed {
+            parent: json!({"metadata": {"name": "p", "namespace": "ns"}}),
+            children: vec![(
+                Gvk::new("v1", "Pod"),
+                vec![pod("a", "v1", true), pod("b", "v1", true)],
+            )],
+        };
+        let body =
+            json!({"children": [desired("a", "v1")], "finalized": false, "resyncAfterSeconds": 2})
+                .to_string();
+        let answer = parse(&spec("OnDelete"), &body).unwrap_or_else(|e| panic!("{e}"));
+        let response = finalize_response(&observed, answer);
+        assert!(!response.done);
+        assert_eq!(response.requeue_after, Some(Duration::from_secs(2)));
+        assert_eq!(response.actions.len(), 1);
+        assert_eq!(response.actions[0].target().name, "b");
+        assert_eq!(
+            response.actions[0].target().namespace.as_deref(),
+            Some("ns")
+        );
+    }
+}

@@ -1,0 +1,309 @@
+//! The controller of CompositeControllers: each one with `spec.wasmop` is served by a
+//! WasmReconciler of its own (`compositecontroller-<name>`, owned by it), which the rest of the
+//! host runs like any other; the CompositeController's `Ready` condition says whether and why.
+//!
+//! # Guarantees
+//! - A CompositeController without `spec.wasmop` is left to Metacontroller: nothing is written
+//!   on it, and a WasmReconciler wasmop made for it earlier is deleted.
+//! - A refused controller (see [`refusal`]) has no WasmReconciler: wasmop does not serve part
+//!   of it.
+//! - A WasmReconciler of that name that another controller (or an administrator) owns is never
+//!   overwritten (`Ready=False`, `NameTaken`).
+//! - Every write is idempotent (server-side apply under the field manager `wasmop`), so
+//!   replicas that each run this controller (sharding) agree.
+//!
+//! # Caveats
+//! - Whoever may create a CompositeController with `spec.wasmop` may have the host impersonate
+//!   the ServiceAccount it names, as with a WasmReconciler: grant `compositecontrollers` to
+//!   administrators only (Kubernetes grants it to nobody else by default).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, OwnerReference, Time};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::watcher;
+use kube::{Client, Resource, ResourceExt};
+use serde_json::json;
+
+use crate::crd::{FIELD_MANAGER, KindRef, WasmReconciler};
+use crate::discovery::Discovery;
+use crate::reasons;
+
+use super::api::CompositeController;
+use super::spec::{Kinds, Refusal, reconciler_name, reconciler_spec, refusal};
+
+/// The label on a WasmReconciler serving a CompositeController: the controller's name.
+pub const CONTROLLER_LABEL: &str = "wasmop.dev/compositecontroller";
+
+/// How often a controller whose resources are not served yet is looked at again.
+const RETRY: Duration = Duration::from_secs(30);
+
+struct Ctx {
+    client: Client,
+    discovery: Discovery,
+}
+
+/// A failure to write, retried with backoff.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct ComposeError(String);
+
+/// Runs until `stop` turns true, if the API server serves CompositeControllers (checked once
+/// a minute until it does: Metacontroller's CRD, or wasmop's, installed later is picked up).
+pub async fn run(
+    client: Client,
+    discovery: Discovery,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    let kind = crate::contract::Gvk::new("metacontroller.k8s.io/v1alpha1", "CompositeController");
+    while discovery.refresh(&kind).await.is_err() {
+        tokio::select! {
+            _ = stop.wait_for(|s| *s) => return,
+            _ = tokio::time::sleep(Duration::from_secs(60)) => {}
+        }
+    }
+    let shutdown = async move {
+        let _ = stop.wait_for(|s| *s).await;
+    };
+    tracing::info!("serving CompositeControllers that name a module in spec.wasmop");
+    let ctx = Arc::new(Ctx {
+        client: client.clone(),
+        discovery,
+    });
+    let owned = watcher::Config::default().labels(CONTROLLER_LABEL);
+    Controller::new(
+        Api::<CompositeController>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .owns(Api::<WasmReconciler>::all(client), owned)
+    .graceful_shutdown_on(shutdown)
+    .run(
+        reconcile,
+        |_, e, _| {
+            tracing::warn!(error = %e, "serving a CompositeController; retried");
+            Action::requeue(Duration::from_secs(5))
+        },
+        ctx,
+    )
+    .for_each(|_| async {})
+    .await;
+}
+
+async fn reconcile(cc: Arc<CompositeController>, ctx: Arc<Ctx>) -> Result<Action, ComposeError> {
+    let wr_name = reconciler_name(&cc.name_any());
+    if cc.spec.wasmop.is_none() {
+        delete_ours(&ctx, &cc, &wr_name).await?;
+        return Ok(Action::await_change());
+    }
+    if cc.metadata.deletion_timestamp.is_some() {
+        return Ok(Action::await_change());
+    }
+    let planned = match refusal(&cc) {
+        Some(r) => Err((reasons::UNSUPPORTED, r.to_string())),
+        None => plan(&cc, &ctx.discovery).await,
+    };
+    let (status, reason, message, action) = match planned {
+        Ok(spec) => match apply(&ctx, &cc, &wr_name, spec).await? {
+            true => (
+                "True",
+                reasons::SERVED,
+                format!("served by WasmReconciler {wr_name} (its conditions say how it runs)"),
+                Action::await_change(),
+            ),
+            false => (
+                "False",
+                reasons::NAME_TAKEN,
+                format!(
+                    "WasmReconciler {wr_name} exists and is not this controller's: delete or rename it"
+                ),
+                Action::requeue(RETRY),
+            ),
+        },
+        Err((reason, message)) => {
+            delete_ours(&ctx, &cc, &wr_name).await?;
+            let retry = if reason == reasons::KIND_NOT_SERVED {
+                Action::requeue(RETRY)
+            } else {
+                Action::await_change()
+            };
+            ("False", reason, message, retry)
+        }
+    };
+    write_status(&ctx, &cc, status, reason, &message, &wr_name).await?;
+    Ok(action)
+}
+
+/// The WasmReconciler spec serving `cc`, or the reason and message of why not.
+async fn plan(
+    cc: &CompositeController,
+    discovery: &Discovery,
+) -> Result<crate::crd::WasmReconcilerSpec, (&'static str, String)> {
+    let not_served = |e: String| (reasons::KIND_NOT_SERVED, e);
+    let parent = &cc.spec.parent_resource;
+    let mut kinds = Kinds {
+        parent: kind_of(discovery, &parent.api_version, &parent.resource)
+            .await
+            .map_err(not_served)?,
+        children: Vec::new(),
+    };
+    for child in &cc.spec.child_resources {
+        kinds.children.push(
+            kind_of(discovery, &child.api_version, &child.resource)
+                .await
+                .map_err(not_served)?,
+        );
+    }
+    reconciler_spec(cc, &kinds).map_err(|r: Refusal| (reasons::UNSUPPORTED, r.to_string()))
+}
+
+/// The kind served as `resource` in `api_version`.
+async fn kind_of(
+    discovery: &Discovery,
+    api_version: &str,
+    resource: &str,
+) -> Result<KindRef, String> {
+    let (group, version) = api_version.rsplit_once('/').unwrap_or(("", api_version));
+    let gv = kube::core::GroupVersion::gv(group, version);
+    let found = kube::discovery::oneshot::pinned_group(discovery.client(), &gv)
+        .await
+        .map_err(|e| format!("the API server does not serve {api_version}: {e}"))?;
+    found
+        .versioned_resources(version)
+        .into_iter()
+        .find(|(r, _)| r.plural == resource)
+        .map(|(r, _)| KindRef {
+            api_version: api_version.to_string(),
+            kind: r.kind,
+        })
+        .ok_or_else(|| {
+            format!("the API server does not serve the resource {resource} in {api_version}")
+        })
+}
+
+/// Applies the WasmReconciler; false when the name is another's.
+async fn apply(
+    ctx: &Ctx,
+    cc: &CompositeController,
+    name: &str,
+    spec: crate::crd::WasmReconcilerSpec,
+) -> Result<bool, ComposeError> {
+    let api: Api<WasmReconciler> = Api::all(ctx.client.clone());
+    let uid = cc.uid().unwrap_or_default();
+    if let Some(existing) = api
+        .get_opt(name)
+        .await
+        .map_err(|e| ComposeError(format!("reading WasmReconciler {name}: {e}")))?
+        && !existing.owner_references().iter().any(|o| o.uid == uid)
+    {
+        return Ok(false);
+    }
+    let owner = OwnerReference {
+        api_version: CompositeController::api_version(&()).into(),
+        kind: CompositeController::kind(&()).into(),
+        name: cc.name_any(),
+        uid,
+        controller: Some(true),
+        block_owner_deletion: Some(true),
+    };
+    let body = json!({
+        "apiVersion": "wasmop.dev/v1alpha1",
+        "kind": "WasmReconciler",
+        "metadata": {"name": name, "labels": {CONTROLLER_LABEL: cc.name_any()}, "ownerReferences": [owner]},
+        "spec": spec,
+    });
+    api.patch(
+        name,
+        &PatchParams::apply(FIELD_MANAGER).force(),
+        &Patch::Apply(&body),
+    )
+    .await
+    .map_err(|e| ComposeError(format!("applying WasmReconciler {name}: {e}")))?;
+    Ok(true)
+}
+
+/// Deletes the WasmReconciler wasmop made for `cc`, if there is one (and only that one).
+async fn delete_ours(ctx: &Ctx, cc: &CompositeController, name: &str) -> Result<(), ComposeError> {
+    let api: Api<WasmReconciler> = Api::all(ctx.client.clone());
+    let uid = cc.uid().unwrap_or_default();
+    let Some(existing) = api
+        .get_opt(name)
+        .await
+        .map_err(|e| ComposeError(format!("reading WasmReconciler {name}: {e}")))?
+    else {
+        return Ok(());
+    };
+    if !existing.owner_references().iter().any(|o| o.uid == uid) {
+        return Ok(());
+    }
+    let params = DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: existing.uid(),
+            resource_version: None,
+        }),
+        ..DeleteParams::background()
+    };
+    match api.delete(name, &params).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => Ok(()),
+        Err(e) => Err(ComposeError(format!("deleting WasmReconciler {name}: {e}"))),
+    }
+}
+
+/// Writes `Ready` on `cc` (kept as it is while it does not change).
+async fn write_status(
+    ctx: &Ctx,
+    cc: &CompositeController,
+    status: &str,
+    reason: &str,
+    message: &str,
+    reconciler: &str,
+) -> Result<(), ComposeError> {
+    let current = cc
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.iter().find(|c| c.type_ == reasons::READY));
+    let generation = cc.metadata.generation;
+    if current.is_some_and(|c| {
+        c.status == status
+            && c.reason == reason
+            && c.message == message
+            && c.observed_generation == generation
+    }) {
+        return Ok(());
+    }
+    let since = match current {
+        Some(c) if c.status == status => c.last_transition_time.clone(),
+        _ => Time(k8s_openapi::jiff::Timestamp::now()),
+    };
+    let condition = Condition {
+        type_: reasons::READY.into(),
+        status: status.into(),
+        reason: reason.into(),
+        message: crate::text::cut(message.to_string(), 1024),
+        observed_generation: generation,
+        last_transition_time: since,
+    };
+    let served = (status == "True").then(|| reconciler.to_string());
+    let patch = json!({
+        "apiVersion": "metacontroller.k8s.io/v1alpha1",
+        "kind": "CompositeController",
+        "status": {"conditions": [condition], "observedGeneration": generation, "reconciler": served},
+    });
+    let api: Api<CompositeController> = Api::all(ctx.client.clone());
+    api.patch_status(
+        &cc.name_any(),
+        &PatchParams::apply(FIELD_MANAGER).force(),
+        &Patch::Apply(&patch),
+    )
+    .await
+    .map_err(|e| {
+        ComposeError(format!(
+            "writing the status of CompositeController {}: {e}",
+            cc.name_any()
+        ))
+    })?;
+    Ok(())
+}

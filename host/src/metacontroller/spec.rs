@@ -1,0 +1,349 @@
+//! A CompositeController, as the WasmReconciler that serves it: which of Metacontroller's
+//! features wasmop refuses, and the spec it writes for the rest.
+//!
+//! # Guarantees
+//! - A controller is either served as its YAML says or refused with one reason naming the
+//!   field: wasmop never serves it in some other way.
+//! - Pure: the caller resolves the resources to kinds first ([`Kinds`]).
+
+use crate::crd::{
+    HookChild, HookSpec, HookVersion, KindRef, ReconcilerLimits, UpdateMethod, WasmReconcilerSpec,
+};
+
+use super::api::{CompositeController, Hook};
+
+/// The kinds behind a controller's resources, resolved by the API server.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Kinds {
+    /// The parent's kind.
+    pub parent: KindRef,
+    /// The children's kinds, in `childResources` order.
+    pub children: Vec<KindRef>,
+}
+
+/// Why a controller is not served: the field and what is wrong with it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    /// The field (`spec.hooks.customize`).
+    pub field: &'static str,
+    /// Why, for the person who wrote it.
+    pub message: String,
+}
+
+impl std::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.field, self.message)
+    }
+}
+
+fn refuse(field: &'static str, message: impl Into<String>) -> Refusal {
+    Refusal {
+        field,
+        message: message.into(),
+    }
+}
+
+/// The name of the WasmReconciler serving CompositeController `name`.
+pub fn reconciler_name(name: &str) -> String {
+    format!("compositecontroller-{name}")
+}
+
+/// The first feature of `cc` that wasmop does not serve, if any.
+pub fn refusal(cc: &CompositeController) -> Option<Refusal> {
+    let spec = &cc.spec;
+    let hooks = spec.hooks.clone().unwrap_or_default();
+    let checks: [(bool, &'static str, &str); 5] = [
+        (
+            hooks.sync.is_none(),
+            "spec.hooks.sync",
+            "a CompositeController needs a sync hook",
+        ),
+        (
+            hooks.customize.is_some(),
+            "spec.hooks.customize",
+            "the customize hook (related resources) is not served by wasmop yet; remove it or keep this controller on Metacontroller",
+        ),
+        (
+            hooks.pre_update_child.is_some(),
+            "spec.hooks.preUpdateChild",
+            "not served by wasmop",
+        ),
+        (
+            hooks.post_update_child.is_some(),
+            "spec.hooks.postUpdateChild",
+            "not served by wasmop",
+        ),
+        (
+            spec.parent_resource.label_selector.is_some(),
+            "spec.parentResource.labelSelector",
+            "parent label selectors are not served by wasmop yet: every parent of the resource would be synced",
+        ),
+    ];
+    if let Some((_, field, message)) = checks.into_iter().find(|(bad, _, _)| *bad) {
+        return Some(refuse(field, message));
+    }
+    for (field, hook) in [
+        ("spec.hooks.sync", &hooks.sync),
+        ("spec.hooks.finalize", &hooks.finalize),
+    ] {
+        if let Some(r) = hook.as_ref().and_then(|h| hook_refusal(field, h)) {
+            return Some(r);
+        }
+    }
+    spec.child_resources.iter().find_map(|c| {
+        let method = c.update_strategy.as_ref().and_then(|u| u.method.as_deref());
+        method_of(method).err()
+    })
+}
+
+fn hook_refusal(field: &'static str, hook: &Hook) -> Option<Refusal> {
+    match hook.version.as_deref() {
+        None | Some("v1" | "v2") => {}
+        Some(other) => return Some(refuse(field, format!("hook version {other:?}: v1 or v2"))),
+    }
+    let mode = hook
+        .webhook
+        .as_ref()
+        .and_then(|w| w.response_unmarshall_mode.as_deref());
+    match mode {
+        None | Some("loose" | "strict") => None,
+        Some(other) => Some(refuse(
+            field,
+            format!("responseUnMarshallMode {other:?}: loose or strict"),
+        )),
+    }
+}
+
+fn method_of(method: Option<&str>) -> Result<UpdateMethod, Refusal> {
+    Ok(match method {
+        None | Some("" | "OnDelete") => UpdateMethod::OnDelete,
+        Some("Recreate") => UpdateMethod::Recreate,
+        Some("InPlace") => UpdateMethod::InPlace,
+        Some("RollingRecreate") => UpdateMethod::RollingRecreate,
+        Some("RollingInPlace") => UpdateMethod::RollingInPlace,
+        Some(other) => {
+            return Err(refuse(
+                "spec.childResources[].updateStrategy.method",
+                format!(
+                    "{other:?} is not a Metacontroller update method (OnDelete, Recreate, InPlace, RollingRecreate, RollingInPlace)"
+                ),
+            ));
+        }
+    })
+}
+
+/// The path a hook is called with: its webhook's `path`, else the path of its `url`, else
+/// `/<default>`.
+pub fn hook_path(hook: &Hook, default: &str) -> String {
+    let webhook = hook.webhook.as_ref();
+    if let Some(path) = webhook.and_then(|w| w.path.clone()) {
+        return path;
+    }
+    let from_url = webhook
+        .and_then(|w| w.url.as_deref())
+        .and_then(|u| u.split_once("://").map(|(_, rest)| rest))
+        .and_then(|rest| rest.find('/').map(|i| rest[i..].to_string()));
+    from_url.unwrap_or_else(|| format!("/{default}"))
+}
+
+/// The spec of the WasmReconciler serving `cc` (which [`refusal`] passed), or why not.
+///
+/// # Errors
+/// A [`Refusal`] when `cc` has no `spec.wasmop`, or a child kind is the parent's.
+pub fn reconciler_spec(
+    cc: &CompositeController,
+    kinds: &Kinds,
+) -> Result<WasmReconcilerSpec, Refusal> {
+    let wasmop = cc
+        .spec
+        .wasmop
+        .as_ref()
+        .ok_or_else(|| refuse("spec.wasmop", "absent: the controller is Metacontroller's"))?;
+    if kinds.children.contains(&kinds.parent) {
+        return Err(refuse(
+            "spec.childResources",
+            "a child resource is the parent resource",
+        ));
+    }
+    let hooks = cc.spec.hooks.clone().unwrap_or_default();
+    let sync = hooks.sync.clone().unwrap_or_default();
+    let version = match sync.version.as_deref() {
+        Some("v2") => HookVersion::V2,
+        _ => HookVersion::V1,
+    };
+    let mode = sync
+        .webhook
+        .as_ref()
+        .and_then(|w| w.response_unmarshall_mode.as_deref());
+    let strict = mode.map_or(version == HookVersion::V2, |m| m == "strict");
+    let mut children = Vec::new();
+    for (rule, kind) in cc.spec.child_resources.iter().zip(&kinds.children) {
+        let strategy = rule.update_strategy.clone().unwrap_or_default();
+        children.push(HookChild {
+            api_version: kind.api_version.clone(),
+            kind: kind.kind.clone(),
+            method: method_of(strategy.method.as_deref())?,
+            status_checks: strategy
+                .status_checks
+                .map(|s| s.conditions)
+                .unwrap_or_default(),
+        });
+    }
+    let hook = HookSpec {
+        controller: controller_document(cc),
+        version,
+        strict,
+        children,
+        sync: hook_path(&sync, "sync"),
+        finalize: hooks.finalize.as_ref().map(|h| hook_path(h, "finalize")),
+    };
+    Ok(WasmReconcilerSpec {
+        module: wasmop.module.clone(),
+        primary: kinds.parent.clone(),
+        owns: kinds.children.clone(),
+        related: Vec::new(),
+        namespaces: wasmop.namespaces.clone(),
+        service_account: wasmop.service_account.clone(),
+        limits: limits(wasmop.limits.clone(), &sync),
+        resync_period: cc
+            .spec
+            .resync_period_seconds
+            .filter(|s| *s > 0)
+            .map(|s| format!("{s}s")),
+        rollout: Default::default(),
+        admission: Default::default(),
+        config: None,
+        hook: Some(hook),
+    })
+}
+
+/// The controller as hooks receive it: apiVersion, kind, name, uid and spec (without
+/// `spec.wasmop`, which is wasmop's and says where the module is, not what it does).
+fn controller_document(cc: &CompositeController) -> serde_json::Value {
+    let mut spec = serde_json::to_value(&cc.spec).unwrap_or_default();
+    if let Some(map) = spec.as_object_mut() {
+        map.remove("wasmop");
+    }
+    serde_json::json!({
+        "apiVersion": "metacontroller.k8s.io/v1alpha1",
+        "kind": "CompositeController",
+        "metadata": {"name": cc.metadata.name, "uid": cc.metadata.uid},
+        "spec": spec,
+    })
+}
+
+/// `spec.wasmop.limits`, else a WasmReconciler's defaults with the sync webhook's timeout
+/// (Metacontroller's default 10s) as the deadline and 256Mi of memory (a JavaScript or Python
+/// interpreter with its heap).
+fn limits(given: Option<ReconcilerLimits>, sync: &Hook) -> ReconcilerLimits {
+    given.unwrap_or_else(|| {
+        let timeout = sync.webhook.as_ref().and_then(|w| w.timeout.clone());
+        ReconcilerLimits {
+            deadline: timeout.unwrap_or_else(|| "10s".into()),
+            memory: "256Mi".into(),
+            ..ReconcilerLimits::default()
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metacontroller::api::CompositeControllerSpec;
+
+    fn catset() -> CompositeController {
+        let spec: CompositeControllerSpec = serde_json::from_value(serde_json::json!({
+            "parentResource": {"apiVersion": "ctl.enisoc.com/v1", "resource": "catsets",
+                "revisionHistory": {"fieldPaths": ["spec.template"]}},
+            "childResources": [
+                {"apiVersion": "v1", "resource": "pods", "updateStrategy": {"method": "RollingRecreate",
+                    "statusChecks": {"conditions": [{"type": "Ready", "status": "True"}]}}},
+                {"apiVersion": "v1", "resource": "persistentvolumeclaims"}],
+            "hooks": {"sync": {"webhook": {"url": "http://catset-controller.metacontroller/sync"}},
+                "finalize": {"webhook": {"url": "http://catset-controller.metacontroller/sync"}}},
+            "wasmop": {"module": {"configMap": {"namespace": "wasmop-system", "name": "catset-hook"}},
+                "serviceAccount": {"namespace": "wasmop-system", "name": "catset-hook"}}
+        }))
+        .unwrap_or_else(|e| panic!("spec: {e}"));
+        CompositeController::new("catset-controller", spec)
+    }
+
+    fn kinds() -> Kinds {
+        let k = |a: &str, k: &str| KindRef {
+            api_version: a.into(),
+            kind: k.into(),
+        };
+        Kinds {
+            parent: k("ctl.enisoc.com/v1", "CatSet"),
+            children: vec![k("v1", "Pod"), k("v1", "PersistentVolumeClaim")],
+        }
+    }
+
+    #[test]
+    fn catset_is_served_with_its_strategies_paths_and_a_finalizer() {
+        let cc = catset();
+        assert_eq!(refusal(&cc), None);
+        let spec = reconciler_spec(&cc, &kinds()).unwrap_or_else(|e| panic!("{e}"));
+        let hook = spec.hook.unwrap_or_else(|| panic!("a hook spec"));
+        assert_eq!(hook.sync, "/sync");
+        assert_eq!(hook.finalize.as_deref(), Some("/sync"));
+        assert_eq!(hook.version, HookVersion::V1);
+        assert!(!hook.strict);
+        assert_eq!(hook.children[0].method, UpdateMethod::RollingRecreate);
+        assert_eq!(hook.children[0].status_checks[0].type_, "Ready");
+        assert_eq!(hook.children[1].method, UpdateMethod::OnDelete);
+        assert_eq!(spec.owns, kinds().children);
+        assert_eq!(spec.limits.deadline, "10s");
+        assert!(hook.controller.pointer("/spec/wasmop").is_none());
+        assert_eq!(
+            hook.controller["spec"]["parentResource"]["resource"],
+            "catsets"
+        );
+    }
+
+    #[test]
+    fn what_wasmop_does_not_serve_is_refused_naming_the_field() {
+        let mut cc = catset();
+        if let Some(h) = cc.spec.hooks.as_mut() {
+            h.customize = Some(Hook::default());
+        }
+        assert_eq!(refusal(&cc).map(|r| r.field), Some("spec.hooks.customize"));
+        let mut cc = catset();
+        cc.spec.child_resources[1].update_strategy = Some(super::super::api::UpdateStrategy {
+            method: Some("Sometimes".into()),
+            status_checks: None,
+        });
+        let r = refusal(&cc).unwrap_or_else(|| panic!("refused"));
+        assert!(r.message.contains("Sometimes"), "{r}");
+        let mut cc = catset();
+        cc.spec.wasmop = None;
+        assert!(reconciler_spec(&cc, &kinds()).is_err());
+    }
+
+    #[test]
+    fn paths_come_from_path_then_url_then_the_hook_name() {
+        let hook = |w: serde_json::Value| -> Hook {
+            serde_json::from_value(serde_json::json!({"webhook": w}))
+                .unwrap_or_else(|e| panic!("{e}"))
+        };
+        assert_eq!(
+            hook_path(
+                &hook(serde_json::json!({"url": "http://x.y:80/a/b"})),
+                "sync"
+            ),
+            "/a/b"
+        );
+        assert_eq!(
+            hook_path(
+                &hook(serde_json::json!({"path": "/p", "url": "http://x/q"})),
+                "sync"
+            ),
+            "/p"
+        );
+        assert_eq!(
+            hook_path(&hook(serde_json::json!({"url": "http://x"})), "finalize"),
+            "/finalize"
+        );
+        assert_eq!(hook_path(&Hook::default(), "sync"), "/sync");
+    }
+}
