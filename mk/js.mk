@@ -12,8 +12,9 @@ js-modules: prereqs-js
 	$(JS_MODULE) build examples/feature-flags flags $(TARGET_DIR)/wasm32-wasip2/release/feature_flags.wasm
 	$(JS_MODULE) build tests/guests/js-probe probe $(TARGET_DIR)/wasm32-wasip2/release/js_probe.wasm
 
-## node --test: the JavaScript SDK and the feature-flags example, natively (no Wasm, no
-## cluster, no npm install).
+## node --test: the JavaScript SDK and the feature-flags example, natively (no cluster, no npm
+## install), and the Metacontroller hook adapter as a component (built with the pinned tools,
+## called through jco in node).
 js-test: prereqs-js
 	$(JS_MODULE) test guest-sdk/js
 	$(JS_MODULE) test examples/feature-flags

@@ -2,7 +2,9 @@
 # JavaScript modules: one command to build one, one to test it, with pinned tools.
 #
 #   scripts/js-module.sh build APP_DIR APP_NAME OUT.wasm   componentize APP_DIR/APP_NAME.js
-#   scripts/js-module.sh test DIR                          node --test DIR's tests (no Wasm)
+#   scripts/js-module.sh hook HOOK_FILE.js OUT.wasm        a Metacontroller hook (fission-style
+#                                                          CommonJS, unchanged): `hook` world
+#   scripts/js-module.sh test DIR                          node --test DIR's tests
 #   scripts/js-module.sh tools                             install the tools, print their dir
 #
 # The tools (guest-sdk/js/tools/package.json and its package-lock.json: componentize-js 0.23.0,
@@ -10,7 +12,8 @@
 # `$XDG_CACHE_HOME/wasmop`, else ~/.cache/wasmop, as for every other cached tool;
 # WASMOP_JS_TOOLS overrides); later runs are offline. A build is skipped when OUT.wasm was built
 # from the same inputs (WIT, SDK, build script, app, tools). Tests need node only: the SDK's
-# resolve hook maps `wasmop-sdk` to guest-sdk/js, no npm install.
+# resolve hook maps `wasmop-sdk` to guest-sdk/js, no npm install (the SDK's own
+# tests/hook-component.test.js also builds a hook with this script, so it needs the tools).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -74,6 +77,30 @@ componentize() {
     die "componentize-js failed for $app_dir/$app.js (its message is above)"
 }
 
+hook_inputs_digest() {
+  local hook_file=$1
+  cat "$LOCK" "$ROOT/wit/reconciler.wit" "$SDK/tools/build-hook.mjs" "$SDK/src/hook.js" "$hook_file" |
+    sha256sum | cut -d' ' -f1
+}
+
+hook() {
+  [ $# -eq 2 ] || die "usage: hook HOOK_FILE.js OUT.wasm"
+  local hook_file out=$2
+  [ -f "$1" ] || die "no hook file $1"
+  hook_file=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
+  tools
+  mkdir -p "$(dirname "$out")"
+  out=$(cd "$(dirname "$out")" && pwd)/$(basename "$out")
+  build_once "$out" hook_inputs_digest componentize_hook "$hook_file" "$out"
+}
+
+# componentize_hook HOOK_FILE OUT: the hook file, unchanged, into OUT (build_once's BUILD).
+componentize_hook() {
+  local hook_file=$1 out=$2
+  node "$SDK/tools/build-hook.mjs" "$TOOLS" "$ROOT/wit" "$SDK/src" "$hook_file" "$out" ||
+    die "componentize-js failed for the hook $hook_file (its message is above)"
+}
+
 run_tests() {
   [ $# -eq 1 ] || die "usage: test DIR"
   need_node
@@ -89,7 +116,8 @@ run_tests() {
 
 case "${1:-}" in
   build) shift; build "$@" ;;
+  hook) shift; hook "$@" ;;
   test) shift; run_tests "$@" ;;
   tools) tools; echo "$TOOLS" ;;
-  *) die "usage: $0 build APP_DIR APP_NAME OUT.wasm | test DIR | tools" ;;
+  *) die "usage: $0 build APP_DIR APP_NAME OUT.wasm | hook HOOK_FILE.js OUT.wasm | test DIR | tools" ;;
 esac
