@@ -265,6 +265,7 @@ pub async fn run(
     let compose = tokio::spawn(crate::metacontroller::compose::run(
         reconcilers.ctx.client.clone(),
         reconcilers.ctx.discovery.clone(),
+        reconcilers.ctx.selector.clone(),
         stopped,
     ));
     tokio::pin!(shutdown);

@@ -9,6 +9,8 @@
 //!   of it.
 //! - A WasmReconciler of that name that another controller (or an administrator) owns is never
 //!   overwritten (`Ready=False`, `NameTaken`).
+//! - The WasmReconciler carries the controller's labels (and [`CONTROLLER_LABEL`]), so a host
+//!   serving a label selector serves both or neither.
 //! - Every write is idempotent (server-side apply under the field manager `wasmop`), so
 //!   replicas that each run this controller (sharding) agree.
 //!
@@ -56,6 +58,7 @@ pub struct ComposeError(String);
 pub async fn run(
     client: Client,
     discovery: Discovery,
+    selector: Option<String>,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) {
     let kind = crate::contract::Gvk::new("metacontroller.k8s.io/v1alpha1", "CompositeController");
@@ -73,23 +76,31 @@ pub async fn run(
         client: client.clone(),
         discovery,
     });
-    let owned = watcher::Config::default().labels(CONTROLLER_LABEL);
-    Controller::new(
-        Api::<CompositeController>::all(client.clone()),
-        watcher::Config::default(),
-    )
-    .owns(Api::<WasmReconciler>::all(client), owned)
-    .graceful_shutdown_on(shutdown)
-    .run(
-        reconcile,
-        |_, e, _| {
-            tracing::warn!(error = %e, "serving a CompositeController; retried");
-            Action::requeue(Duration::from_secs(5))
-        },
-        ctx,
-    )
-    .for_each(|_| async {})
-    .await;
+    // The host's selector (`--selector`) chooses the controllers too; their WasmReconcilers
+    // carry their labels, so the same host serves them.
+    let (controllers, owned) = match &selector {
+        Some(s) => (
+            watcher::Config::default().labels(s),
+            watcher::Config::default().labels(&format!("{s},{CONTROLLER_LABEL}")),
+        ),
+        None => (
+            watcher::Config::default(),
+            watcher::Config::default().labels(CONTROLLER_LABEL),
+        ),
+    };
+    Controller::new(Api::<CompositeController>::all(client.clone()), controllers)
+        .owns(Api::<WasmReconciler>::all(client), owned)
+        .graceful_shutdown_on(shutdown)
+        .run(
+            reconcile,
+            |_, e, _| {
+                tracing::warn!(error = %e, "serving a CompositeController; retried");
+                Action::requeue(Duration::from_secs(5))
+            },
+            ctx,
+        )
+        .for_each(|_| async {})
+        .await;
 }
 
 async fn reconcile(cc: Arc<CompositeController>, ctx: Arc<Ctx>) -> Result<Action, ComposeError> {
@@ -208,10 +219,12 @@ async fn apply(
         controller: Some(true),
         block_owner_deletion: Some(true),
     };
+    let mut labels = cc.labels().clone();
+    labels.insert(CONTROLLER_LABEL.into(), cc.name_any());
     let body = json!({
         "apiVersion": "wasmop.dev/v1alpha1",
         "kind": "WasmReconciler",
-        "metadata": {"name": name, "labels": {CONTROLLER_LABEL: cc.name_any()}, "ownerReferences": [owner]},
+        "metadata": {"name": name, "labels": labels, "ownerReferences": [owner]},
         "spec": spec,
     });
     api.patch(

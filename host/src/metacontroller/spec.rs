@@ -233,14 +233,14 @@ fn controller_document(cc: &CompositeController) -> serde_json::Value {
 }
 
 /// `spec.wasmop.limits`, else a WasmReconciler's defaults with the sync webhook's timeout
-/// (Metacontroller's default 10s) as the deadline and 256Mi of memory (a JavaScript or Python
+/// (Metacontroller's default 10s) as the deadline and 128Mi of memory (a JavaScript or Python
 /// interpreter with its heap).
 fn limits(given: Option<ReconcilerLimits>, sync: &Hook) -> ReconcilerLimits {
     given.unwrap_or_else(|| {
         let timeout = sync.webhook.as_ref().and_then(|w| w.timeout.clone());
         ReconcilerLimits {
             deadline: timeout.unwrap_or_else(|| "10s".into()),
-            memory: "256Mi".into(),
+            memory: "128Mi".into(),
             ..ReconcilerLimits::default()
         }
     })
