@@ -103,6 +103,13 @@ def test_logging_print_and_the_servers_lines_reach_the_hosts_log_at_their_levels
     assert (Level.ERROR, "ERROR:__main__:cannot sync p") in logs
 
 
+def test_natively_the_default_log_goes_to_the_real_stderr(load, capfd):
+    server = load("configmaps")
+    log.set_sink(None)  # the SDK's default natively: stderr, which is the hook's during a call
+    assert server.post("/sync", sync_request()).ok
+    assert "INFO copies wanted: 2\n" in capfd.readouterr().err
+
+
 def test_the_request_is_the_post_metacontroller_sends(load, logs):
     server = load("odd")
     echo = server.post("/echo", '{"parent": {}}')
@@ -150,6 +157,35 @@ def test_a_handler_without_do_post_gets_the_servers_501(tmp_path, load):
     )
     answer = load(path).post("/sync", "{}")
     assert answer.status == 501 and "Unsupported method ('POST')" in answer.body
+
+
+def test_sys_exit_in_a_handler_is_a_500_too(tmp_path, load):
+    path = tmp_path / "exits.py"
+    path.write_text(
+        "import http.server, sys\n"
+        "class Exits(http.server.BaseHTTPRequestHandler):\n"
+        "    def do_POST(self): sys.exit(3)\n"
+        "http.server.HTTPServer(('', 80), Exits).serve_forever()\n"
+    )
+    answer = load(path).post("/sync", "{}")
+    assert answer.status == 500 and answer.body.endswith("SystemExit: 3"), answer
+
+
+def test_the_modules_beside_a_hook_file_are_imported(tmp_path, load):
+    (tmp_path / "children.py").write_text("def of(parent):\n    return [{'kind': 'Pod', 'name': parent}]\n")
+    path = tmp_path / "sync.py"
+    path.write_text(
+        "import json\n"
+        "from http.server import BaseHTTPRequestHandler, HTTPServer\n"
+        "import children\n"
+        "class Sync(BaseHTTPRequestHandler):\n"
+        "    def do_POST(self):\n"
+        "        self.send_response(200)\n"
+        "        self.end_headers()\n"
+        "        self.wfile.write(json.dumps(children.of('p')).encode())\n"
+        "HTTPServer(('', 80), Sync).serve_forever()\n"
+    )
+    assert load(path).post("/sync", "{}") == hook.Answer(200, '[{"kind": "Pod", "name": "p"}]')
 
 
 def test_a_file_that_makes_no_server_is_refused(tmp_path):

@@ -22,6 +22,7 @@ from __future__ import annotations
 import http.server
 import io
 import logging
+import os
 import re
 import sys
 import traceback
@@ -121,7 +122,7 @@ class HookServer:
         with _captured() as capture:
             try:
                 handler.handle_one_request()
-            except Exception as e:  # over HTTP the server logs it and drops the connection
+            except (Exception, SystemExit) as e:  # over HTTP the connection drops: no answer
                 e.with_traceback(e.__traceback__.tb_next)  # from the server's frames on
                 capture.write(_STDERR, _traceback(e), Level.ERROR)
                 return Answer(500, _last_lines(e))
@@ -145,12 +146,17 @@ class HookServer:
 def load(path) -> HookServer:
     """Runs the hook file at ``path`` as ``__main__``; returns the ``HTTPServer`` it made.
 
-    Raises ``Error`` if the file made none. What the file writes while it loads goes to the real
-    stdout and stderr (at build time); ``logging.basicConfig`` there gets the hook's stderr.
+    Raises ``Error`` if the file made none. The file's directory is put first on ``sys.path``
+    (as ``python sync.py`` does), for the modules beside it. What the file writes while it loads
+    goes to the real stdout and stderr (at build time); ``logging.basicConfig`` there gets the
+    hook's stderr.
     """
     global _made
     _levels_of_records()
     path = str(path)
+    directory = os.path.dirname(os.path.abspath(path))
+    if directory not in sys.path:
+        sys.path.insert(0, directory)
     module = types.ModuleType("__main__")
     module.__file__ = path
     code = compile(Path(path).read_bytes(), path, "exec")
@@ -346,6 +352,7 @@ class _Capture:
         self.partial: dict = {}  # stream -> the text after its last newline
         self.kept = 0
         self.dropped = 0
+        self.sinking = False  # the sink's own writes (natively, to stderr) are not lines again
 
     def write(self, stream: "_Stream", text: str, level: Level) -> None:
         lines = (self.partial.pop(stream, "") + text).split("\n")
@@ -365,14 +372,21 @@ class _Capture:
             self.dropped += 1
             return
         self.kept += 1
-        self.sink(level, _cut(text, LOG_LINE_MAX))
+        self._send(level, _cut(text, LOG_LINE_MAX))
 
     def close(self) -> None:
         for stream, rest in self.partial.items():
             self.line(stream.level, rest)
         self.partial.clear()
         if self.dropped:
-            self.sink(Level.WARN, f"{self.dropped} more log lines dropped (at most {LOG_LINES_MAX} a call)")
+            self._send(Level.WARN, f"{self.dropped} more log lines dropped (at most {LOG_LINES_MAX} a call)")
+
+    def _send(self, level: Level, text: str) -> None:
+        self.sinking = True
+        try:
+            self.sink(level, text)
+        finally:
+            self.sinking = False
 
 
 _capture: Optional[_Capture] = None  # the capture of the call running
@@ -380,7 +394,8 @@ _capture: Optional[_Capture] = None  # the capture of the call running
 
 class _Stream(io.TextIOBase):
     """The hook's ``sys.stdout`` or ``sys.stderr``: during a call its lines are logged; outside
-    one (the file loading at build time) the text goes to the real stream."""
+    one (the file loading at build time), and from the log's sink, the text goes to the real
+    stream."""
 
     encoding = "utf-8"
 
@@ -393,7 +408,7 @@ class _Stream(io.TextIOBase):
         return True
 
     def write(self, text: str) -> int:
-        if _capture is not None:
+        if _capture is not None and not _capture.sinking:
             _capture.write(self, text, self.level if _line_level is None else _line_level)
         else:
             real = getattr(sys, f"__{self.name}__", None)
