@@ -8,7 +8,8 @@ PYTHON_MODULE := bash scripts/python-module.sh
 python-modules: prereqs-python
 	$(PYTHON_MODULE) build examples/tenant tenant $(TARGET_DIR)/wasm32-wasip2/release/tenant.wasm
 
-## pytest: the Python SDK and the Python examples, natively (no Wasm, no cluster).
+## pytest: the Python SDK and the Python examples, natively (no cluster; the SDK's hook tests
+## also build one hook component, ~10 s).
 python-test: prereqs-python
 	$(PYTHON_MODULE) pytest guest-sdk/python
 	$(PYTHON_MODULE) pytest examples/tenant
