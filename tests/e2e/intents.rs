@@ -58,6 +58,7 @@ async fn recreate_by_someone_else(cms: &Api<ConfigMap>, name: &str) -> anyhow::R
 fn child_set(name: &str, data: Value, owner: &ConfigMap) -> anyhow::Result<PreparedSet> {
     let object = serde_json::to_value(config_map(name, data, Some(owner))?)?;
     Ok(PreparedSet {
+        keep: Default::default(),
         kind: Gvk::new("v1", "ConfigMap"),
         namespaced: true,
         objects: vec![wasmop::controller::intents::PreparedChild {
@@ -230,6 +231,7 @@ async fn prunes_and_deletes_on_a_stale_observation_spare_an_object_recreated_und
             &stale,
             Validated {
                 children: vec![PreparedSet {
+                    keep: Default::default(),
                     kind: kind.clone(),
                     namespaced: true,
                     objects: vec![],

@@ -28,6 +28,7 @@ mod host;
 mod hotswap;
 mod intents;
 mod lifecycle;
+mod metacontroller;
 mod monitoring;
 mod oci;
 mod production;

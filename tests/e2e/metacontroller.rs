@@ -1,0 +1,381 @@
+//! Metacontroller's examples under wasmop, on the real local control plane: the CompositeController
+//! of each example (examples/metacontroller/<name>/controller.yaml, with `spec.wasmop` naming the
+//! hook module in the test registry), its hook built unchanged into a module
+//! (scripts/js-module.sh hook, scripts/python-module.sh hook) and the steps of Metacontroller's
+//! own test.sh for it (each example's steps.md), with exact comparisons where upstream's bash
+//! `-eq` compares nothing.
+//!
+//! Each test serves its controller for its own namespace (`spec.wasmop.namespaces`), so the
+//! tests share the CRDs and run in parallel.
+
+use std::time::Duration;
+
+use crate::support::*;
+use kube::Client;
+use kube::api::{Api, DynamicObject, Patch, PostParams};
+use kube::discovery::ApiResource;
+use serde_json::{Value, json};
+use wasmop::metacontroller::api::CompositeController;
+use wasmop_testenv::{Registry, TestEnv, eventually};
+
+/// Loading a never-seen 12-20 MB hook component (pull, check, compile) on a loaded machine
+/// takes tens of seconds.
+const LOAD: Duration = Duration::from_secs(300);
+
+/// The language of an example's hook.
+#[derive(Clone, Copy)]
+enum Lang {
+    Js,
+    Python,
+}
+
+/// `examples/metacontroller/<name>/<file>`'s YAML documents.
+fn docs(name: &str, file: &str) -> anyhow::Result<Vec<Value>> {
+    yaml_docs(&repo().join("examples/metacontroller").join(name).join(file))
+}
+
+/// The example's hook built, unchanged, into a hook module (skipped when up to date).
+async fn hook_module(name: &str, lang: Lang) -> anyhow::Result<Vec<u8>> {
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("metacontroller");
+    std::fs::create_dir_all(&dir)?;
+    let out = dir.join(format!("{name}.wasm"));
+    let example = repo().join("examples/metacontroller").join(name);
+    let (script, hook) = match lang {
+        Lang::Js => ("scripts/js-module.sh", example.join("hook.js")),
+        Lang::Python => ("scripts/python-module.sh", example.join("hook.py")),
+    };
+    let output = tokio::process::Command::new("bash")
+        .arg(repo().join(script))
+        .arg("hook")
+        .arg(&hook)
+        .arg(&out)
+        .output()
+        .await?;
+    anyhow::ensure!(
+        output.status.success(),
+        "{script} hook {} failed:\n{}{}",
+        hook.display(),
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    Ok(std::fs::read(out)?)
+}
+
+/// Installs the CompositeController CRD (wasmop's) and the example's parent CRD.
+async fn install(env: &TestEnv, name: &str) -> anyhow::Result<()> {
+    install_crds(&env.client).await?;
+    apply_crds(
+        &env.client,
+        yaml_docs(&repo().join("deploy/metacontroller/compositecontroller.yaml"))?,
+    )
+    .await?;
+    apply_crds(&env.client, docs(name, "crd.yaml")?).await
+}
+
+/// Applies the example's controller.yaml for this test: the hook's ServiceAccount in the test's
+/// namespace, its cluster roles suffixed with the namespace, the host's own grants left out (the
+/// test's host is the cluster's admin), and the CompositeController named `<ns>-<name>`,
+/// labelled for the test's host, serving the test's namespace with `module`. Returns the
+/// controller's name.
+async fn register(env: &TestEnv, name: &str, module: Value) -> anyhow::Result<String> {
+    let ns = env.namespace.as_str();
+    let mut controller = None;
+    for mut doc in docs(name, "controller.yaml")? {
+        let kind = doc["kind"].as_str().unwrap_or_default().to_string();
+        let object = doc["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        if object.starts_with("wasmop-host-") {
+            continue;
+        }
+        if kind == "CompositeController" {
+            controller = Some(doc);
+            continue;
+        }
+        if kind.starts_with("Cluster") {
+            doc["metadata"]["name"] = json!(format!("{object}-{ns}"));
+        } else {
+            doc["metadata"]["namespace"] = json!(ns);
+        }
+        if kind == "ClusterRoleBinding" {
+            doc["roleRef"]["name"] = json!(format!(
+                "{}-{ns}",
+                doc["roleRef"]["name"].as_str().unwrap_or_default()
+            ));
+            doc["subjects"][0]["namespace"] = json!(ns);
+        }
+        apply_dynamic(&env.client, doc).await?;
+    }
+    let mut cc = controller
+        .ok_or_else(|| anyhow::anyhow!("{name}/controller.yaml has no CompositeController"))?;
+    let cc_name = format!("{ns}-{name}");
+    cc["metadata"] = json!({"name": cc_name, "labels": {"wasmop.dev/test": ns}});
+    cc["spec"]["wasmop"]["module"] = module;
+    cc["spec"]["wasmop"]["serviceAccount"]["namespace"] = json!(ns);
+    cc["spec"]["wasmop"]["namespaces"] = json!([ns]);
+    let api: Api<CompositeController> = Api::all(env.client.clone());
+    api.patch(&cc_name, &apply_params(), &Patch::Apply(&cc))
+        .await?;
+    Ok(cc_name)
+}
+
+/// Server-side applies one object of any kind.
+async fn apply_dynamic(client: &Client, doc: Value) -> anyhow::Result<()> {
+    let object: DynamicObject = serde_json::from_value(doc)?;
+    let types = object.types.clone().unwrap_or_default();
+    let (group, version) = types
+        .api_version
+        .rsplit_once('/')
+        .unwrap_or(("", &types.api_version));
+    let gvk = kube::api::GroupVersionKind::gvk(group, version, &types.kind);
+    let (resource, caps) = kube::discovery::pinned_kind(client, &gvk).await?;
+    let name = object.metadata.name.clone().unwrap_or_default();
+    let api: Api<DynamicObject> = match (&object.metadata.namespace, caps.scope) {
+        (Some(ns), kube::discovery::Scope::Namespaced) => {
+            Api::namespaced_with(client.clone(), ns, &resource)
+        }
+        _ => Api::all_with(client.clone(), &resource),
+    };
+    api.patch(&name, &apply_params(), &Patch::Apply(&object))
+        .await?;
+    Ok(())
+}
+
+/// The controller's `Ready` condition: (status, reason, message).
+async fn controller_ready(
+    client: &Client,
+    name: &str,
+) -> anyhow::Result<Option<(String, String, String)>> {
+    let api: Api<CompositeController> = Api::all(client.clone());
+    Ok(api.get(name).await?.status.and_then(|s| {
+        s.conditions
+            .into_iter()
+            .find(|c| c.type_ == "Ready")
+            .map(|c| (c.status, c.reason, c.message))
+    }))
+}
+
+/// Builds, pushes and registers example `name`, starts a host for it and waits until the
+/// WasmReconciler serving it is Ready. Returns the host and the registry (both stopped when
+/// dropped).
+async fn serve(
+    env: &TestEnv,
+    name: &str,
+    lang: Lang,
+) -> anyhow::Result<(wasmop::host::Host, Registry)> {
+    let registry = Registry::start().await?;
+    let bytes = hook_module(name, lang).await?;
+    let digest = oci_push(&registry, &format!("hooks/{name}:v1"), bytes).await?;
+    oci_pull_secret(env, &registry, "registry").await?;
+    install(env, name).await?;
+    let reference = format!("{}/hooks/{name}@{digest}", registry.host);
+    let cc = register(env, name, oci_module(&registry, &reference, "registry")).await?;
+    let ns = env.namespace.clone();
+    let host = start_host_with(env, |o| o.oci.namespace = Some(ns)).await?;
+    let ready = eventually(&format!("CompositeController {cc} Ready"), WAIT, || async {
+        Ok(controller_ready(&env.client, &cc)
+            .await?
+            .filter(|(s, _, _)| s == "True"))
+    })
+    .await?;
+    assert_eq!(ready.1, "Served", "{ready:?}");
+    let wr = wasmop::metacontroller::spec::reconciler_name(&cc);
+    eventually(&format!("{wr} serving its hook"), LOAD, || async {
+        Ok(wr_condition(&env.client, &wr, "Ready")
+            .await?
+            .filter(|c| c.0 == "True"))
+    })
+    .await?;
+    Ok((host, registry))
+}
+
+fn bluegreen_api(env: &TestEnv) -> Api<DynamicObject> {
+    let resource = ApiResource {
+        group: "ctl.enisoc.com".into(),
+        version: "v1".into(),
+        api_version: "ctl.enisoc.com/v1".into(),
+        kind: "BlueGreenDeployment".into(),
+        plural: "bluegreendeployments".into(),
+    };
+    Api::namespaced_with(env.client.clone(), &env.namespace, &resource)
+}
+
+/// bluegreen's "active" wait (steps.md A1-A5, exactly): `active` serves 3 ready Pods, the
+/// other color's ReplicaSet exists scaled to 0, the status names `active` with 3 available and
+/// the generation observed; and (stricter) the Service selects `active`.
+async fn wait_active(env: &TestEnv, active: &str, inactive: &str) -> anyhow::Result<Value> {
+    let rs: Api<k8s_openapi::api::apps::v1::ReplicaSet> = env.api();
+    let services: Api<k8s_openapi::api::core::v1::Service> = env.api();
+    let bgds = bluegreen_api(env);
+    eventually(&format!("nginx-{active} active"), WAIT, || async {
+        let on = rs.get_opt(&format!("nginx-{active}")).await?;
+        let off = rs.get_opt(&format!("nginx-{inactive}")).await?;
+        let bgd = bgds.get("nginx").await?;
+        let svc = services.get_opt("nginx-frontend").await?;
+        let ready = on.and_then(|r| r.status).and_then(|s| s.ready_replicas) == Some(3);
+        let scaled_down = off.and_then(|r| r.status).map(|s| s.replicas) == Some(0);
+        let status = &bgd.data["status"];
+        let selects = svc
+            .and_then(|s| s.spec)
+            .and_then(|s| s.selector)
+            .and_then(|s| s.get("color").cloned());
+        Ok((ready
+            && scaled_down
+            && status["activeColor"] == active
+            && status["active"]["availableReplicas"] == 3
+            && status["observedGeneration"] == json!(bgd.metadata.generation)
+            && selects.as_deref() == Some(active))
+        .then_some(bgd.data))
+    })
+    .await
+}
+
+/// Metacontroller's examples/bluegreen/test.sh: a BlueGreenDeployment goes blue, rolls to green
+/// on a template change, and back to blue on another; the hook is the fission-style JavaScript
+/// function of examples/metacontroller/bluegreen, unchanged.
+#[tokio::test]
+async fn bluegreen_rolls_from_blue_to_green_and_back_with_its_javascript_hook() -> anyhow::Result<()>
+{
+    let env = TestEnv::get("mc-bluegreen").await?;
+    let _served = serve(&env, "bluegreen", Lang::Js).await?;
+    let bgds = bluegreen_api(&env);
+    let example = docs("bluegreen", "example.yaml")?.remove(0);
+    bgds.create(&PostParams::default(), &serde_json::from_value(example)?)
+        .await?;
+
+    wait_active(&env, "blue", "green").await?;
+    let patch = |labels: Value| {
+        Patch::Merge(json!({"spec": {"template": {"metadata": {"labels": labels}}}}))
+    };
+    bgds.patch(
+        "nginx",
+        &Default::default(),
+        &patch(json!({"new": "label"})),
+    )
+    .await?;
+    wait_active(&env, "green", "blue").await?;
+    let rs: Api<k8s_openapi::api::apps::v1::ReplicaSet> = env.api();
+    let green = rs.get("nginx-green").await?;
+    let labels = green
+        .spec
+        .template
+        .and_then(|t| t.metadata)
+        .and_then(|m| m.labels)
+        .unwrap_or_default();
+    assert_eq!(
+        labels.get("new").map(String::as_str),
+        Some("label"),
+        "green runs the new template"
+    );
+
+    bgds.patch(
+        "nginx",
+        &Default::default(),
+        &patch(json!({"new2": "label2"})),
+    )
+    .await?;
+    wait_active(&env, "blue", "green").await?;
+    let green = rs.get("nginx-green").await?;
+    assert_eq!(
+        green.spec.replicas,
+        Some(0),
+        "green is scaled to 0 after the swap back"
+    );
+    let all = rs.list(&Default::default()).await?;
+    let names: Vec<String> = all
+        .items
+        .iter()
+        .filter_map(|r| r.metadata.name.clone())
+        .collect();
+    assert_eq!(
+        names.len(),
+        2,
+        "only nginx-blue and nginx-green exist: {names:?}"
+    );
+    Ok(())
+}
+
+fn indexedjob_api(env: &TestEnv) -> Api<DynamicObject> {
+    let resource = ApiResource {
+        group: "ctl.enisoc.com".into(),
+        version: "v1".into(),
+        api_version: "ctl.enisoc.com/v1".into(),
+        kind: "IndexedJob".into(),
+        plural: "indexedjobs".into(),
+    };
+    Api::namespaced_with(env.client.clone(), &env.namespace, &resource)
+}
+
+/// Completes one Running Pod of the job as kwok's `pod-complete` stage completes a Job's (kwok
+/// completes only Pods a Job owns): returns how many Pods were unfinished before.
+async fn complete_one(pods: &Api<k8s_openapi::api::core::v1::Pod>) -> anyhow::Result<usize> {
+    let list = pods.list(&Default::default()).await?;
+    let phase = |p: &k8s_openapi::api::core::v1::Pod| {
+        p.status
+            .as_ref()
+            .and_then(|s| s.phase.clone())
+            .unwrap_or_default()
+    };
+    let unfinished = list
+        .items
+        .iter()
+        .filter(|p| !matches!(phase(p).as_str(), "Succeeded" | "Failed"))
+        .count();
+    if let Some(running) = list.items.iter().find(|p| phase(p) == "Running") {
+        let status = json!({"status": {"phase": "Succeeded", "containerStatuses": [{
+            "name": "print-index", "image": "busybox", "imageID": "", "ready": false, "restartCount": 0, "started": false,
+            "state": {"terminated": {"exitCode": 0, "reason": "Completed"}}}]}});
+        let name = running.metadata.name.clone().unwrap_or_default();
+        pods.patch_status(&name, &Default::default(), &Patch::Merge(status))
+            .await?;
+    }
+    Ok(unfinished)
+}
+
+/// Metacontroller's examples/indexedjob/test.sh: ten indexed Pods, two at a time, each started
+/// only when one finished, until 10 succeeded; the hook is the `http.server` handler of
+/// examples/metacontroller/indexedjob, unchanged. kwok does not finish these Pods, so the test
+/// does, one at a time, checking the parallelism bound before each.
+#[tokio::test]
+async fn indexedjob_runs_ten_indexes_two_at_a_time_with_its_python_hook() -> anyhow::Result<()> {
+    let env = TestEnv::get("mc-indexedjob").await?;
+    let _served = serve(&env, "indexedjob", Lang::Python).await?;
+    let jobs = indexedjob_api(&env);
+    let example = docs("indexedjob", "example.yaml")?.remove(0);
+    jobs.create(&PostParams::default(), &serde_json::from_value(example)?)
+        .await?;
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = env.api();
+    let done = eventually("10 successful completions", WAIT, || async {
+        let unfinished = complete_one(&pods).await?;
+        assert!(
+            unfinished <= 2,
+            "{unfinished} Pods run at once; parallelism is 2"
+        );
+        let job = jobs.get("print-index").await?;
+        Ok((job.data["status"]["succeeded"] == 10).then_some(job))
+    })
+    .await?;
+    assert_eq!(done.data["status"]["conditions"][0]["type"], "Complete");
+    let nine = pods.get("print-index-9").await?;
+    let env9 = nine
+        .spec
+        .map(|s| s.containers[0].env.clone().unwrap_or_default())
+        .unwrap_or_default();
+    let index = env9
+        .iter()
+        .find(|e| e.name == "JOB_INDEX")
+        .and_then(|e| e.value.clone());
+    assert_eq!(index.as_deref(), Some("9"), "print-index-9 prints 9");
+    let names: std::collections::BTreeSet<String> = pods
+        .list(&Default::default())
+        .await?
+        .items
+        .into_iter()
+        .filter_map(|p| p.metadata.name)
+        .collect();
+    let expected: std::collections::BTreeSet<String> =
+        (0..10).map(|i| format!("print-index-{i}")).collect();
+    assert_eq!(names, expected, "exactly one Pod per index");
+    Ok(())
+}
