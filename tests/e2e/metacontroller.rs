@@ -66,7 +66,7 @@ async fn install(env: &TestEnv, name: &str) -> anyhow::Result<()> {
     install_crds(&env.client).await?;
     apply_crds(
         &env.client,
-        yaml_docs(&repo().join("deploy/metacontroller/compositecontroller.yaml"))?,
+        yaml_docs(&repo().join("deploy/components/metacontroller/compositecontroller.yaml"))?,
     )
     .await?;
     apply_crds(&env.client, docs(name, "crd.yaml")?).await
@@ -377,5 +377,147 @@ async fn indexedjob_runs_ten_indexes_two_at_a_time_with_its_python_hook() -> any
     let expected: std::collections::BTreeSet<String> =
         (0..10).map(|i| format!("print-index-{i}")).collect();
     assert_eq!(names, expected, "exactly one Pod per index");
+    Ok(())
+}
+
+fn catset_api(env: &TestEnv) -> Api<DynamicObject> {
+    let resource = ApiResource {
+        group: "ctl.enisoc.com".into(),
+        version: "v1".into(),
+        api_version: "ctl.enisoc.com/v1".into(),
+        kind: "CatSet".into(),
+        plural: "catsets".into(),
+    };
+    Api::namespaced_with(env.client.clone(), &env.namespace, &resource)
+}
+
+/// Four PersistentVolumes pre-bound to the claims `www-nginx-backend-0..3` of the test's
+/// namespace: the local control plane has no volume provisioner (catset's steps.md).
+async fn catset_volumes(env: &TestEnv) -> anyhow::Result<()> {
+    let ns = env.namespace.as_str();
+    let api: Api<k8s_openapi::api::core::v1::PersistentVolume> = Api::all(env.client.clone());
+    for i in 0..4 {
+        let pv: k8s_openapi::api::core::v1::PersistentVolume = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "PersistentVolume",
+            "metadata": {"name": format!("{ns}-www-{i}")},
+            "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
+                "persistentVolumeReclaimPolicy": "Retain", "storageClassName": "",
+                "hostPath": {"path": format!("/tmp/{ns}-www-{i}")},
+                "claimRef": {"namespace": ns, "name": format!("www-nginx-backend-{i}")}}
+        }))?;
+        api.patch(
+            &format!("{ns}-www-{i}"),
+            &apply_params(),
+            &Patch::Apply(&pv),
+        )
+        .await?;
+    }
+    Ok(())
+}
+
+/// Waits until the CatSet's `status.<field>` is `value`.
+async fn catset_status(env: &TestEnv, field: &str, value: i64) -> anyhow::Result<()> {
+    let catsets = catset_api(env);
+    eventually(
+        &format!("CatSet status.{field} = {value}"),
+        WAIT,
+        || async {
+            let cs = catsets.get("nginx-backend").await?;
+            Ok((cs.data["status"][field] == value).then_some(()))
+        },
+    )
+    .await
+}
+
+/// The names of the Pods of the CatSet.
+async fn catset_pods(env: &TestEnv) -> anyhow::Result<Vec<String>> {
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = env.api();
+    let params = kube::api::ListParams::default().labels("app=nginx,component=backend");
+    let mut names: Vec<String> = pods
+        .list(&params)
+        .await?
+        .items
+        .into_iter()
+        .filter_map(|p| p.metadata.name)
+        .collect();
+    names.sort();
+    Ok(names)
+}
+
+/// Metacontroller's examples/catset/test.sh: a CatSet (a StatefulSet written as a hook) scales
+/// 3 -> 4 -> 2 one ordinal at a time, and when deleted its finalize hook scales it to 0 before
+/// wasmop releases it; the hook is the fission-style JavaScript function of
+/// examples/metacontroller/catset, unchanged.
+#[tokio::test]
+async fn catset_scales_in_order_and_finalizes_to_zero_with_its_javascript_hook()
+-> anyhow::Result<()> {
+    let env = TestEnv::get("mc-catset").await?;
+    let _served = serve(&env, "catset", Lang::Js).await?;
+    catset_volumes(&env).await?;
+    let catsets = catset_api(&env);
+    for mut doc in docs("catset", "example.yaml")? {
+        doc["metadata"]["namespace"] = json!(env.namespace);
+        apply_dynamic(&env.client, doc).await?;
+    }
+    catset_status(&env, "readyReplicas", 3).await?;
+    let scale = |n: i64| Patch::Merge(json!({"spec": {"replicas": n}}));
+    catsets
+        .patch("nginx-backend", &Default::default(), &scale(4))
+        .await?;
+    catset_status(&env, "readyReplicas", 4).await?;
+    catsets
+        .patch("nginx-backend", &Default::default(), &scale(2))
+        .await?;
+    catset_status(&env, "readyReplicas", 2).await?;
+    catset_status(&env, "replicas", 2).await?;
+    eventually("Pods 2 and 3 removed", WAIT, || async {
+        let pods = catset_pods(&env).await?;
+        Ok((pods == ["nginx-backend-0", "nginx-backend-1"]).then_some(()))
+    })
+    .await?;
+    let claims: Api<k8s_openapi::api::core::v1::PersistentVolumeClaim> = env.api();
+    for i in 2..4 {
+        assert!(
+            claims
+                .get_opt(&format!("www-nginx-backend-{i}"))
+                .await?
+                .is_some(),
+            "the claim of ordinal {i} is kept after the scale-down"
+        );
+    }
+
+    // Upstream's JSON patch appends to the finalizers: it fails unless wasmop put its own on.
+    let finalizer = "metacontroller.io/catset-test";
+    let append = json!([{"op": "add", "path": "/metadata/finalizers/-", "value": finalizer}]);
+    catsets
+        .patch(
+            "nginx-backend",
+            &Default::default(),
+            &Patch::Json::<()>(serde_json::from_value(append)?),
+        )
+        .await?;
+    catsets.delete("nginx-backend", &Default::default()).await?;
+    catset_status(&env, "replicas", 0).await?;
+    eventually("only the test's finalizer left", WAIT, || async {
+        let cs = catsets.get("nginx-backend").await?;
+        Ok((cs.metadata.finalizers == Some(vec![finalizer.to_string()])).then_some(()))
+    })
+    .await?;
+    assert!(catset_pods(&env).await?.is_empty(), "no Pod is left");
+    catsets
+        .patch(
+            "nginx-backend",
+            &Default::default(),
+            &Patch::Merge(json!({"metadata": {"finalizers": []}})),
+        )
+        .await?;
+    eventually("the CatSet gone", WAIT, || async {
+        Ok(catsets
+            .get_opt("nginx-backend")
+            .await?
+            .is_none()
+            .then_some(()))
+    })
+    .await?;
     Ok(())
 }

@@ -30,6 +30,12 @@ use crate::crd::{ConditionCheck, HookChild, HookSpec, UpdateMethod};
 
 use super::document::Observed;
 
+/// The annotation on every child a hook's answer writes: the digest of what the hook asked
+/// for. `Recreate` and the rolling methods compare it, not the object, with the next answer: the
+/// API server adds defaults and other admissions' fields (a Pod's service-account token
+/// volume), so an object never equals what was asked for.
+pub const DESIRED_ANNOTATION: &str = "metacontroller.wasmop.dev/desired";
+
 /// The fields a sync or finalize answer may have.
 const FIELDS: [&str; 4] = ["status", "children", "resyncAfterSeconds", "finalized"];
 
@@ -199,6 +205,66 @@ fn passes(child: &Value, checks: &[ConditionCheck]) -> bool {
     })
 }
 
+/// The sha256 of `desired` as canonical JSON (keys sorted), in hex.
+fn desired_digest(desired: &Value) -> String {
+    fn canonical(v: &Value, out: &mut String) {
+        match v {
+            Value::Object(m) => {
+                let mut keys: Vec<&String> = m.keys().collect();
+                keys.sort();
+                out.push('{');
+                for (i, k) in keys.into_iter().enumerate() {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    out.push_str(&Value::String(k.clone()).to_string());
+                    out.push(':');
+                    canonical(&m[k], out);
+                }
+                out.push('}');
+            }
+            Value::Array(items) => {
+                out.push('[');
+                for (i, item) in items.iter().enumerate() {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    canonical(item, out);
+                }
+                out.push(']');
+            }
+            other => out.push_str(&other.to_string()),
+        }
+    }
+    let mut text = String::new();
+    canonical(desired, &mut text);
+    crate::engine::sha256_hex(text.as_bytes())
+}
+
+/// The digest [`DESIRED_ANNOTATION`] of `object` holds, if any.
+fn annotation(object: &Value) -> Option<&str> {
+    object
+        .pointer("/metadata/annotations")
+        .and_then(|a| a.get(DESIRED_ANNOTATION))
+        .and_then(Value::as_str)
+}
+
+/// `desired` with [`DESIRED_ANNOTATION`] set to `digest`.
+fn stamped(mut desired: Value, digest: String) -> Value {
+    if let Some(meta) = desired.get_mut("metadata").and_then(Value::as_object_mut) {
+        let annotations = meta
+            .entry("annotations")
+            .or_insert_with(|| Value::Object(Default::default()));
+        if !annotations.is_object() {
+            *annotations = Value::Object(Default::default());
+        }
+        if let Some(map) = annotations.as_object_mut() {
+            map.insert(DESIRED_ANNOTATION.into(), Value::String(digest));
+        }
+    }
+    desired
+}
+
 /// What happens to the desired children of one kind: written, or kept as they are. Observed
 /// children in neither are deleted (pruned).
 fn plan(
@@ -219,10 +285,17 @@ fn plan(
     for d in desired {
         let key = key_of(&d, parent_ns);
         let Some(current) = observed.get(&key) else {
-            objects.push(d);
+            let digest = desired_digest(&d);
+            objects.push(stamped(d, digest));
             continue;
         };
-        let differs = !covers_object(&d, current);
+        let digest = desired_digest(&d);
+        let differs = match annotation(current) {
+            Some(seen) => seen != digest,
+            // Not written by wasmop (Metacontroller made it): compared field by field.
+            None => !covers_object(&d, current),
+        };
+        let d = stamped(d, digest);
         let update = match child.method {
             UpdateMethod::OnDelete => false,
             UpdateMethod::InPlace => true,
@@ -411,6 +484,42 @@ mod tests {
         // `c` is new: created whatever the checks say.
         assert_eq!(written, ["c"]);
         assert_eq!(kept, ["b", "a"]);
+    }
+
+    #[test]
+    fn what_the_server_adds_to_a_child_is_no_difference_once_wasmop_wrote_it() {
+        // First answer: `a` is created, stamped with the digest of what the hook asked for.
+        let (written, _) = run("Recreate", vec![desired("a", "v1")], vec![]);
+        assert_eq!(written, ["a"]);
+        let spec = spec("Recreate");
+        let body = json!({"children": [desired("a", "v1")]}).to_string();
+        let observed = Observed {
+            parent: json!({"metadata": {"name": "p", "namespace": "ns"}}),
+            children: vec![(Gvk::new("v1", "Pod"), vec![])],
+        };
+        let first = reconcile_response(
+            &spec,
+            &observed,
+            parse(&spec, &body).unwrap_or_else(|e| panic!("{e}")),
+        );
+        let mut stored = first.children[0].objects[0].clone();
+        assert!(annotation(&stored).is_some(), "stamped: {stored}");
+        stored["metadata"]["namespace"] = json!("ns");
+        // The API server adds a token volume: the object no longer covers the answer...
+        stored["spec"]["containers"][0]["volumeMounts"] =
+            json!([{"name": "kube-api-access", "mountPath": "/var/run"}]);
+        if let Some(c) = stored["spec"]["containers"].as_array_mut() {
+            c.push(json!({"name": "sidecar"}));
+        }
+        // ...but the same answer is no difference, and a changed one is.
+        let (written, kept) = run("Recreate", vec![desired("a", "v1")], vec![stored.clone()]);
+        assert!(written.is_empty());
+        assert_eq!(kept, ["a"]);
+        let (written, kept) = run("Recreate", vec![desired("a", "v2")], vec![stored]);
+        assert!(
+            written.is_empty() && kept.is_empty(),
+            "recreated: neither written nor kept"
+        );
     }
 
     #[test]

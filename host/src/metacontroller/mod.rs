@@ -23,8 +23,14 @@ pub use adapter::serve;
 /// prints): Metacontroller's schema plus `spec.wasmop`.
 pub fn crds_yaml() -> String {
     use kube::CustomResourceExt;
-    crate::crd::render_crds(
-        "wasmop crdgen metacontroller",
-        &[api::CompositeController::crd()],
-    )
+    let mut crd = api::CompositeController::crd();
+    // The API server requires it of a `*.k8s.io` group; Metacontroller's CRD says the same.
+    crd.metadata.annotations = Some(
+        [(
+            "api-approved.kubernetes.io".to_string(),
+            "unapproved, request not yet submitted".to_string(),
+        )]
+        .into(),
+    );
+    crate::crd::render_crds("wasmop crdgen metacontroller", &[crd])
 }
