@@ -159,6 +159,37 @@ pub struct HookSpec {
     /// The path of the finalize hook, if the controller has one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub finalize: Option<String>,
+    /// The path of the customize hook, if the controller has one: it names, per parent, the
+    /// related objects sync receives (among [`HookSpec::related`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub customize: Option<String>,
+    /// The resources the customize hook may name (watched, read-only).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub related: Vec<HookResource>,
+    /// Only parents whose labels match are synced (`parentResource.labelSelector`); the others
+    /// are left alone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "preserve_unknown")]
+    pub parent_selector: Option<serde_json::Value>,
+}
+
+/// A resource, with the kind that serves it.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct HookResource {
+    /// `v1`.
+    pub api_version: String,
+    /// `configmaps`.
+    pub resource: String,
+    /// `ConfigMap`.
+    pub kind: String,
+}
+
+impl HookResource {
+    /// As a contract kind.
+    pub fn gvk(&self) -> Gvk {
+        Gvk::new(self.api_version.clone(), self.kind.clone())
+    }
 }
 
 /// A hook API version.

@@ -75,9 +75,14 @@ async fn install(env: &TestEnv, name: &str) -> anyhow::Result<()> {
 /// Applies the example's controller.yaml for this test: the hook's ServiceAccount in the test's
 /// namespace, its cluster roles suffixed with the namespace, the host's own grants left out (the
 /// test's host is the cluster's admin), and the CompositeController named `<ns>-<name>`,
-/// labelled for the test's host, serving the test's namespace with `module`. Returns the
-/// controller's name.
-async fn register(env: &TestEnv, name: &str, module: Value) -> anyhow::Result<String> {
+/// labelled for the test's host, serving `module` (for the test's namespace when the parent is
+/// `namespaced`). Returns the controller's name.
+async fn register(
+    env: &TestEnv,
+    name: &str,
+    module: Value,
+    namespaced: bool,
+) -> anyhow::Result<String> {
     let ns = env.namespace.as_str();
     let mut controller = None;
     for mut doc in docs(name, "controller.yaml")? {
@@ -113,7 +118,9 @@ async fn register(env: &TestEnv, name: &str, module: Value) -> anyhow::Result<St
     cc["metadata"] = json!({"name": cc_name, "labels": {"wasmop.dev/test": ns}});
     cc["spec"]["wasmop"]["module"] = module;
     cc["spec"]["wasmop"]["serviceAccount"]["namespace"] = json!(ns);
-    cc["spec"]["wasmop"]["namespaces"] = json!([ns]);
+    if namespaced {
+        cc["spec"]["wasmop"]["namespaces"] = json!([ns]);
+    }
     let api: Api<CompositeController> = Api::all(env.client.clone());
     api.patch(&cc_name, &apply_params(), &Patch::Apply(&cc))
         .await?;
@@ -163,6 +170,7 @@ async fn serve(
     env: &TestEnv,
     name: &str,
     lang: Lang,
+    namespaced: bool,
 ) -> anyhow::Result<(wasmop::host::Host, Registry)> {
     let registry = Registry::start().await?;
     let bytes = hook_module(name, lang).await?;
@@ -170,7 +178,8 @@ async fn serve(
     oci_pull_secret(env, &registry, "registry").await?;
     install(env, name).await?;
     let reference = format!("{}/hooks/{name}@{digest}", registry.host);
-    let cc = register(env, name, oci_module(&registry, &reference, "registry")).await?;
+    let module = oci_module(&registry, &reference, "registry");
+    let cc = register(env, name, module, namespaced).await?;
     let ns = env.namespace.clone();
     let host = start_host_with(env, |o| o.oci.namespace = Some(ns)).await?;
     let ready = eventually(&format!("CompositeController {cc} Ready"), WAIT, || async {
@@ -238,7 +247,7 @@ async fn wait_active(env: &TestEnv, active: &str, inactive: &str) -> anyhow::Res
 async fn bluegreen_rolls_from_blue_to_green_and_back_with_its_javascript_hook() -> anyhow::Result<()>
 {
     let env = TestEnv::get("mc-bluegreen").await?;
-    let _served = serve(&env, "bluegreen", Lang::Js).await?;
+    let _served = serve(&env, "bluegreen", Lang::Js, true).await?;
     let bgds = bluegreen_api(&env);
     let example = docs("bluegreen", "example.yaml")?.remove(0);
     bgds.create(&PostParams::default(), &serde_json::from_value(example)?)
@@ -340,7 +349,7 @@ async fn complete_one(pods: &Api<k8s_openapi::api::core::v1::Pod>) -> anyhow::Re
 #[tokio::test]
 async fn indexedjob_runs_ten_indexes_two_at_a_time_with_its_python_hook() -> anyhow::Result<()> {
     let env = TestEnv::get("mc-indexedjob").await?;
-    let _served = serve(&env, "indexedjob", Lang::Python).await?;
+    let _served = serve(&env, "indexedjob", Lang::Python, true).await?;
     let jobs = indexedjob_api(&env);
     let example = docs("indexedjob", "example.yaml")?.remove(0);
     jobs.create(&PostParams::default(), &serde_json::from_value(example)?)
@@ -452,7 +461,7 @@ async fn catset_pods(env: &TestEnv) -> anyhow::Result<Vec<String>> {
 async fn catset_scales_in_order_and_finalizes_to_zero_with_its_javascript_hook()
 -> anyhow::Result<()> {
     let env = TestEnv::get("mc-catset").await?;
-    let _served = serve(&env, "catset", Lang::Js).await?;
+    let _served = serve(&env, "catset", Lang::Js, true).await?;
     catset_volumes(&env).await?;
     let catsets = catset_api(&env);
     for mut doc in docs("catset", "example.yaml")? {
@@ -519,5 +528,102 @@ async fn catset_scales_in_order_and_finalizes_to_zero_with_its_javascript_hook()
             .then_some(()))
     })
     .await?;
+    Ok(())
+}
+
+/// Metacontroller's examples/configmappropagation/test.sh: a cluster-scoped ConfigMapPropagation
+/// labelled `version: v1` copies its source ConfigMap into three namespaces, with the number of
+/// copies in its status; the hook's customize hook names the source as a related object; a
+/// second propagation labelled `version: v2` is outside the controller's
+/// `parentResource.labelSelector` and copies nothing. The hook is the `http.server` handler of
+/// examples/metacontroller/configmappropagation, unchanged. Namespaces and parents are
+/// suffixed with the test's namespace (all cluster-scoped).
+#[tokio::test]
+async fn configmappropagation_copies_into_the_selected_parents_namespaces_with_its_python_hook()
+-> anyhow::Result<()> {
+    let env = TestEnv::get("mc-cmp").await?;
+    let ns = env.namespace.clone();
+    let _served = serve(&env, "configmappropagation", Lang::Python, false).await?;
+    let suffixed = |n: &str| format!("{ns}-{n}");
+    for mut doc in docs("configmappropagation", "example.yaml")? {
+        let name = doc["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        match doc["kind"].as_str().unwrap_or_default() {
+            "Namespace" | "ConfigMapPropagation" => {
+                doc["metadata"]["name"] = json!(suffixed(&name))
+            }
+            _ => {}
+        }
+        if let Some(source) = doc["metadata"]["namespace"].as_str().map(str::to_string) {
+            doc["metadata"]["namespace"] = json!(suffixed(&source));
+        }
+        if doc["kind"] == "ConfigMapPropagation" {
+            let source = doc["spec"]["sourceNamespace"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
+            doc["spec"]["sourceNamespace"] = json!(suffixed(&source));
+            let targets: Vec<String> = doc["spec"]["targetNamespaces"]
+                .as_array()
+                .map(|t| t.iter().filter_map(Value::as_str).map(suffixed).collect())
+                .unwrap_or_default();
+            doc["spec"]["targetNamespaces"] = json!(targets);
+        }
+        apply_dynamic(&env.client, doc).await?;
+    }
+    for target in ["one", "two", "three"] {
+        let cms: Api<k8s_openapi::api::core::v1::ConfigMap> =
+            Api::namespaced(env.client.clone(), &suffixed(target));
+        let copy = eventually(&format!("settings copied into {target}"), WAIT, || async {
+            Ok(cms.get_opt("settings").await?)
+        })
+        .await?;
+        let data = copy.data.unwrap_or_default();
+        assert_eq!(
+            data.get("some").map(String::as_str),
+            Some("value"),
+            "the copy holds the source's data"
+        );
+    }
+    let resource = ApiResource {
+        group: "examples.metacontroller.io".into(),
+        version: "v1alpha1".into(),
+        api_version: "examples.metacontroller.io/v1alpha1".into(),
+        kind: "ConfigMapPropagation".into(),
+        plural: "configmappropagations".into(),
+    };
+    let parents: Api<DynamicObject> = Api::all_with(env.client.clone(), &resource);
+    let managed = suffixed("settings-propagation");
+    eventually("status.actual_copies = 3", WAIT, || async {
+        let p = parents.get(&managed).await?;
+        Ok(
+            (p.data["status"]["actual_copies"] == 3 && p.data["status"]["expected_copies"] == 3)
+                .then_some(()),
+        )
+    })
+    .await?;
+    // Upstream's negative check (without its sleep): nothing was copied for the v2 parent, and
+    // wasmop wrote nothing on it.
+    for target in ["four", "five"] {
+        let cms: Api<k8s_openapi::api::core::v1::ConfigMap> =
+            Api::namespaced(env.client.clone(), &suffixed(target));
+        assert!(
+            cms.get_opt("settings").await?.is_none(),
+            "nothing copied into {target}"
+        );
+    }
+    let unmanaged = parents
+        .get(&suffixed("settings-propagation-unmanaged"))
+        .await?;
+    assert!(
+        unmanaged
+            .data
+            .get("status")
+            .is_none_or(|s| s.is_null() || s == &json!({})),
+        "the v2 parent has no status: {:?}",
+        unmanaged.data.get("status")
+    );
     Ok(())
 }

@@ -401,6 +401,7 @@ mod tests {
         let spec = spec(method);
         let observed = Observed {
             parent: json!({"metadata": {"name": "p", "namespace": "ns"}}),
+            related: Vec::new(),
             children: vec![(Gvk::new("v1", "Pod"), seen)],
         };
         let body = json!({"children": want}).to_string();
@@ -495,6 +496,7 @@ mod tests {
         let body = json!({"children": [desired("a", "v1")]}).to_string();
         let observed = Observed {
             parent: json!({"metadata": {"name": "p", "namespace": "ns"}}),
+            related: Vec::new(),
             children: vec![(Gvk::new("v1", "Pod"), vec![])],
         };
         let first = reconcile_response(
@@ -557,6 +559,7 @@ mod tests {
     fn finalize_deletes_the_children_no_longer_returned_and_reports_finalized() {
         let observed = Observed {
             parent: json!({"metadata": {"name": "p", "namespace": "ns"}}),
+            related: Vec::new(),
             children: vec![(
                 Gvk::new("v1", "Pod"),
                 vec![pod("a", "v1", true), pod("b", "v1", true)],

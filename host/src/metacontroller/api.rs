@@ -182,6 +182,21 @@ pub struct WasmopHooks {
     /// Namespaces whose parents are served; empty means all.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub namespaces: Vec<String>,
+    /// The resources the customize hook may name. wasmop watches them (read-only, with the
+    /// ServiceAccount's rights checked first) and hands each sync the objects its customize
+    /// answer selects; a resource the answer names that is not listed here fails the sync.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub related: Vec<RelatedResource>,
+}
+
+/// A resource by apiVersion and plural name.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RelatedResource {
+    /// `v1`.
+    pub api_version: String,
+    /// `configmaps`.
+    pub resource: String,
 }
 
 /// The status wasmop writes on a controller it serves.

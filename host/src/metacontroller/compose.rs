@@ -159,7 +159,16 @@ async fn plan(
             .await
             .map_err(not_served)?,
         children: Vec::new(),
+        related: Vec::new(),
     };
+    let related = cc.spec.wasmop.iter().flat_map(|w| w.related.iter());
+    for r in related {
+        kinds.related.push(
+            kind_of(discovery, &r.api_version, &r.resource)
+                .await
+                .map_err(not_served)?,
+        );
+    }
     for child in &cc.spec.child_resources {
         kinds.children.push(
             kind_of(discovery, &child.api_version, &child.resource)

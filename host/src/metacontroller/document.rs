@@ -11,7 +11,9 @@
 
 use serde_json::{Map, Value, json};
 
-use crate::contract::{Gvk, ReconcileRequest};
+use std::collections::BTreeMap;
+
+use crate::contract::{Gvk, ReconcileRequest, Selector};
 use crate::crd::{HookSpec, HookVersion};
 
 /// A request's objects, parsed: the parent and the observed children per child kind.
@@ -21,6 +23,9 @@ pub struct Observed {
     pub parent: Value,
     /// The observed children, per child kind of the controller (in its order).
     pub children: Vec<(Gvk, Vec<Value>)>,
+    /// The objects of the related resources the customize hook may name (all of them: its
+    /// answer selects).
+    pub related: Vec<(Gvk, Vec<Value>)>,
 }
 
 impl Observed {
@@ -31,19 +36,46 @@ impl Observed {
     pub fn of(request: &ReconcileRequest, spec: &HookSpec) -> Result<Observed, String> {
         let parse = |text: &str| serde_json::from_str::<Value>(text).map_err(|e| e.to_string());
         let parent = parse(&request.primary)?;
-        let mut children = Vec::new();
-        for child in &spec.children {
-            let kind = child.gvk();
-            let objects = request
-                .owned
+        let of = |groups: &[crate::contract::KindObjects], kind: Gvk| {
+            let objects = groups
                 .iter()
                 .filter(|o| o.kind == kind)
                 .flat_map(|o| o.objects.iter())
                 .map(|o| parse(o))
                 .collect::<Result<Vec<_>, _>>()?;
-            children.push((kind, objects));
-        }
-        Ok(Observed { parent, children })
+            Ok::<_, String>((kind, objects))
+        };
+        let children = spec
+            .children
+            .iter()
+            .map(|c| of(&request.owned, c.gvk()))
+            .collect::<Result<_, _>>()?;
+        let related = spec
+            .related
+            .iter()
+            .map(|r| of(&request.related, r.gvk()))
+            .collect::<Result<_, _>>()?;
+        Ok(Observed {
+            parent,
+            children,
+            related,
+        })
+    }
+
+    /// Whether the parent's labels match `spec`'s parent selector (none: every parent).
+    pub fn selected(&self, spec: &HookSpec) -> bool {
+        let Some(selector) = &spec.parent_selector else {
+            return true;
+        };
+        let Ok(selector) = serde_json::from_value::<Selector>(selector.clone()) else {
+            return false;
+        };
+        let labels: BTreeMap<String, String> = self
+            .parent
+            .pointer("/metadata/labels")
+            .and_then(|l| serde_json::from_value(l.clone()).ok())
+            .unwrap_or_default();
+        selector.matches(&labels)
     }
 
     /// The parent's namespace (None: cluster-scoped).
@@ -91,15 +123,110 @@ fn children_map(spec: &HookSpec, observed: &Observed) -> Value {
     Value::Object(groups)
 }
 
-/// The sync (or, with `finalizing`, finalize) request document.
-pub fn sync_document(spec: &HookSpec, observed: &Observed, finalizing: bool) -> Value {
+/// The sync (or, with `finalizing`, finalize) request document, with `related` (the map
+/// [`related_map`] made, or `{}`).
+pub fn sync_document(
+    spec: &HookSpec,
+    observed: &Observed,
+    related: Value,
+    finalizing: bool,
+) -> Value {
     json!({
         "controller": spec.controller,
         "parent": observed.parent,
         "children": children_map(spec, observed),
-        "related": {},
+        "related": related,
         "finalizing": finalizing,
     })
+}
+
+/// The customize request document.
+pub fn customize_document(spec: &HookSpec, observed: &Observed) -> Value {
+    json!({"controller": spec.controller, "parent": observed.parent})
+}
+
+/// The related map of a sync request: the objects the customize hook's answer (`body`)
+/// selects, grouped and keyed as children are; every related resource has a group.
+///
+/// # Errors
+/// Why the answer is refused: not JSON, a resource `spec.wasmop.related` does not list, a
+/// selector that is not one, or a `namespaceSelector` (not served).
+pub fn related_map(spec: &HookSpec, observed: &Observed, body: &str) -> Result<Value, String> {
+    let answer: Value = serde_json::from_str(body)
+        .map_err(|e| format!("the customize hook's answer is not JSON: {e}"))?;
+    let rules = match answer.get("relatedResources") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Array(rules)) => rules.clone(),
+        Some(_) => return Err("the customize hook's relatedResources is not a list".into()),
+    };
+    let parent_ns = observed.parent_namespace();
+    let mut groups: Map<String, Value> = observed
+        .related
+        .iter()
+        .map(|(k, _)| (group_key(k), json!({})))
+        .collect();
+    for (i, rule) in rules.iter().enumerate() {
+        let text = |f: &str| rule.get(f).and_then(Value::as_str).unwrap_or_default();
+        let Some(((kind, objects), _)) =
+            observed.related.iter().zip(&spec.related).find(|(_, r)| {
+                r.api_version == text("apiVersion") && r.resource == text("resource")
+            })
+        else {
+            return Err(format!(
+                "relatedResources[{i}] names {} in {}, which spec.wasmop.related does not list",
+                text("resource"),
+                text("apiVersion")
+            ));
+        };
+        if rule.get("namespaceSelector").is_some_and(|v| !v.is_null()) {
+            return Err(format!(
+                "relatedResources[{i}]: namespaceSelector is not served by wasmop"
+            ));
+        }
+        let selector = match rule.get("labelSelector") {
+            None | Some(Value::Null) => None,
+            Some(v) => Some(
+                serde_json::from_value::<Selector>(v.clone())
+                    .map_err(|e| format!("relatedResources[{i}].labelSelector: {e}"))?,
+            ),
+        };
+        let names: Vec<&str> = rule
+            .get("names")
+            .and_then(Value::as_array)
+            .map(|n| n.iter().filter_map(Value::as_str).collect())
+            .unwrap_or_default();
+        let namespace = rule
+            .get("namespace")
+            .and_then(Value::as_str)
+            .filter(|n| !n.is_empty());
+        let group = groups.entry(group_key(kind)).or_insert_with(|| json!({}));
+        for o in objects
+            .iter()
+            .filter(|o| selects(o, namespace, &names, selector.as_ref()))
+        {
+            if let Some(map) = group.as_object_mut() {
+                map.insert(child_key(spec.version, parent_ns, o), o.clone());
+            }
+        }
+    }
+    Ok(Value::Object(groups))
+}
+
+/// Whether one rule of a customize answer selects `object`.
+fn selects(
+    object: &Value,
+    namespace: Option<&str>,
+    names: &[&str],
+    selector: Option<&Selector>,
+) -> bool {
+    let text = |p: &str| object.pointer(p).and_then(Value::as_str);
+    let labels: BTreeMap<String, String> = object
+        .pointer("/metadata/labels")
+        .and_then(|l| serde_json::from_value(l.clone()).ok())
+        .unwrap_or_default();
+    namespace.is_none_or(|n| text("/metadata/namespace") == Some(n))
+        && (names.is_empty() || text("/metadata/name").is_some_and(|n| names.contains(&n)))
+        && selector.is_none_or(|s| s.matches(&labels))
 }
 
 #[cfg(test)]
@@ -139,8 +266,9 @@ mod tests {
                 (Gvk::new("v1", "Pod"), vec![pod(Some("ns"), "cs-0")]),
                 (Gvk::new("v1", "PersistentVolumeClaim"), vec![]),
             ],
+            related: Vec::new(),
         };
-        let doc = sync_document(&spec, &observed, true);
+        let doc = sync_document(&spec, &observed, json!({}), true);
         assert_eq!(
             doc["children"]["Pod.v1"]["cs-0"]["metadata"]["name"],
             "cs-0"
@@ -149,5 +277,77 @@ mod tests {
         assert_eq!(doc["finalizing"], true);
         assert_eq!(doc["related"], json!({}));
         assert_eq!(doc["controller"]["kind"], "CompositeController");
+    }
+}
+
+#[cfg(test)]
+mod related_tests {
+    use super::*;
+
+    fn spec() -> HookSpec {
+        serde_json::from_value(json!({
+            "controller": {},
+            "children": [{"apiVersion": "v1", "kind": "ConfigMap"}],
+            "sync": "/sync", "customize": "/customize",
+            "related": [{"apiVersion": "v1", "resource": "configmaps", "kind": "ConfigMap"}],
+            "parentSelector": {"matchLabels": {"version": "v1"}}
+        }))
+        .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    fn cm(ns: &str, name: &str, label: &str) -> Value {
+        json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, "namespace": ns, "labels": {"l": label}}})
+    }
+
+    fn observed(version: &str) -> Observed {
+        Observed {
+            parent: json!({"metadata": {"name": "p", "labels": {"version": version}}}),
+            children: vec![(Gvk::new("v1", "ConfigMap"), vec![])],
+            related: vec![(
+                Gvk::new("v1", "ConfigMap"),
+                vec![
+                    cm("a", "settings", "x"),
+                    cm("b", "settings", "y"),
+                    cm("a", "other", "x"),
+                ],
+            )],
+        }
+    }
+
+    #[test]
+    fn the_customize_answer_selects_by_namespace_names_and_labels() {
+        let by_name = json!({"relatedResources": [{"apiVersion": "v1", "resource": "configmaps", "namespace": "a", "names": ["settings"]}]});
+        let map = related_map(&spec(), &observed("v1"), &by_name.to_string())
+            .unwrap_or_else(|e| panic!("{e}"));
+        let keys: Vec<&String> = map["ConfigMap.v1"]
+            .as_object()
+            .map(|m| m.keys().collect())
+            .unwrap_or_default();
+        // A cluster-scoped parent (hook v1): namespaced objects keyed namespace/name.
+        assert_eq!(keys, ["a/settings"]);
+        let by_label = json!({"relatedResources": [{"apiVersion": "v1", "resource": "configmaps", "labelSelector": {"matchLabels": {"l": "x"}}}]});
+        let map = related_map(&spec(), &observed("v1"), &by_label.to_string())
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(map["ConfigMap.v1"].as_object().map(|m| m.len()), Some(2));
+        let none = related_map(&spec(), &observed("v1"), "{}").unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            none,
+            json!({"ConfigMap.v1": {}}),
+            "every related resource has a group"
+        );
+    }
+
+    #[test]
+    fn a_resource_not_listed_or_a_namespace_selector_is_refused() {
+        let secrets = json!({"relatedResources": [{"apiVersion": "v1", "resource": "secrets"}]});
+        assert!(related_map(&spec(), &observed("v1"), &secrets.to_string()).is_err());
+        let ns_sel = json!({"relatedResources": [{"apiVersion": "v1", "resource": "configmaps", "namespaceSelector": {}}]});
+        assert!(related_map(&spec(), &observed("v1"), &ns_sel.to_string()).is_err());
+    }
+
+    #[test]
+    fn only_parents_matching_the_label_selector_are_selected() {
+        assert!(observed("v1").selected(&spec()));
+        assert!(!observed("v2").selected(&spec()));
     }
 }

@@ -7,7 +7,8 @@
 //! - Pure: the caller resolves the resources to kinds first ([`Kinds`]).
 
 use crate::crd::{
-    HookChild, HookSpec, HookVersion, KindRef, ReconcilerLimits, UpdateMethod, WasmReconcilerSpec,
+    HookChild, HookResource, HookSpec, HookVersion, KindRef, ReconcilerLimits, RelatedGrant,
+    UpdateMethod, WasmReconcilerSpec,
 };
 
 use super::api::{CompositeController, Hook};
@@ -19,6 +20,8 @@ pub struct Kinds {
     pub parent: KindRef,
     /// The children's kinds, in `childResources` order.
     pub children: Vec<KindRef>,
+    /// The related resources' kinds, in `spec.wasmop.related` order.
+    pub related: Vec<KindRef>,
 }
 
 /// Why a controller is not served: the field and what is wrong with it.
@@ -52,16 +55,17 @@ pub fn reconciler_name(name: &str) -> String {
 pub fn refusal(cc: &CompositeController) -> Option<Refusal> {
     let spec = &cc.spec;
     let hooks = spec.hooks.clone().unwrap_or_default();
-    let checks: [(bool, &'static str, &str); 5] = [
+    let related = spec.wasmop.as_ref().is_some_and(|w| !w.related.is_empty());
+    let checks: [(bool, &'static str, &str); 4] = [
         (
             hooks.sync.is_none(),
             "spec.hooks.sync",
             "a CompositeController needs a sync hook",
         ),
         (
-            hooks.customize.is_some(),
-            "spec.hooks.customize",
-            "the customize hook (related resources) is not served by wasmop yet; remove it or keep this controller on Metacontroller",
+            hooks.customize.is_some() && !related,
+            "spec.wasmop.related",
+            "the customize hook names related resources: list the ones it may name here (apiVersion and resource), so wasmop watches them",
         ),
         (
             hooks.pre_update_child.is_some(),
@@ -73,18 +77,24 @@ pub fn refusal(cc: &CompositeController) -> Option<Refusal> {
             "spec.hooks.postUpdateChild",
             "not served by wasmop",
         ),
-        (
-            spec.parent_resource.label_selector.is_some(),
-            "spec.parentResource.labelSelector",
-            "parent label selectors are not served by wasmop yet: every parent of the resource would be synced",
-        ),
     ];
     if let Some((_, field, message)) = checks.into_iter().find(|(bad, _, _)| *bad) {
         return Some(refuse(field, message));
     }
+    let selector = spec.parent_resource.label_selector.clone();
+    if let Some(e) = selector
+        .map(serde_json::from_value::<crate::contract::Selector>)
+        .and_then(Result::err)
+    {
+        return Some(refuse(
+            "spec.parentResource.labelSelector",
+            format!("not a label selector: {e}"),
+        ));
+    }
     for (field, hook) in [
         ("spec.hooks.sync", &hooks.sync),
         ("spec.hooks.finalize", &hooks.finalize),
+        ("spec.hooks.customize", &hooks.customize),
     ] {
         if let Some(r) = hook.as_ref().and_then(|h| hook_refusal(field, h)) {
             return Some(r);
@@ -196,12 +206,33 @@ pub fn reconciler_spec(
         children,
         sync: hook_path(&sync, "sync"),
         finalize: hooks.finalize.as_ref().map(|h| hook_path(h, "finalize")),
+        customize: hooks.customize.as_ref().map(|h| hook_path(h, "customize")),
+        related: wasmop
+            .related
+            .iter()
+            .zip(&kinds.related)
+            .map(|(r, k)| HookResource {
+                api_version: r.api_version.clone(),
+                resource: r.resource.clone(),
+                kind: k.kind.clone(),
+            })
+            .collect(),
+        parent_selector: cc.spec.parent_resource.label_selector.clone(),
     };
     Ok(WasmReconcilerSpec {
         module: wasmop.module.clone(),
         primary: kinds.parent.clone(),
         owns: kinds.children.clone(),
-        related: Vec::new(),
+        related: kinds
+            .related
+            .iter()
+            .map(|k| RelatedGrant {
+                api_version: k.api_version.clone(),
+                kind: k.kind.clone(),
+                selector: None,
+                write: false,
+            })
+            .collect(),
         namespaces: wasmop.namespaces.clone(),
         service_account: wasmop.service_account.clone(),
         limits: limits(wasmop.limits.clone(), &sync),
@@ -276,6 +307,7 @@ mod tests {
         Kinds {
             parent: k("ctl.enisoc.com/v1", "CatSet"),
             children: vec![k("v1", "Pod"), k("v1", "PersistentVolumeClaim")],
+            related: Vec::new(),
         }
     }
 
@@ -307,7 +339,19 @@ mod tests {
         if let Some(h) = cc.spec.hooks.as_mut() {
             h.customize = Some(Hook::default());
         }
-        assert_eq!(refusal(&cc).map(|r| r.field), Some("spec.hooks.customize"));
+        assert_eq!(refusal(&cc).map(|r| r.field), Some("spec.wasmop.related"));
+        if let Some(w) = cc.spec.wasmop.as_mut() {
+            w.related = vec![super::super::api::RelatedResource {
+                api_version: "v1".into(),
+                resource: "configmaps".into(),
+            }];
+        }
+        assert_eq!(refusal(&cc), None);
+        cc.spec.parent_resource.label_selector = Some(serde_json::json!({"matchLabels": "v1"}));
+        assert_eq!(
+            refusal(&cc).map(|r| r.field),
+            Some("spec.parentResource.labelSelector")
+        );
         let mut cc = catset();
         cc.spec.child_resources[1].update_strategy = Some(super::super::api::UpdateStrategy {
             method: Some("Sometimes".into()),
