@@ -345,6 +345,10 @@ const JS: Template = &[
         include_str!("../../../guest-sdk/js/src/glue.js"),
     ),
     (
+        "wasmop-sdk/hook.js",
+        include_str!("../../../guest-sdk/js/src/hook.js"),
+    ),
+    (
         "wasmop-sdk/k8s.js",
         include_str!("../../../guest-sdk/js/src/k8s.js"),
     ),
