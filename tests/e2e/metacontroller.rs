@@ -34,15 +34,38 @@ fn docs(name: &str, file: &str) -> anyhow::Result<Vec<Value>> {
     yaml_docs(&repo().join("examples/metacontroller").join(name).join(file))
 }
 
+/// The hook file of example `name`: ours (`examples/metacontroller/<name>/<ours>`), or, with
+/// `WASMOP_METACONTROLLER_EXAMPLES` set to a checkout's `examples/` directory, Metacontroller's
+/// own (`<dir>/<name>/manifest/<upstream>`), so its hooks run unchanged against these steps.
+fn hook_file(name: &str, ours: &str, upstream: &str) -> std::path::PathBuf {
+    match std::env::var_os("WASMOP_METACONTROLLER_EXAMPLES") {
+        Some(dir) => std::path::Path::new(&dir)
+            .join(name)
+            .join("manifest")
+            .join(upstream),
+        None => repo().join("examples/metacontroller").join(name).join(ours),
+    }
+}
+
 /// The example's hook built, unchanged, into a hook module (skipped when up to date).
 async fn hook_module(name: &str, lang: Lang) -> anyhow::Result<Vec<u8>> {
     let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("metacontroller");
     std::fs::create_dir_all(&dir)?;
-    let out = dir.join(format!("{name}.wasm"));
-    let example = repo().join("examples/metacontroller").join(name);
+    let tag = if std::env::var_os("WASMOP_METACONTROLLER_EXAMPLES").is_some() {
+        "upstream"
+    } else {
+        "ours"
+    };
+    let out = dir.join(format!("{name}-{tag}.wasm"));
     let (script, hook) = match lang {
-        Lang::Js => ("scripts/js-module.sh", example.join("hook.js")),
-        Lang::Python => ("scripts/python-module.sh", example.join("hook.py")),
+        Lang::Js => (
+            "scripts/js-module.sh",
+            hook_file(name, "hook.js", "sync.js"),
+        ),
+        Lang::Python => (
+            "scripts/python-module.sh",
+            hook_file(name, "hook.py", "sync.py"),
+        ),
     };
     let output = tokio::process::Command::new("bash")
         .arg(repo().join(script))

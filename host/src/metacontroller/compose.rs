@@ -11,6 +11,10 @@
 //!   overwritten (`Ready=False`, `NameTaken`).
 //! - The WasmReconciler carries the controller's labels (and [`CONTROLLER_LABEL`]), so a host
 //!   serving a label selector serves both or neither.
+//! - Every controller is looked at again every 5 minutes (a WasmReconciler deleted by hand
+//!   comes back), and every 30 s while its resources are not served or its name is taken.
+//! - A plain loop over one watch, not kube-runtime's `Controller`: the host's tests run it on
+//!   their own thread's stack beside everything else.
 //! - Every write is idempotent (server-side apply under the field manager `wasmop`), so
 //!   replicas that each run this controller (sharding) agree.
 //!
@@ -19,14 +23,15 @@
 //!   the ServiceAccount it names, as with a WasmReconciler: grant `compositecontrollers` to
 //!   administrators only (Kubernetes grants it to nobody else by default).
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, OwnerReference, Time};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
-use kube::runtime::controller::{Action, Controller};
-use kube::runtime::watcher;
+use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
 
@@ -68,61 +73,123 @@ pub async fn run(
             _ = tokio::time::sleep(Duration::from_secs(60)) => {}
         }
     }
-    let shutdown = async move {
-        let _ = stop.wait_for(|s| *s).await;
-    };
     tracing::info!("serving CompositeControllers that name a module in spec.wasmop");
-    let ctx = Arc::new(Ctx {
+    let ctx = Ctx {
         client: client.clone(),
         discovery,
-    });
+    };
     // The host's selector (`--selector`) chooses the controllers too; their WasmReconcilers
     // carry their labels, so the same host serves them.
-    let (controllers, owned) = match &selector {
-        Some(s) => (
-            watcher::Config::default().labels(s),
-            watcher::Config::default().labels(&format!("{s},{CONTROLLER_LABEL}")),
-        ),
-        None => (
-            watcher::Config::default(),
-            watcher::Config::default().labels(CONTROLLER_LABEL),
-        ),
+    let config = match &selector {
+        Some(s) => watcher::Config::default().labels(s),
+        None => watcher::Config::default(),
     };
-    Controller::new(Api::<CompositeController>::all(client.clone()), controllers)
-        .owns(Api::<WasmReconciler>::all(client), owned)
-        .graceful_shutdown_on(shutdown)
-        .run(
-            reconcile,
-            |_, e, _| {
-                tracing::warn!(error = %e, "serving a CompositeController; retried");
-                Action::requeue(Duration::from_secs(5))
+    let mut events = watcher(Api::<CompositeController>::all(client), config)
+        .default_backoff()
+        .boxed();
+    let mut queue = Queue::default();
+    let mut tick = tokio::time::interval(TICK);
+    loop {
+        tokio::select! {
+            _ = stop.wait_for(|s| *s) => break,
+            event = events.try_next() => match event {
+                Ok(Some(e)) => queue.event(e),
+                Ok(None) => break,
+                Err(e) => tracing::warn!(error = %e, "watching CompositeControllers"),
             },
-            ctx,
-        )
-        .for_each(|_| async {})
-        .await;
+            _ = tick.tick() => {}
+        }
+        for cc in queue.due() {
+            let after = match reconcile(&cc, &ctx).await {
+                Ok(after) => after,
+                Err(e) => {
+                    tracing::warn!(controller = %cc.name_any(), error = %e, "serving a CompositeController; retried");
+                    Some(Duration::from_secs(5))
+                }
+            };
+            queue.again(&cc.name_any(), after);
+        }
+    }
 }
 
-async fn reconcile(cc: Arc<CompositeController>, ctx: Arc<Ctx>) -> Result<Action, ComposeError> {
+/// How often the queue looks for controllers due again.
+const TICK: Duration = Duration::from_secs(5);
+
+/// How often every controller is looked at again (a WasmReconciler deleted by hand comes back).
+const RESYNC: Duration = Duration::from_secs(300);
+
+/// The controllers seen (their latest version) and when each is due.
+#[derive(Default)]
+struct Queue {
+    latest: BTreeMap<String, CompositeController>,
+    due: BTreeMap<String, Instant>,
+}
+
+impl Queue {
+    fn event(&mut self, event: watcher::Event<CompositeController>) {
+        match event {
+            watcher::Event::Apply(cc) | watcher::Event::InitApply(cc) => {
+                let name = cc.name_any();
+                self.latest.insert(name.clone(), cc);
+                self.due.insert(name, Instant::now());
+            }
+            // Its WasmReconciler is its child: the garbage collector deletes it.
+            watcher::Event::Delete(cc) => {
+                self.latest.remove(&cc.name_any());
+                self.due.remove(&cc.name_any());
+            }
+            watcher::Event::Init | watcher::Event::InitDone => {}
+        }
+    }
+
+    /// The controllers due now, taken off the queue.
+    fn due(&mut self) -> Vec<CompositeController> {
+        let now = Instant::now();
+        let names: Vec<String> = self
+            .due
+            .iter()
+            .filter(|(_, at)| **at <= now)
+            .map(|(n, _)| n.clone())
+            .collect();
+        names
+            .into_iter()
+            .filter_map(|n| {
+                self.due.remove(&n);
+                self.latest.get(&n).cloned()
+            })
+            .collect()
+    }
+
+    /// `name` is due again after `after`, or at the next resync.
+    fn again(&mut self, name: &str, after: Option<Duration>) {
+        if self.latest.contains_key(name) && !self.due.contains_key(name) {
+            self.due
+                .insert(name.to_string(), Instant::now() + after.unwrap_or(RESYNC));
+        }
+    }
+}
+
+/// Serves `cc` once: when it is due again (None: at the next resync or change).
+async fn reconcile(cc: &CompositeController, ctx: &Ctx) -> Result<Option<Duration>, ComposeError> {
     let wr_name = reconciler_name(&cc.name_any());
     if cc.spec.wasmop.is_none() {
-        delete_ours(&ctx, &cc, &wr_name).await?;
-        return Ok(Action::await_change());
+        delete_ours(ctx, cc, &wr_name).await?;
+        return Ok(None);
     }
     if cc.metadata.deletion_timestamp.is_some() {
-        return Ok(Action::await_change());
+        return Ok(None);
     }
-    let planned = match refusal(&cc) {
+    let planned = match refusal(cc) {
         Some(r) => Err((reasons::UNSUPPORTED, r.to_string())),
-        None => plan(&cc, &ctx.discovery).await,
+        None => plan(cc, &ctx.discovery).await,
     };
-    let (status, reason, message, action) = match planned {
-        Ok(spec) => match apply(&ctx, &cc, &wr_name, spec).await? {
+    let (status, reason, message, after) = match planned {
+        Ok(spec) => match apply(ctx, cc, &wr_name, spec).await? {
             true => (
                 "True",
                 reasons::SERVED,
                 format!("served by WasmReconciler {wr_name} (its conditions say how it runs)"),
-                Action::await_change(),
+                None,
             ),
             false => (
                 "False",
@@ -130,21 +197,17 @@ async fn reconcile(cc: Arc<CompositeController>, ctx: Arc<Ctx>) -> Result<Action
                 format!(
                     "WasmReconciler {wr_name} exists and is not this controller's: delete or rename it"
                 ),
-                Action::requeue(RETRY),
+                Some(RETRY),
             ),
         },
         Err((reason, message)) => {
-            delete_ours(&ctx, &cc, &wr_name).await?;
-            let retry = if reason == reasons::KIND_NOT_SERVED {
-                Action::requeue(RETRY)
-            } else {
-                Action::await_change()
-            };
+            delete_ours(ctx, cc, &wr_name).await?;
+            let retry = (reason == reasons::KIND_NOT_SERVED).then_some(RETRY);
             ("False", reason, message, retry)
         }
     };
-    write_status(&ctx, &cc, status, reason, &message, &wr_name).await?;
-    Ok(action)
+    write_status(ctx, cc, status, reason, &message, &wr_name).await?;
+    Ok(after)
 }
 
 /// The WasmReconciler spec serving `cc`, or the reason and message of why not.
