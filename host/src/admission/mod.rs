@@ -597,7 +597,7 @@ pub async fn serve(
     setup: Setup,
     leading: watch::Receiver<bool>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
-) -> Result<impl std::future::Future<Output = ()> + Send, AdmissionError> {
+) -> Result<std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>, AdmissionError> {
     let Setup {
         cert,
         client,
@@ -618,7 +618,9 @@ pub async fn serve(
         None => watcher::Config::default(),
     };
     let (reader, writer) = reflector::store();
-    let events = reflector::reflector(writer, watcher(api, wc).default_backoff());
+    // Boxed, as the futures below: built inline, the server's future took ~2 MiB of a debug
+    // build's stack on its way to `tokio::spawn`, the whole stack of a test thread.
+    let events = reflector::reflector(writer, watcher(api, wc).default_backoff()).boxed();
     let webhook = Arc::new(Webhook {
         client,
         engine,
@@ -638,15 +640,16 @@ pub async fn serve(
         read_timeout: limits.read_timeout,
     });
     let http = serving::http1(&limits);
-    Ok(async move {
-        let sync = keep_in_sync(webhook, reader, events, configs, leading);
-        let stop = async move {
-            tokio::select! {
-                _ = shutdown => {}
-                _ = sync => {}
-            }
-        };
-        serving::accept_loop("admission", listener, limits, stop, move |stream, peer| {
+    Ok(Box::pin(
+        async move {
+            let sync = Box::pin(keep_in_sync(webhook, reader, events, configs, leading));
+            let stop = async move {
+                tokio::select! {
+                    _ = shutdown => {}
+                    _ = sync => {}
+                }
+            };
+            serving::accept_loop("admission", listener, limits, stop, move |stream, peer| {
             let (acceptor, server, http) = (acceptor.clone(), server.clone(), http.clone());
             async move {
                 let tls = match tokio::time::timeout(server.read_timeout, acceptor.accept(stream))
@@ -675,9 +678,10 @@ pub async fn serve(
             }
         })
         .await;
-        readiness::global().forget("admission");
-    }
-    .instrument(tracing::info_span!("admission", %addr)))
+            readiness::global().forget("admission");
+        }
+        .instrument(tracing::info_span!("admission", %addr)),
+    ))
 }
 
 /// What each connection's requests need.
