@@ -36,16 +36,19 @@ bench-hotswap-compile: prereqs-bench
 
 .PHONY: bench-scale
 ## N image-updater Apps converged by wasmop, native kube-rs, controller-runtime (Go) and the
-## API server's write floor, and by wasmop sharded over 1, 2 and 3 replicas (`--shards auto`),
+## API server's write floor, by wasmop sharded over 1, 2 and 3 replicas (`--shards auto`), and
+## by wasmop serving the same logic as a Metacontroller hook (`wasmop-metacontroller`: a
+## JavaScript hook, bench/scale/hooks, through a CompositeController with `spec.wasmop`),
 ## each on a fresh local control plane; one table per N, last lines
-## `scale N=<n> wasmop/floor: X.XX wasmop/kube-rs: Y.YY wasmop/controller-runtime: Z.ZZ` and
+## `scale N=<n> wasmop/floor: X.XX wasmop/kube-rs: Y.YY wasmop/controller-runtime: Z.ZZ
+## wasmop-metacontroller/wasmop: R.RR` (the last ratio when that row ran) and
 ## `scale-sharded N=<n> replicas=<k> converge s: X rss MiB per replica: a,b,c`.
 ## Beside the tables, SVG charts of converged Apps and of each controller's RSS over time:
 ## $(TARGET_DIR)/bench/scale-N<n>-converged.svg and scale-N<n>-memory.svg (WASMOP_BENCH_CHARTS: another directory).
 ## WASMOP_BENCH_N (default 1000,10000), WASMOP_BENCH_CONTENDERS (default all),
 ## WASMOP_BENCH_REPLICAS (default 1,2,3), WASMOP_BENCH_NAMESPACES (default 100),
 ## WASMOP_BENCH_RESYNC (seconds, default 30); see bench/scale/src/settings.rs for the rest.
-bench-scale: prereqs-bench provision
+bench-scale: prereqs-bench prereqs-js provision
 	$(CARGO) build --profile bench --workspace --bin wasmop
 	$(CARGO) bench --workspace --bench scale
 

@@ -14,7 +14,9 @@ js-modules: prereqs-js
 
 ## node --test: the JavaScript SDK and the feature-flags example, natively (no cluster, no npm
 ## install), and the Metacontroller hook adapter as a component (built with the pinned tools,
-## called through jco in node).
+## called through jco in node); and the image-updater hook of `make bench-scale`'s
+## Metacontroller row (bench/scale/hooks).
 js-test: prereqs-js
 	$(JS_MODULE) test guest-sdk/js
 	$(JS_MODULE) test examples/feature-flags
+	$(JS_MODULE) test bench/scale/hooks

@@ -1,9 +1,10 @@
 //! `make bench-scale`: N image-updater Apps on a fresh local control plane per contender
-//! (wasmop, native kube-rs, controller-runtime, the write floor, and wasmop sharded over 1, 2
-//! and 3 replicas); one table per N (and one per replica for the sharded rows), then one line
-//! per N: `scale N=<n> wasmop/floor: X.XX wasmop/kube-rs: Y.YY wasmop/controller-runtime: Z.ZZ`
-//! and one per sharded row: `scale-sharded N=<n> replicas=<k> converge s: X rss MiB per
-//! replica: a,b,c`. Before those lines, `charts N=<n>: <converged.svg> <memory.svg>`: the SVG
+//! (wasmop, native kube-rs, controller-runtime, the write floor, wasmop sharded over 1, 2
+//! and 3 replicas, and wasmop serving the logic as a Metacontroller hook); one table per N (and
+//! one per replica for the sharded rows), then one line per N: `scale N=<n> wasmop/floor: X.XX
+//! wasmop/kube-rs: Y.YY wasmop/controller-runtime: Z.ZZ` (and ` wasmop-metacontroller/wasmop:
+//! R.RR` when that row ran) and one per sharded row: `scale-sharded N=<n> replicas=<k>
+//! converge s: X rss MiB per replica: a,b,c`. Before those lines, `charts N=<n>: <converged.svg> <memory.svg>`: the SVG
 //! charts of converged Apps and of memory over time, in `<target>/bench` (or
 //! `WASMOP_BENCH_CHARTS`), redrawn after each row (a run stopped early keeps what it finished).
 //! Settings: see `wasmop_bench_scale::settings` (`WASMOP_BENCH_N`, `WASMOP_BENCH_CONTENDERS`, ...).
@@ -26,6 +27,17 @@ async fn main() -> anyhow::Result<()> {
             Default::default()
         },
         floor: env!("CARGO_BIN_EXE_scale-floor").into(),
+        hook: if settings
+            .contenders
+            .contains(&Contender::WasmopMetacontroller)
+        {
+            wasmop_bench_scale::contenders::metacontroller::build_hook(std::path::Path::new(env!(
+                "CARGO_TARGET_TMPDIR"
+            )))
+            .await?
+        } else {
+            Default::default()
+        },
     };
     println!(
         "bench-scale: N={:?}, contenders {:?}, resync {:?}, idle window {:?}, concurrency {}, floor concurrency {:?}, sharded replicas {:?} over {} namespaces",

@@ -13,6 +13,10 @@
 //! - `wasmop-sharded` (rows `wasmop x1`, `x2`, `x3`): k `wasmop run --shards auto` replicas
 //!   sharing Apps spread over namespaces, on a control plane with `ShardedListAndWatch` on;
 //!   measured per replica.
+//! - `wasmop-metacontroller`: `wasmop run` as for `wasmop` (same binary, same flags), serving the
+//!   same logic written as a Metacontroller sync hook in JavaScript (bench/scale/hooks), built
+//!   with `scripts/js-module.sh hook`, pushed to a registry of the run's own and served through a
+//!   CompositeController with `spec.wasmop`: what Metacontroller compatibility costs.
 //!
 //! For each: time from the first create to convergence (seen through watches of Apps,
 //! Deployments and Services), peak RSS (of start-up, and of the work after it: the peak is reset

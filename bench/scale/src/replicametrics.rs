@@ -1,5 +1,5 @@
 //! What a wasmop host reports about itself on its own `/metrics`: the objects in its watch
-//! caches, and with `--shards auto` the members it sees, its share of the hash space, the
+//! caches, its reconciles and module calls, and with `--shards auto` the members it sees, its share of the hash space, the
 //! primaries in its slice and where its watches are filtered.
 //!
 //! # Guarantees
@@ -30,6 +30,12 @@ pub struct ReplicaReport {
     /// How its sharded watches are filtered: the `mode` labels of `wasmop_shard_watch_filter`
     /// with their counts, e.g. `server 3`.
     pub filter: Vec<(String, f64)>,
+    /// Module calls by function (`wasmop_module_call_duration_seconds`, every reconciler):
+    /// (function, calls, seconds in the calls).
+    pub calls: Vec<(String, f64, f64)>,
+    /// The highest linear-memory size a module call reached, bytes
+    /// (`wasmop_module_memory_peak_bytes`, the largest over reconcilers).
+    pub memory_peak: Option<f64>,
 }
 
 /// The sum of every sample of `name` (any labels), `None` if there is none.
@@ -52,26 +58,62 @@ fn sum(text: &str, name: &str) -> Option<f64> {
     total
 }
 
-/// `wasmop_shard_watch_filter` summed by its `mode` label.
-fn filter_modes(text: &str) -> Vec<(String, f64)> {
-    let mut modes: std::collections::BTreeMap<String, f64> = Default::default();
+/// The samples of `name` summed by the value of their label `label`.
+fn by_label(text: &str, name: &str, label: &str) -> std::collections::BTreeMap<String, f64> {
+    let mut sums: std::collections::BTreeMap<String, f64> = Default::default();
+    let (prefix, key) = (format!("{name}{{"), format!("{label}=\""));
     for line in text.lines() {
-        let Some(rest) = line.strip_prefix("wasmop_shard_watch_filter{") else {
+        let Some(rest) = line.strip_prefix(prefix.as_str()) else {
             continue;
         };
         let Some((labels, value)) = rest.rsplit_once("} ") else {
             continue;
         };
-        let mode = labels
+        let of = labels
             .split(',')
-            .find_map(|l| l.strip_prefix("mode=\""))
+            .find_map(|l| l.strip_prefix(key.as_str()))
             .map(|m| m.trim_end_matches('"').to_string())
             .unwrap_or_default();
         if let Ok(v) = value.trim().parse::<f64>() {
-            *modes.entry(mode).or_insert(0.0) += v;
+            *sums.entry(of).or_insert(0.0) += v;
         }
     }
-    modes.into_iter().filter(|(_, v)| *v > 0.0).collect()
+    sums
+}
+
+/// `wasmop_shard_watch_filter` summed by its `mode` label.
+fn filter_modes(text: &str) -> Vec<(String, f64)> {
+    by_label(text, "wasmop_shard_watch_filter", "mode")
+        .into_iter()
+        .filter(|(_, v)| *v > 0.0)
+        .collect()
+}
+
+/// Module calls by function: (function, calls, seconds).
+fn calls(text: &str) -> Vec<(String, f64, f64)> {
+    let seconds = by_label(text, "wasmop_module_call_duration_seconds_sum", "function");
+    by_label(
+        text,
+        "wasmop_module_call_duration_seconds_count",
+        "function",
+    )
+    .into_iter()
+    .filter(|(_, n)| *n > 0.0)
+    .map(|(f, n)| {
+        let s = seconds.get(&f).copied().unwrap_or(0.0);
+        (f, n, s)
+    })
+    .collect()
+}
+
+/// The largest sample of `name` (any labels), `None` if there is none.
+fn max(text: &str, name: &str) -> Option<f64> {
+    let prefix = format!("{name}{{");
+    text.lines()
+        .filter_map(|l| l.strip_prefix(prefix.as_str()))
+        .filter_map(|rest| rest.rsplit_once("} "))
+        .filter_map(|(_, v)| v.trim().parse::<f64>().ok())
+        .reduce(f64::max)
 }
 
 impl ReplicaReport {
@@ -84,6 +126,8 @@ impl ReplicaReport {
             fraction: sum(text, "wasmop_shard_fraction"),
             primaries: sum(text, "wasmop_shard_primaries"),
             filter: filter_modes(text),
+            calls: calls(text),
+            memory_peak: max(text, "wasmop_module_memory_peak_bytes"),
         }
     }
 
@@ -139,6 +183,12 @@ wasmop_shard_primaries{reconciler="image-updater"} 3334
 wasmop_shard_watch_filter{kind="apps/v1/Deployment",mode="server"} 1
 wasmop_shard_watch_filter{kind="v1/Service",mode="server"} 1
 wasmop_shard_watch_filter{kind="v1/ConfigMap",mode="client"} 0
+wasmop_module_call_duration_seconds_sum{reconciler="image-updater",function="reconcile"} 0.5
+wasmop_module_call_duration_seconds_count{reconciler="image-updater",function="reconcile"} 40
+wasmop_module_call_duration_seconds_bucket{reconciler="image-updater",function="reconcile",le="0.001"} 30
+wasmop_module_call_duration_seconds_count{reconciler="image-updater",function="validate"} 0
+wasmop_module_memory_peak_bytes{reconciler="a"} 1048576
+wasmop_module_memory_peak_bytes{reconciler="b"} 2097152
 "#;
         let r = ReplicaReport::parse(text);
         assert_eq!(r.cache_objects, Some(6668.0));
@@ -147,9 +197,13 @@ wasmop_shard_watch_filter{kind="v1/ConfigMap",mode="client"} 0
         assert_eq!(r.fraction, Some(0.3125));
         assert_eq!(r.primaries, Some(3334.0));
         assert_eq!(r.filter_text(), "server");
+        assert_eq!(r.calls, vec![("reconcile".to_string(), 40.0, 0.5)]);
+        assert_eq!(r.memory_peak, Some(2097152.0));
         let plain = ReplicaReport::parse("wasmop_reconcile_total{result=\"ok\"} 5\n");
         assert_eq!(plain.members, None);
         assert_eq!(plain.reconciles, Some(5.0));
         assert_eq!(plain.filter_text(), "-");
+        assert!(plain.calls.is_empty());
+        assert_eq!(plain.memory_peak, None);
     }
 }

@@ -124,6 +124,62 @@ pub fn table(n: usize, rows: &[Measurement]) -> String {
             .join(", ");
         let _ = writeln!(out, "  {} (c={}): {top}", m.label(), m.tuning.concurrency);
     }
+    out.push_str(&per_reconcile(rows));
+    out
+}
+
+/// With a `wasmop-metacontroller` row: what each unsharded wasmop host spent per reconcile
+/// (host CPU from the first create to convergence over the reconciles its `/metrics` counted
+/// by then), its module calls by function with their mean wall time, and the highest linear
+/// memory a call reached: the native module against the same logic as a Metacontroller hook.
+/// Empty without such a row (the other rows' report is unchanged).
+fn per_reconcile(rows: &[Measurement]) -> String {
+    if !rows
+        .iter()
+        .any(|m| m.contender == Contender::WasmopMetacontroller)
+    {
+        return String::new();
+    }
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "\nper reconcile (wasmop hosts: host CPU converging / reconciles until convergence; module calls by function, mean wall time of a call; highest linear memory of a call):"
+    );
+    let hosts = rows.iter().filter(|m| {
+        matches!(
+            m.contender,
+            Contender::Wasmop | Contender::WasmopMetacontroller
+        )
+    });
+    for m in hosts {
+        let report = m.processes.first().and_then(|p| p.report.as_ref());
+        let reconciles = report.and_then(|r| r.reconciles).unwrap_or(0.0);
+        let cpu = if reconciles > 0.0 {
+            format!("{:.2} ms", m.cpu_converge() * 1000.0 / reconciles)
+        } else {
+            "-".into()
+        };
+        let calls = report
+            .map(|r| {
+                r.calls
+                    .iter()
+                    .map(|(f, n, s)| format!("{f} {n:.0} ({:.2} ms)", s * 1000.0 / n))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            })
+            .filter(|c| !c.is_empty())
+            .unwrap_or_else(|| "none".into());
+        let memory = report
+            .and_then(|r| r.memory_peak)
+            .map(|b| format!("{:.1} MiB", b / (1024.0 * 1024.0)))
+            .unwrap_or_else(|| "-".into());
+        let _ = writeln!(
+            out,
+            "  {} (c={}): {reconciles:.0} reconciles, {cpu} CPU per reconcile; module calls: {calls}; call memory peak {memory}",
+            m.label(),
+            m.tuning.concurrency
+        );
+    }
     out
 }
 
@@ -250,16 +306,24 @@ fn ratio(wasmop: Option<&Measurement>, other: Option<&Measurement>) -> String {
 
 /// `scale N=<n> wasmop/floor: X.XX wasmop/kube-rs: Y.YY wasmop/controller-runtime: Z.ZZ`
 /// (ratios of convergence time; a bound `<X.XX` / `>X.XX` when one side did not converge in
-/// its budget, `n/a` for a contender that did not run).
+/// its budget, `n/a` for a contender that did not run), and when the `wasmop-metacontroller`
+/// row ran, ` wasmop-metacontroller/wasmop: R.RR` (the hook against the native module).
 pub fn final_line(n: usize, rows: &[Measurement]) -> String {
     let wasmop = best(rows, Contender::Wasmop);
     let of = |other| ratio(wasmop, best(rows, other));
-    format!(
+    let mut line = format!(
         "scale N={n} wasmop/floor: {} wasmop/kube-rs: {} wasmop/controller-runtime: {}",
         of(Contender::Floor),
         of(Contender::KubeRs),
         of(Contender::ControllerRuntime)
-    )
+    );
+    if let Some(hook) = best(rows, Contender::WasmopMetacontroller) {
+        line.push_str(&format!(
+            " wasmop-metacontroller/wasmop: {}",
+            ratio(Some(hook), wasmop)
+        ));
+    }
+    line
 }
 
 #[cfg(test)]
@@ -372,6 +436,47 @@ mod tests {
         assert_eq!(sharded_table(100, &rows[..2]), "");
         // The final line compares the unsharded wasmop row.
         assert!(final_line(100, &rows).starts_with("scale N=100 wasmop/floor: 2.00 "));
+    }
+
+    #[test]
+    fn the_metacontroller_row_has_its_ratio_and_its_cost_per_reconcile() {
+        let mut rows = vec![
+            row(Contender::Floor, 1, 10.0, &[20]),
+            row(Contender::Wasmop, 1, 20.0, &[90]),
+            row(Contender::KubeRs, 1, 40.0, &[30]),
+            row(Contender::ControllerRuntime, 1, 25.0, &[40]),
+        ];
+        // Without the row, the report is as before.
+        assert!(!table(100, &rows).contains("per reconcile"));
+        assert_eq!(
+            final_line(100, &rows),
+            "scale N=100 wasmop/floor: 2.00 wasmop/kube-rs: 0.50 wasmop/controller-runtime: 0.80"
+        );
+        let mut hook = row(Contender::WasmopMetacontroller, 1, 30.0, &[120]);
+        if let Some(r) = hook.processes[0].report.as_mut() {
+            r.reconciles = Some(400.0);
+            r.calls = vec![("reconcile".into(), 200.0, 0.4)];
+            r.memory_peak = Some(12.0 * 1024.0 * 1024.0);
+        }
+        rows.push(hook);
+        assert_eq!(
+            final_line(100, &rows),
+            "scale N=100 wasmop/floor: 2.00 wasmop/kube-rs: 0.50 wasmop/controller-runtime: 0.80 wasmop-metacontroller/wasmop: 1.50"
+        );
+        let main = table(100, &rows);
+        assert!(
+            main.contains("| wasmop-metacontroller | 16 | 30.0 s | 300 | 0.0 | 120 MiB |"),
+            "{main}"
+        );
+        // 2 s of CPU: 7 reconciles (the wasmop row), 400 (the hook's).
+        assert!(
+            main.contains("  wasmop (c=16): 7 reconciles, 285.71 ms CPU per reconcile; module calls: none; call memory peak -"),
+            "{main}"
+        );
+        assert!(
+            main.contains("  wasmop-metacontroller (c=16): 400 reconciles, 5.00 ms CPU per reconcile; module calls: reconcile 200 (2.00 ms); call memory peak 12.0 MiB"),
+            "{main}"
+        );
     }
 
     fn unfinished(mut m: Measurement, converged: usize) -> Measurement {

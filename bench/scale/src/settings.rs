@@ -2,7 +2,7 @@
 //!
 //! - `WASMOP_BENCH_N`: comma list of App counts (default `1000,10000`).
 //! - `WASMOP_BENCH_CONTENDERS`: comma list of `wasmop`, `kube-rs`, `controller-runtime`,
-//!   `floor`, `wasmop-sharded` (default all).
+//!   `floor`, `wasmop-sharded`, `wasmop-metacontroller` (default all).
 //! - `WASMOP_BENCH_RESYNC`: the resync period in seconds, applied to every controller
 //!   (default 30).
 //! - `WASMOP_BENCH_IDLE`: seconds of idle measurement after convergence (default two resync
@@ -128,7 +128,7 @@ impl Settings {
                         variable: "WASMOP_BENCH_CONTENDERS",
                         value: v.clone(),
                         reason: format!(
-                            "{c:?} is not one of wasmop, kube-rs, controller-runtime, floor, wasmop-sharded"
+                            "{c:?} is not one of wasmop, kube-rs, controller-runtime, floor, wasmop-sharded, wasmop-metacontroller"
                         ),
                     })
                 })

@@ -1,7 +1,8 @@
 //! The N = 50 smoke run of `make bench-scale` (part of `make test`): every contender converges
 //! 50 Apps on its own fresh control plane, and every measurement is obtained; the sharded row
 //! runs 2 replicas (Apps in 50 namespaces, `ShardedListAndWatch` on), each measured, and their
-//! slices partition the Apps. No timing is asserted; the figures are printed. The contenders
+//! slices partition the Apps; the Metacontroller row builds its JavaScript hook (node and the
+//! pinned JavaScript tools, as the e2e tests of Metacontroller mode). No timing is asserted; the figures are printed. The contenders
 //! run [`AT_ONCE`] at a time.
 
 use std::time::Duration;
@@ -26,6 +27,10 @@ async fn binaries() -> anyhow::Result<Binaries> {
         )
         .await??,
         floor: env!("CARGO_BIN_EXE_scale-floor").into(),
+        hook: wasmop_bench_scale::contenders::metacontroller::build_hook(std::path::Path::new(
+            env!("CARGO_TARGET_TMPDIR"),
+        ))
+        .await?,
     })
 }
 

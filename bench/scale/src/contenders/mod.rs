@@ -3,6 +3,8 @@
 //! - [`wasmop`]: `wasmop run` with the image-updater module and the example's WasmReconciler.
 //! - [`sharded`]: k `wasmop run --shards auto` replicas sharing the Apps, on a control plane with
 //!   the `ShardedListAndWatch` feature gate.
+//! - [`metacontroller`]: the same logic as a Metacontroller hook (JavaScript), served by
+//!   `wasmop run` through a CompositeController with `spec.wasmop`.
 //! - [`child`]: the native kube-rs operator, the Go operator and the floor, which print `READY`.
 //! - [`gobuild`]: builds the Go controller-runtime operator once, cached by a hash of its sources.
 //!
@@ -11,6 +13,7 @@
 
 pub mod child;
 pub mod gobuild;
+pub mod metacontroller;
 pub mod sharded;
 pub mod wasmop;
 
@@ -35,16 +38,20 @@ pub enum Contender {
     Floor,
     /// `wasmop run --shards auto` replicas sharing the Apps ([`Tuning::replicas`] of them).
     WasmopSharded,
+    /// `wasmop run` serving the same logic as a Metacontroller hook (JavaScript) through a
+    /// CompositeController with `spec.wasmop`.
+    WasmopMetacontroller,
 }
 
 impl Contender {
     /// Every contender, in report order.
-    pub const ALL: [Contender; 5] = [
+    pub const ALL: [Contender; 6] = [
         Contender::Floor,
         Contender::Wasmop,
         Contender::KubeRs,
         Contender::ControllerRuntime,
         Contender::WasmopSharded,
+        Contender::WasmopMetacontroller,
     ];
 
     /// Its name in settings and tables.
@@ -55,6 +62,7 @@ impl Contender {
             Contender::ControllerRuntime => "controller-runtime",
             Contender::Floor => "floor",
             Contender::WasmopSharded => "wasmop-sharded",
+            Contender::WasmopMetacontroller => "wasmop-metacontroller",
         }
     }
 
@@ -91,7 +99,7 @@ impl Contender {
     /// The client-side rate limit it runs with.
     pub fn client_limit(self) -> &'static str {
         match self {
-            Contender::Wasmop => {
+            Contender::Wasmop | Contender::WasmopMetacontroller => {
                 "host default --kube-qps 500 --kube-burst 1000, shared by all its clients"
             }
             Contender::WasmopSharded => "host default --kube-qps 500 --kube-burst 1000 per replica",
@@ -110,6 +118,8 @@ pub struct Binaries {
     pub wasmop: PathBuf,
     /// The image-updater module (wasm32-wasip2 component).
     pub module: PathBuf,
+    /// The image-updater hook module (world `hook`, [`metacontroller::build_hook`]).
+    pub hook: PathBuf,
     /// `scale-kube-rs`.
     pub kube_rs: PathBuf,
     /// The Go operator.
@@ -152,6 +162,13 @@ pub enum Running {
     Child(Box<child::Child>),
     /// Sharded hosts, one per replica.
     Replicas(Vec<wasmop_testenv::HostProcess>),
+    /// wasmop's host serving a hook module, and the registry it was pulled from.
+    Hook {
+        /// The host.
+        host: Box<wasmop_testenv::HostProcess>,
+        /// The registry (stopped when dropped).
+        registry: Box<wasmop_testenv::Registry>,
+    },
 }
 
 fn tail(text: &str, lines: usize) -> String {
@@ -163,7 +180,7 @@ impl Running {
     /// Its process ids, one per process (`None` for one that is not running).
     pub fn pids(&self) -> Vec<Option<u32>> {
         match self {
-            Running::Host(h) => vec![h.pid()],
+            Running::Host(h) | Running::Hook { host: h, .. } => vec![h.pid()],
             Running::Child(c) => vec![c.pid()],
             Running::Replicas(hosts) => hosts.iter().map(|h| h.pid()).collect(),
         }
@@ -172,7 +189,7 @@ impl Running {
     /// The tail of its log (of each replica's), for a failure report.
     pub fn log_tail(&self) -> String {
         match self {
-            Running::Host(h) => tail(&h.log_text(), 40),
+            Running::Host(h) | Running::Hook { host: h, .. } => tail(&h.log_text(), 40),
             Running::Child(c) => tail(&c.log_text(), 40),
             Running::Replicas(hosts) => hosts
                 .iter()
@@ -186,7 +203,9 @@ impl Running {
     /// Whether it (any of its processes) has exited.
     pub fn exited(&mut self) -> Option<String> {
         match self {
-            Running::Host(h) => h.pid().is_none().then(|| "the host is not running".into()),
+            Running::Host(h) | Running::Hook { host: h, .. } => {
+                h.pid().is_none().then(|| "the host is not running".into())
+            }
             Running::Child(c) => c.exited(),
             Running::Replicas(hosts) => hosts
                 .iter()
@@ -201,7 +220,7 @@ impl Running {
     /// If a host's `/metrics` cannot be read.
     pub async fn reports(&self) -> Result<Vec<ReplicaReport>> {
         let hosts: Vec<&wasmop_testenv::HostProcess> = match self {
-            Running::Host(h) => vec![h],
+            Running::Host(h) | Running::Hook { host: h, .. } => vec![h],
             Running::Child(_) => Vec::new(),
             Running::Replicas(hosts) => hosts.iter().collect(),
         };
@@ -229,6 +248,9 @@ pub async fn start(
     match contender {
         Contender::Wasmop => wasmop::start(cluster, binaries, tuning, dir).await,
         Contender::WasmopSharded => sharded::start(cluster, binaries, tuning, dir).await,
+        Contender::WasmopMetacontroller => {
+            metacontroller::start(cluster, binaries, tuning, dir).await
+        }
         Contender::KubeRs => child::Child::start(
             contender.name(),
             &binaries.kube_rs,
