@@ -22,8 +22,8 @@ use std::time::Duration;
 use serde_json::Value;
 
 use crate::contract::{
-    Action, ChildKey, ChildSet, Condition, ConditionStatus, FinalizeResponse, Gvk, ObjectRef,
-    Propagation, ReconcileResponse, Status,
+    Action, ChildKey, ChildSet, Condition, ConditionStatus, Event, EventType, FinalizeResponse,
+    Gvk, ObjectRef, Propagation, ReconcileResponse, Status,
 };
 use crate::controller::noop::covers_object;
 use crate::crd::{ConditionCheck, HookChild, HookSpec, UpdateMethod};
@@ -37,7 +37,13 @@ use super::document::Observed;
 pub const DESIRED_ANNOTATION: &str = "metacontroller.wasmop.dev/desired";
 
 /// The fields a sync or finalize answer may have.
-const FIELDS: [&str; 4] = ["status", "children", "resyncAfterSeconds", "finalized"];
+const FIELDS: [&str; 5] = [
+    "status",
+    "children",
+    "resyncAfterSeconds",
+    "finalized",
+    "events",
+];
 
 /// A parsed answer.
 #[derive(Debug, Clone, PartialEq)]
@@ -50,6 +56,8 @@ pub struct Answer {
     pub resync_after: Option<Duration>,
     /// `finalized`.
     pub finalized: bool,
+    /// `events`, wasmop's addition: Events about the parent (Metacontroller has none).
+    pub events: Vec<Event>,
 }
 
 /// Parses `body` for `spec`.
@@ -82,7 +90,41 @@ pub fn parse(spec: &HookSpec, body: &str) -> Result<Answer, String> {
             .remove("finalized")
             .and_then(|v| v.as_bool())
             .unwrap_or(false),
+        events: events(map.remove("events").unwrap_or(Value::Null))?,
     })
+}
+
+/// `events`: `[{type: Normal|Warning, reason, message}]`, Events about the parent, checked and
+/// counted as a module's are.
+fn events(value: Value) -> Result<Vec<Event>, String> {
+    let list = match value {
+        Value::Null => return Ok(Vec::new()),
+        Value::Array(list) => list,
+        _ => return Err("the hook's events is not a list".into()),
+    };
+    list.iter()
+        .enumerate()
+        .map(|(i, e)| {
+            let text = |f: &str| {
+                e.get(f)
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
+                    .to_string()
+            };
+            let type_ = match text("type").as_str() {
+                "" | "Normal" => EventType::Normal,
+                "Warning" => EventType::Warning,
+                other => return Err(format!("events[{i}] has type {other:?}: Normal or Warning")),
+            };
+            Ok(Event {
+                type_,
+                reason: text("reason"),
+                message: text("message"),
+                action: text("action"),
+                regarding: None,
+            })
+        })
+        .collect()
 }
 
 fn seconds(v: &Value) -> Result<Duration, String> {
@@ -336,7 +378,7 @@ pub fn reconcile_response(
         children,
         actions: Vec::new(),
         status: answer.status,
-        events: Vec::new(),
+        events: answer.events,
         requeue_after: answer.resync_after,
     }
 }
@@ -365,7 +407,7 @@ pub fn finalize_response(observed: &Observed, answer: Answer) -> FinalizeRespons
         done: answer.finalized,
         actions,
         status: answer.status,
-        events: Vec::new(),
+        events: answer.events,
         requeue_after: answer.resync_after,
     }
 }
@@ -522,6 +564,20 @@ mod tests {
             written.is_empty() && kept.is_empty(),
             "recreated: neither written nor kept"
         );
+    }
+
+    #[test]
+    fn events_in_an_answer_become_events_about_the_parent() {
+        let body = json!({"events": [{"type": "Warning", "reason": "ScaledDown", "message": "3 to 2"}, {"reason": "Synced"}]}).to_string();
+        let mut s = spec("InPlace");
+        s.strict = true;
+        let answer = parse(&s, &body).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(answer.events.len(), 2);
+        assert_eq!(answer.events[0].type_, EventType::Warning);
+        assert_eq!(answer.events[0].reason, "ScaledDown");
+        assert_eq!(answer.events[1].type_, EventType::Normal);
+        let bad = json!({"events": [{"type": "Loud", "reason": "X"}]}).to_string();
+        assert!(parse(&s, &bad).is_err());
     }
 
     #[test]
