@@ -171,6 +171,11 @@ pub struct HookSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "preserve_unknown")]
     pub parent_selector: Option<serde_json::Value>,
+    /// Whether a change of a parent's status alone calls the hook (Metacontroller's default,
+    /// `parentResource.ignoreStatusChanges` unset or false): a hook may need to see the status
+    /// it wrote. Otherwise, as for every WasmReconciler, only changes outside the status do.
+    #[serde(default)]
+    pub sync_on_status: bool,
 }
 
 /// A resource, with the kind that serves it.

@@ -218,6 +218,7 @@ pub fn reconciler_spec(
             })
             .collect(),
         parent_selector: cc.spec.parent_resource.label_selector.clone(),
+        sync_on_status: cc.spec.parent_resource.ignore_status_changes != Some(true),
     };
     Ok(WasmReconcilerSpec {
         module: wasmop.module.clone(),
@@ -331,6 +332,23 @@ mod tests {
             hook.controller["spec"]["parentResource"]["resource"],
             "catsets"
         );
+    }
+
+    /// Metacontroller syncs a parent when its status changes, unless the controller says
+    /// `parentResource.ignoreStatusChanges: true` (daemonjob's hook relies on it).
+    #[test]
+    fn status_changes_sync_unless_the_controller_ignores_them() {
+        let sync_on_status = |ignore: Option<bool>| {
+            let mut cc = catset();
+            cc.spec.parent_resource.ignore_status_changes = ignore;
+            let spec = reconciler_spec(&cc, &kinds()).unwrap_or_else(|e| panic!("{e}"));
+            spec.hook
+                .unwrap_or_else(|| panic!("a hook spec"))
+                .sync_on_status
+        };
+        assert!(sync_on_status(None), "Metacontroller's default");
+        assert!(sync_on_status(Some(false)));
+        assert!(!sync_on_status(Some(true)));
     }
 
     #[test]
