@@ -1032,11 +1032,25 @@ pub(super) mod tests {
     /// A fake API server that answers discovery for ConfigMaps, echoes every PATCH and records
     /// `METHOD path` of every other request.
     pub(crate) fn recording_client(seen: Arc<std::sync::Mutex<Vec<String>>>) -> Client {
+        recording_bodies(seen, Arc::default())
+    }
+
+    /// The bodies a fake API server received: `METHOD path` and the body, in order.
+    pub(crate) type Bodies = Arc<std::sync::Mutex<Vec<(String, Vec<u8>)>>>;
+
+    /// As [`recording_client`], also keeping every request's body in `bodies`.
+    pub(crate) fn recording_bodies(
+        seen: Arc<std::sync::Mutex<Vec<String>>>,
+        bodies: Bodies,
+    ) -> Client {
         let service = tower::service_fn(move |req: http::Request<Body>| {
-            let seen = seen.clone();
+            let (seen, bodies) = (seen.clone(), bodies.clone());
             async move {
                 let (method, path) = (req.method().clone(), req.uri().path().to_string());
                 let body = req.into_body().collect().await?.to_bytes().to_vec();
+                if let Ok(mut bodies) = bodies.lock() {
+                    bodies.push((format!("{method} {path}"), body.clone()));
+                }
                 if path == "/api/v1" {
                     let list = json!({"kind": "APIResourceList", "groupVersion": "v1", "resources": [
                         {"name": "configmaps", "singularName": "configmap", "namespaced": true,

@@ -4,8 +4,8 @@
 //! primaries cannot live in a [`super::cache::Cache`]. A `DynamicObject` there costs several
 //! times its JSON text (every JSON object of its `serde_json::Value` is a B-tree with its own
 //! allocations); a [`Compact`] keeps what kube-runtime and the host read without parsing (the
-//! metadata, the fingerprint of [`super::predicate::outside_status`]) and the rest as text,
-//! parsed back once per reconcile.
+//! metadata, the fingerprint of the changes that call for a reconcile, see
+//! [`super::predicate::Changes`]) and the rest as text, parsed back once per reconcile.
 //!
 //! # Guarantees
 //! - [`Compact::object`] returns the object [`Compact::new`] was given (the same JSON value).
@@ -22,20 +22,22 @@ use std::sync::Arc;
 use kube::Resource;
 use kube::core::{ApiResource, DynamicObject, DynamicResourceScope, ObjectMeta};
 
-/// One primary: its metadata, its outside-status fingerprint and its JSON text.
+use super::predicate::Changes;
+
+/// One primary: its metadata, its predicate fingerprint and its JSON text.
 #[derive(Clone, Debug)]
 pub struct Compact {
     metadata: ObjectMeta,
-    outside_status: Option<u64>,
+    fingerprint: Option<u64>,
     json: Arc<str>,
 }
 
 impl Compact {
-    /// The compact form of `o`.
-    pub fn new(o: &DynamicObject) -> Result<Self, serde_json::Error> {
+    /// The compact form of `o`, fingerprinted for the `changes` that call for a reconcile.
+    pub fn new(o: &DynamicObject, changes: Changes) -> Result<Self, serde_json::Error> {
         Ok(Compact {
             metadata: o.metadata.clone(),
-            outside_status: super::predicate::outside_status(o),
+            fingerprint: changes.fingerprint(o),
             json: serde_json::to_string(o)?.into(),
         })
     }
@@ -45,17 +47,19 @@ impl Compact {
         serde_json::from_str(&self.json)
     }
 
-    /// [`super::predicate::outside_status`] of the object, computed once.
-    pub fn outside_status(&self) -> Option<u64> {
-        self.outside_status
+    /// [`Changes::fingerprint`] of the object, computed once.
+    pub fn fingerprint(&self) -> Option<u64> {
+        self.fingerprint
     }
 }
 
-/// As `DynamicObject`'s (kube-runtime's `Controller` needs `K: DeserializeOwned`).
+/// As `DynamicObject`'s (kube-runtime's `Controller` needs `K: DeserializeOwned`; the host
+/// never has it deserialize one: its primaries come from the host's own watch, made with
+/// [`Compact::new`]), fingerprinted for [`Changes::OutsideStatus`].
 impl<'de> serde::Deserialize<'de> for Compact {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let o = DynamicObject::deserialize(d)?;
-        Compact::new(&o).map_err(serde::de::Error::custom)
+        Compact::new(&o, Changes::OutsideStatus).map_err(serde::de::Error::custom)
     }
 }
 
@@ -109,15 +113,23 @@ mod tests {
         });
         let o: DynamicObject =
             serde_json::from_value(sent.clone()).unwrap_or_else(|e| panic!("literal: {e}"));
-        let c = Compact::new(&o).unwrap_or_else(|e| panic!("compact: {e}"));
+        let c = Compact::new(&o, Changes::OutsideStatus).unwrap_or_else(|e| panic!("compact: {e}"));
         assert_eq!(
             (c.namespace(), c.name_any()),
             (Some("ns".into()), "a".into())
         );
         assert_eq!(c.resource_version().as_deref(), Some("7"));
+        assert_eq!(c.fingerprint(), super::super::predicate::outside_status(&o));
+        let with_status =
+            Compact::new(&o, Changes::WithStatus).unwrap_or_else(|e| panic!("compact: {e}"));
         assert_eq!(
-            c.outside_status(),
-            super::super::predicate::outside_status(&o)
+            with_status.fingerprint(),
+            super::super::predicate::with_status(&o)
+        );
+        assert_ne!(
+            with_status.fingerprint(),
+            c.fingerprint(),
+            "the status counts"
         );
         let back = c.object().unwrap_or_else(|e| panic!("parse: {e}"));
         assert_eq!(

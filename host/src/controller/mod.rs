@@ -224,6 +224,9 @@ pub struct Settings {
     pub reconcile_limit: limit::ReconcileLimit,
     /// Resync period.
     pub resync: Duration,
+    /// Which changes of a primary call for a reconcile: outside its status, or (a Metacontroller
+    /// hook with `spec.hook.syncOnStatus`) its status's too.
+    pub primary_changes: predicate::Changes,
     /// How long a status in flux may be held back (`--status-debounce`; zero: never, see
     /// [`hold`]).
     pub status_debounce: Duration,

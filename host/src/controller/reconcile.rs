@@ -937,7 +937,7 @@ mod tests {
         use serde_json::json;
 
         use super::super::*;
-        use crate::controller::apply::tests::recording_client;
+        use crate::controller::apply::tests::{Bodies, recording_bodies};
         use crate::controller::health::Health;
         use crate::controller::{Watched, limit};
         use crate::discovery::Resolved;
@@ -973,6 +973,16 @@ mod tests {
         /// The shared state of reconciler [`NAME`], its ConfigMap cache holding `child` (listed),
         /// and what its fake API server saw.
         pub async fn shared(child: &DynamicObject) -> (Arc<Shared>, Arc<Cache>, Seen) {
+            let (shared, cache, seen, _) = named(NAME, child).await;
+            (shared, cache, seen)
+        }
+
+        /// As [`shared`], for reconciler `name` (a test of its own: the module-call metrics are
+        /// per reconciler name), with the bodies its fake API server received.
+        pub async fn named(
+            name: &str,
+            child: &DynamicObject,
+        ) -> (Arc<Shared>, Arc<Cache>, Seen, Bodies) {
             let module = tokio::task::spawn_blocking(|| {
                 let engine =
                     Engine::new(&EngineConfig::default()).unwrap_or_else(|e| panic!("engine: {e}"));
@@ -992,8 +1002,8 @@ mod tests {
                 ungranted: Vec::new(),
             };
             let slot = ModuleSlot::new(Active::new(module, fit, "1".into()));
-            let seen = Seen::default();
-            let client = recording_client(seen.clone());
+            let (seen, bodies) = (Seen::default(), Bodies::default());
+            let client = recording_bodies(seen.clone(), bodies.clone());
             let reporter = Reporter {
                 controller: "test".into(),
                 instance: None,
@@ -1008,7 +1018,7 @@ mod tests {
             let gvk = GroupVersionKind::gvk("test.wasmop.dev", "v1", "Widget");
             let resource = ApiResource::from_gvk_with_plural(&gvk, "widgets");
             let settings = Settings {
-                name: NAME.into(),
+                name: name.into(),
                 primary: Watched {
                     kind: Gvk::new("test.wasmop.dev/v1", "Widget"),
                     resolved: Resolved {
@@ -1023,6 +1033,7 @@ mod tests {
                 concurrency: 1,
                 reconcile_limit: limit::ReconcileLimit::new(1),
                 resync: Duration::from_secs(600),
+                primary_changes: Default::default(),
                 status_debounce: Duration::from_secs(5),
                 config: "{}".into(),
                 service_account: "system:serviceaccount:ns:sa".into(),
@@ -1037,8 +1048,8 @@ mod tests {
             ] {
                 cache.record(&event);
             }
-            let queue = metrics::global().queue(NAME);
-            let states = States::new(NAME, Arc::new(Health::default()), queue);
+            let queue = metrics::global().queue(name);
+            let states = States::new(name, Arc::new(Health::default()), queue);
             let (_gate, synced) = tokio::sync::watch::channel(Gate::Synced);
             let caches = Caches {
                 owned: vec![Cached {
@@ -1058,15 +1069,20 @@ mod tests {
                 .unwrap_or_else(|e| panic!("the fake discovery: {e}"));
             let priority = priority::PriorityGate::new(1, Box::new(|_| {}), None);
             let shared = Shared::new(settings, slot, &clients, states, caches, priority);
-            (Arc::new(shared), cache, seen)
+            (Arc::new(shared), cache, seen, bodies)
         }
 
         /// How many times reconciler [`NAME`] called its module's `reconcile`.
         pub fn module_calls() -> f64 {
+            module_calls_of(NAME)
+        }
+
+        /// How many times reconciler `name` called its module's `reconcile`.
+        pub fn module_calls_of(name: &str) -> f64 {
             let text = metrics::encode().unwrap_or_default();
             text.lines()
                 .filter(|l| l.starts_with("wasmop_module_call_duration_seconds_count{"))
-                .filter(|l| l.contains(&format!("reconciler=\"{NAME}\"")))
+                .filter(|l| l.contains(&format!("reconciler=\"{name}\"")))
                 .filter(|l| l.contains("function=\"reconcile\""))
                 .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
                 .sum()
@@ -1120,6 +1136,78 @@ mod tests {
             2.0,
             "a changed child calls the module"
         );
+    }
+
+    /// The loop guard of a Metacontroller hook synced on status changes
+    /// ([`crate::controller::predicate::Changes::WithStatus`]): the host's own status write calls for one more
+    /// reconcile; it calls the module (the primary changed), which answers the same status, and
+    /// writes nothing, so no watch event follows and the chain ends there.
+    #[tokio::test]
+    async fn the_reconcile_after_the_hosts_own_status_write_writes_nothing() {
+        const NAME: &str = "unit-status-sync";
+        let (shared, cache, seen, bodies) = harness::named(NAME, &harness::child("7")).await;
+        let reconcile = |primary: DynamicObject| {
+            let shared = shared.clone();
+            async move {
+                let primary = Arc::new(primary);
+                let active = shared.slot.active();
+                let key = ObjectKey::of(&*primary);
+                let rv = primary.resource_version();
+                shared
+                    .states
+                    .begin(&key, rv.as_deref(), active.module.sha256());
+                run_once(&primary, &shared, &active, Trigger::PrimaryChanged, 1)
+                    .await
+                    .unwrap_or_else(|e| panic!("reconcile: {e}"))
+            }
+        };
+        let requests = || seen.lock().map(|s| s.len()).unwrap_or_default();
+        let before = harness::primary();
+        reconcile(before.clone()).await;
+        assert_eq!(harness::module_calls_of(NAME), 1.0);
+        let written_to = |path: &str| -> serde_json::Value {
+            let body = bodies
+                .lock()
+                .unwrap_or_else(|e| panic!("{e}"))
+                .iter()
+                .find(|(request, _)| request.starts_with("PATCH ") && request.ends_with(path))
+                .map(|(_, body)| body.clone())
+                .unwrap_or_else(|| panic!("{path} is written: {seen:?}"));
+            serde_json::from_slice(&body).unwrap_or_else(|e| panic!("the patch: {e}"))
+        };
+
+        // The child and the primary as their watches bring them back after the host's writes.
+        let mut child: DynamicObject = serde_json::from_value(written_to("/configmaps/w-out"))
+            .unwrap_or_else(|e| panic!("the child: {e}"));
+        child.metadata.uid = Some("u-c".into());
+        child.metadata.resource_version = Some("8".into());
+        cache.record(&watcher_apply(child));
+        let mut after = before.clone();
+        after.data["status"] = written_to("/widgets/w/status")["status"].clone();
+        after.metadata.resource_version = Some("6".into());
+        let changes = crate::controller::predicate::Changes::WithStatus;
+        assert_ne!(
+            changes.fingerprint(&before),
+            changes.fingerprint(&after),
+            "the host's status write calls for a reconcile"
+        );
+        let written = requests();
+        reconcile(after.clone()).await;
+        assert_eq!(
+            harness::module_calls_of(NAME),
+            2.0,
+            "the module is called: its primary's status changed"
+        );
+        assert_eq!(
+            requests(),
+            written,
+            "it answers the same status, which is not written again: {seen:?}"
+        );
+        // Nothing written, no event; and a write that left the status as it was would call
+        // for no reconcile either.
+        let mut rewritten = after.clone();
+        rewritten.metadata.resource_version = Some("7".into());
+        assert_eq!(changes.fingerprint(&after), changes.fingerprint(&rewritten));
     }
 
     fn watcher_apply(o: DynamicObject) -> kube::runtime::watcher::Event<DynamicObject> {

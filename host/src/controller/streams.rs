@@ -7,7 +7,8 @@
 //! - Every watch reports its errors and recoveries to [`Health`], and keeps
 //!   `wasmop_cache_objects` at its cache's size.
 //! - The state of primaries that are gone is freed as their watch sees them go
-//!   ([`States::forget_gone`]); status-only changes of a primary call for no reconcile.
+//!   ([`States::forget_gone`]); status-only changes of a primary call for no reconcile, unless
+//!   the reconciler's [`Changes`] say so (a Metacontroller hook's, see [`super::predicate`]).
 //! - A primary is passed on to the controller only while its store holds it: the objects of a
 //!   list at the list's end ([`once_cached`]), so none is dropped as not found.
 //! - With sharding, each watch sees only this replica's slice, and reports each list to the
@@ -26,6 +27,7 @@ use super::cache::{Cache, Index};
 use super::compact::Compact;
 use super::health::Health;
 use super::intents::RECONCILER_LABEL;
+use super::predicate::Changes;
 use super::state::States;
 use super::{Related, Settings, Watched, scope};
 use crate::contract::Gvk;
@@ -72,7 +74,8 @@ impl Watches<'_> {
         Some((shards, key(namespaced), listed.watch()))
     }
 
-    /// The primaries that call for a reconcile (created, or changed outside their status).
+    /// The primaries that call for a reconcile (created, or changed outside their status, or
+    /// in it too with [`Changes::WithStatus`]).
     pub(super) fn primaries(
         &self,
         feeds: Primaries,
@@ -91,6 +94,7 @@ impl Watches<'_> {
         let sharding = self.sharded_by(hash::Key::of_primary);
         let lister = sharding.as_ref().map(|(_, _, l)| l.clone());
         let requested = states.clone();
+        let changes = self.settings.primary_changes;
         let cached = watch_events(
             self.client,
             primary,
@@ -105,7 +109,7 @@ impl Watches<'_> {
                 by_namespace.record(e);
             }
         })
-        .filter_map(|item| std::future::ready(compact_event(item)))
+        .filter_map(move |item| std::future::ready(compact_event(item, changes)))
         .reflect(writer)
         .inspect(listed_when_cached(lister))
         .inspect(cached(&self.settings.name, &primary.kind, {
@@ -199,15 +203,17 @@ impl Watches<'_> {
 }
 
 /// The primaries of `events` (already reflected in `store`) that call for a reconcile: each
-/// applied primary once `store` holds it ([`once_cached`]), unless nothing outside its status
-/// changed since it was last passed on (the host's own status writes, anyone's status-only
-/// changes, a relist of unchanged primaries).
+/// applied primary once `store` holds it ([`once_cached`]), unless its fingerprint
+/// ([`Compact::fingerprint`]) did not change since it was last passed on: nothing outside its
+/// status changed (the host's own status writes, anyone's status-only changes, a relist of
+/// unchanged primaries), or with [`Changes::WithStatus`] nothing but its resourceVersion and
+/// managedFields.
 fn calling_for_reconcile(
     events: impl Stream<Item = Result<watcher::Event<Compact>, watcher::Error>> + Send + 'static,
     store: Store<Compact>,
 ) -> impl Stream<Item = Result<Compact, watcher::Error>> + Send + 'static {
     once_cached(events, store)
-        .predicate_filter(|c: &Compact| c.outside_status(), PredicateConfig::default())
+        .predicate_filter(|c: &Compact| c.fingerprint(), PredicateConfig::default())
 }
 
 /// The applied primaries of `events` (already reflected in `store`), each passed on only once
@@ -332,12 +338,14 @@ fn strip(o: &mut DynamicObject) {
     o.metadata.managed_fields = None;
 }
 
-/// The primaries' watch event `item` with its objects in their [`Compact`] form (an object that
-/// does not serialize is logged and its event dropped; it never happens to one read from JSON).
+/// The primaries' watch event `item` with its objects in their [`Compact`] form, fingerprinted
+/// for `changes` (an object that does not serialize is logged and its event dropped; it never
+/// happens to one read from JSON).
 fn compact_event(
     item: Result<watcher::Event<DynamicObject>, watcher::Error>,
+    changes: Changes,
 ) -> Option<Result<watcher::Event<Compact>, watcher::Error>> {
-    let compact = |o: DynamicObject| match Compact::new(&o) {
+    let compact = |o: DynamicObject| match Compact::new(&o, changes) {
         Ok(c) => Some(c),
         Err(e) => {
             tracing::warn!(object = %ObjectKey::of(&o), error = %e, "cannot cache a primary: it does not serialize");
@@ -408,13 +416,18 @@ mod tests {
     }
 
     fn widget_at(name: &str, rv: &str, status: serde_json::Value) -> Compact {
+        widget_for(Changes::OutsideStatus, name, rv, status)
+    }
+
+    /// Widget `name` at `rv` with `status`, fingerprinted for `changes`.
+    fn widget_for(changes: Changes, name: &str, rv: &str, status: serde_json::Value) -> Compact {
         let mut o = DynamicObject::new(name, &widgets())
             .within("ns0-shard")
             .data(serde_json::json!({"spec": {"size": 1}, "status": status}));
         o.metadata.uid = Some(format!("uid-{name}"));
         o.metadata.resource_version = Some(rv.into());
         o.metadata.generation = Some(1);
-        Compact::new(&o).unwrap_or_else(|e| panic!("compact: {e}"))
+        Compact::new(&o, changes).unwrap_or_else(|e| panic!("compact: {e}"))
     }
 
     /// The primaries `events` pass on to the controller, in name order, each with whether the
@@ -482,6 +495,31 @@ mod tests {
         assert_eq!(
             passed_on(events),
             [("w-0".to_string(), true), ("w-1".to_string(), true)]
+        );
+    }
+
+    /// A Metacontroller hook's parent (`syncOnStatus`): the host's own status write is passed
+    /// on (the hook may act on the status it wrote), and so is anyone's status change; a write
+    /// after which the status is as it was (a new resourceVersion only) is not, so the sync
+    /// that follows the host's write, answering the same status, ends the chain.
+    #[test]
+    fn with_status_changes_the_hosts_status_write_is_passed_on_once() {
+        let at = |rv: &str, status: serde_json::Value| {
+            widget_for(Changes::WithStatus, "w-0", rv, status)
+        };
+        let events = vec![
+            Event::Init,
+            Event::InitDone,
+            Event::Apply(at("1", serde_json::json!({}))),
+            // The host writes the hook's status.
+            Event::Apply(at("2", serde_json::json!({"ready": true}))),
+            // The same status again, a new resourceVersion.
+            Event::Apply(at("3", serde_json::json!({"ready": true}))),
+        ];
+        assert_eq!(
+            passed_on(events),
+            [("w-0".to_string(), true), ("w-0".to_string(), true)],
+            "the first sight and the status write call for a reconcile, nothing else"
         );
     }
 }

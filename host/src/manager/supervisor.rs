@@ -31,8 +31,9 @@ use super::status::{SetupError, Subject};
 use super::swap::{self, Candidate, Kept, Serving, SwapState};
 use super::{DecisionsRx, HostContext, UpdatesRx, access, conflict, rekey, release};
 use crate::contract::Gvk;
+use crate::controller::predicate::Changes;
 use crate::controller::{self, Clients, Health, Running, Settings};
-use crate::crd::{MAX_RESYNC, WasmReconciler, parse_bounded_duration};
+use crate::crd::{MAX_RESYNC, WasmReconciler, WasmReconcilerSpec, parse_bounded_duration};
 use crate::discovery::Resolved;
 use crate::modules::slot::{Active, ModuleSlot};
 use crate::operations::{metrics, readiness};
@@ -331,6 +332,7 @@ impl Supervisor {
             concurrency: spec.limits.concurrency.max(1),
             reconcile_limit: ctx.reconcile_limit.clone(),
             resync: resync.max(Duration::from_secs(1)),
+            primary_changes: primary_changes(spec),
             status_debounce: ctx.status_debounce,
             config: spec.config.clone().unwrap_or_else(|| json!({})).to_string(),
             service_account: spec.service_account.username(),
@@ -671,6 +673,15 @@ async fn unless_stopped<T>(
     }
 }
 
+/// Which changes of a primary call for a reconcile: for a Metacontroller hook that is synced on
+/// status changes (`spec.hook.syncOnStatus`), its status's too; otherwise changes outside it.
+fn primary_changes(spec: &WasmReconcilerSpec) -> Changes {
+    match &spec.hook {
+        Some(hook) if hook.sync_on_status => Changes::WithStatus,
+        _ => Changes::OutsideStatus,
+    }
+}
+
 fn not_served(e: crate::discovery::DiscoveryError) -> SetupError {
     SetupError {
         reason: reasons::KIND_NOT_SERVED,
@@ -733,6 +744,27 @@ mod tests {
             Ok(w) => w,
             Err(e) => panic!("test WasmReconciler: {e}"),
         }
+    }
+
+    /// A Metacontroller hook synced on status changes has its primaries' status changes call
+    /// for a reconcile; every other WasmReconciler (a hook's without `syncOnStatus`, a module's)
+    /// only changes outside the status.
+    #[test]
+    fn only_a_hook_synced_on_status_reconciles_on_status_changes() {
+        let mut spec = wr().spec;
+        assert_eq!(primary_changes(&spec), Changes::OutsideStatus);
+        let hook = |sync_on_status: bool| -> crate::crd::HookSpec {
+            match serde_json::from_value(json!({
+                "controller": {}, "sync": "/sync", "syncOnStatus": sync_on_status
+            })) {
+                Ok(h) => h,
+                Err(e) => panic!("hook spec: {e}"),
+            }
+        };
+        spec.hook = Some(hook(true));
+        assert_eq!(primary_changes(&spec), Changes::WithStatus);
+        spec.hook = Some(hook(false));
+        assert_eq!(primary_changes(&spec), Changes::OutsideStatus);
     }
 
     /// Item 1 of the reliability issue: a set-up waiting on a server that trickles bytes (here the API server; a registry is the same wait) must not hold `stop` back, as
