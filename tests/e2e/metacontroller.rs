@@ -650,3 +650,171 @@ async fn configmappropagation_copies_into_the_selected_parents_namespaces_with_i
     );
     Ok(())
 }
+
+fn daemonjob_api(env: &TestEnv) -> Api<DynamicObject> {
+    let resource = ApiResource {
+        group: "ctl.example.com".into(),
+        version: "v1".into(),
+        api_version: "ctl.example.com/v1".into(),
+        kind: "DaemonJob".into(),
+        plural: "daemonjobs".into(),
+    };
+    Api::namespaced_with(env.client.clone(), &env.namespace, &resource)
+}
+
+/// The calls of `reconciler`'s hook module (its `reconcile`, in this process's metrics).
+fn hook_calls(reconciler: &str) -> anyhow::Result<f64> {
+    let text = wasmop::operations::metrics::encode()?;
+    let labels = format!("reconciler=\"{reconciler}\"");
+    Ok(text
+        .lines()
+        .filter(|l| l.starts_with("wasmop_module_call_duration_seconds_count{"))
+        .filter(|l| l.contains(&labels) && l.contains("function=\"reconcile\""))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum())
+}
+
+/// Metacontroller's examples/daemonjob/test.sh (steps.md): a DaemonJob runs its Pod once on
+/// every node through a DaemonSet, is marked Complete, and its DaemonSet is deleted; the hook is
+/// the `http.server` handler of examples/metacontroller/daemonjob, unchanged. The deletion needs
+/// a sync after the host's own status write (the hook deletes the DaemonSet only once the
+/// DaemonJob's stored status says complete): the status change of the parent triggers it, as
+/// under Metacontroller. Then the host is quiet: the sync after its status write answered the
+/// same status, which is not written again.
+#[tokio::test]
+async fn daemonjob_runs_once_on_every_node_then_deletes_its_daemonset_with_its_python_hook()
+-> anyhow::Result<()> {
+    use k8s_openapi::api::apps::v1::DaemonSet;
+    use k8s_openapi::api::core::v1::Pod;
+    use kube::runtime::{WatchStreamExt, watcher};
+
+    let env = TestEnv::get("mc-daemonjob").await?;
+    let _served = serve(&env, "daemonjob", Lang::Python, true).await?;
+    let jobs = daemonjob_api(&env);
+    let daemonsets: Api<DaemonSet> = env.api();
+    // kwok completes the job at once: the DaemonSet may come and go between two polls, so
+    // what it was is watched from before it exists.
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::<DaemonSet>::new()));
+    let watching = tokio::spawn({
+        let (daemonsets, seen) = (daemonsets.clone(), seen.clone());
+        async move {
+            let mut applied =
+                std::pin::pin!(watcher(daemonsets, watcher::Config::default()).applied_objects());
+            while let Some(ds) = futures::StreamExt::next(&mut applied).await {
+                if let (Ok(ds), Ok(mut seen)) = (ds, seen.lock()) {
+                    seen.push(ds);
+                }
+            }
+        }
+    });
+
+    // 1. `kubectl apply -f my-daemonjob.yaml`
+    let example = docs("daemonjob", "example.yaml")?.remove(0);
+    let created = jobs
+        .create(&PostParams::default(), &serde_json::from_value(example)?)
+        .await?;
+    // 2. "Wait for successful completion": `{.status.conditions[0].status}` == "True".
+    let done = eventually("DaemonJob hello-world Complete", WAIT, || async {
+        let dj = jobs.get("hello-world").await?;
+        Ok((dj.data["status"]["conditions"][0]["status"] == "True").then_some(dj))
+    })
+    .await?;
+    let status = &done.data["status"];
+    assert_eq!(status["conditions"][0]["type"], "Complete", "{status}");
+    // Not in upstream: one Pod on each of the two kwok nodes, all Ready (0 scheduled is not
+    // "all Ready").
+    assert_eq!(status["desiredNumberScheduled"], 2, "{status}");
+    assert_eq!(status["numberReady"], 2, "{status}");
+    // 3. "Check that DaemonSet gets cleaned up after finishing": `kubectl get daemonset
+    //    hello-world-dj` says NotFound.
+    eventually("DaemonSet hello-world-dj gone", WAIT, || async {
+        Ok(daemonsets
+            .get_opt("hello-world-dj")
+            .await?
+            .is_none()
+            .then_some(()))
+    })
+    .await?;
+
+    // Not in upstream: the DaemonSet the hook made, owned by the DaemonJob, with the job's
+    // container as an init container and the pause container.
+    watching.abort();
+    let first = seen
+        .lock()
+        .map_err(|e| anyhow::anyhow!("{e}"))?
+        .iter()
+        .find(|d| d.metadata.name.as_deref() == Some("hello-world-dj"))
+        .cloned()
+        .ok_or_else(|| anyhow::anyhow!("the DaemonSet hello-world-dj was never seen"))?;
+    let owner = first
+        .metadata
+        .owner_references
+        .unwrap_or_default()
+        .into_iter()
+        .find(|o| o.controller == Some(true))
+        .map(|o| (o.kind, o.name, o.uid));
+    assert_eq!(
+        owner,
+        Some((
+            "DaemonJob".to_string(),
+            "hello-world".to_string(),
+            created.metadata.uid.clone().unwrap_or_default()
+        ))
+    );
+    let pod_spec = first
+        .spec
+        .template
+        .spec
+        .ok_or_else(|| anyhow::anyhow!("the DaemonSet has no Pod template"))?;
+    let names = |cs: Option<Vec<k8s_openapi::api::core::v1::Container>>| -> Vec<String> {
+        cs.unwrap_or_default().into_iter().map(|c| c.name).collect()
+    };
+    assert_eq!(names(pod_spec.init_containers), ["hello-world"]);
+    assert_eq!(names(Some(pod_spec.containers)), ["pause"]);
+
+    // Not in upstream: the DaemonJob stays Complete, and the DaemonSet's Pods go with it.
+    let pods: Api<Pod> = env.api();
+    eventually("the Pods of hello-world gone", WAIT, || async {
+        let params = kube::api::ListParams::default().labels("app=hello-world");
+        Ok(pods.list(&params).await?.items.is_empty().then_some(()))
+    })
+    .await?;
+
+    // The loop guard: once the hook has seen its own status and the DaemonSet is gone, nothing
+    // calls it again (the sync after a status write answers the same status, which is not
+    // written, so no status change follows). A first quiet window lets the events of the
+    // DaemonSet's deletion be served; then neither the hook nor the DaemonJob moves.
+    let reconciler =
+        wasmop::metacontroller::spec::reconciler_name(&format!("{}-daemonjob", env.namespace));
+    let quiet = Duration::from_secs(5);
+    eventually("the hook quiet for 5 s", WAIT, || async {
+        let before = hook_calls(&reconciler)?;
+        tokio::time::sleep(quiet).await;
+        Ok((hook_calls(&reconciler)? == before).then_some(()))
+    })
+    .await?;
+    let (calls, dj) = (hook_calls(&reconciler)?, jobs.get("hello-world").await?);
+    assert!(calls >= 2.0, "{calls} calls of the hook");
+    tokio::time::sleep(quiet * 2).await;
+    let later = jobs.get("hello-world").await?;
+    assert_eq!(
+        hook_calls(&reconciler)?,
+        calls,
+        "the hook is not called again"
+    );
+    assert_eq!(
+        later.metadata.resource_version, dj.metadata.resource_version,
+        "the DaemonJob is not written again: {}",
+        later.data["status"]
+    );
+    let conditions = later.data["status"]["conditions"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let kept: Vec<(Value, Value)> = conditions
+        .iter()
+        .map(|c| (c["type"].clone(), c["status"].clone()))
+        .collect();
+    assert_eq!(kept, [(json!("Complete"), json!("True"))], "{conditions:?}");
+    Ok(())
+}
