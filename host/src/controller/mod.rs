@@ -65,7 +65,8 @@
 //! they are.
 //! A converged reconciler writes
 //! nothing: unchanged applies and status writes are skipped ([`noop`]), the host's own status
-//! writes do not trigger reconciles ([`predicate`]), and resyncs are spread out ([`resync`]).
+//! writes do not trigger reconciles (a Metacontroller hook's trigger one, which writes nothing:
+//! [`predicate`]), and resyncs are spread out ([`resync`]).
 //! Timed requeues of thousands of slow primaries cannot starve primaries that were just created
 //! or changed: the [`priority`] gate parks timed work while every permit is taken (a key each)
 //! and lets reactive work run first; kube-runtime's runner holds at most
