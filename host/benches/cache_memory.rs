@@ -23,6 +23,7 @@ use kube::runtime::watcher::Event;
 use serde_json::{Value, json};
 use wasmop::controller::cache::{self, Cache, Index};
 use wasmop::controller::compact::Compact;
+use wasmop::controller::predicate::Changes;
 
 /// RssAnon in KiB.
 fn rss_anon_kib() -> f64 {
@@ -215,7 +216,7 @@ fn fill(
             let e = e?;
             index.record(&e);
             let c = match e {
-                Event::InitApply(o) => Event::InitApply(Compact::new(&o)?),
+                Event::InitApply(o) => Event::InitApply(Compact::new(&o, Changes::OutsideStatus)?),
                 Event::Init => Event::Init,
                 _ => Event::InitDone,
             };
