@@ -14,18 +14,20 @@ use crate::engine::{
 use crate::text::short_hex;
 
 use super::answer::{self, Answer};
-use super::document::{Observed, customize_document, related_map, sync_document};
+use super::document::{Observed, Parents, customize_document, related_map, sync_document};
 
 /// Serves a controller's sync and finalize hooks from one hook module.
 #[derive(Debug, Clone)]
 pub struct Adapter {
     spec: HookSpec,
+    parents: Parents,
 }
 
 impl Adapter {
     /// An adapter for `spec`.
     pub fn new(spec: HookSpec) -> Self {
-        Adapter { spec }
+        let parents = Parents::of(&spec);
+        Adapter { spec, parents }
     }
 
     /// Runs the customize hook (if any) and the sync (or finalize) hook on `request`: the
@@ -42,7 +44,7 @@ impl Adapter {
             Ok(o) => o,
             Err(detail) => return failed(CallError::Sandbox { detail }),
         };
-        if !observed.selected(&self.spec) {
+        if !observed.selected(&self.parents) {
             return Outcome {
                 result: Ok(None),
                 stats: CallStats::default(),

@@ -62,13 +62,12 @@ impl Observed {
         })
     }
 
-    /// Whether the parent's labels match `spec`'s parent selector (none: every parent).
-    pub fn selected(&self, spec: &HookSpec) -> bool {
-        let Some(selector) = &spec.parent_selector else {
-            return true;
-        };
-        let Ok(selector) = serde_json::from_value::<Selector>(selector.clone()) else {
-            return false;
+    /// Whether `parents` selects the parent.
+    pub fn selected(&self, parents: &Parents) -> bool {
+        let selector = match parents {
+            Parents::All => return true,
+            Parents::Nothing => return false,
+            Parents::Matching(selector) => selector,
         };
         let labels: BTreeMap<String, String> = self
             .parent
@@ -83,6 +82,29 @@ impl Observed {
         self.parent
             .pointer("/metadata/namespace")
             .and_then(Value::as_str)
+    }
+}
+
+/// Which parents a controller syncs (`parentResource.labelSelector`), parsed once per adapter.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Parents {
+    /// No selector: every parent.
+    All,
+    /// Those whose labels match.
+    Matching(Selector),
+    /// A selector that is not one (the controller is refused before it gets here).
+    Nothing,
+}
+
+impl Parents {
+    /// The parents `spec` selects.
+    pub fn of(spec: &HookSpec) -> Self {
+        match &spec.parent_selector {
+            None => Parents::All,
+            Some(v) => {
+                serde_json::from_value(v.clone()).map_or(Parents::Nothing, Parents::Matching)
+            }
+        }
     }
 }
 
@@ -347,7 +369,8 @@ mod related_tests {
 
     #[test]
     fn only_parents_matching_the_label_selector_are_selected() {
-        assert!(observed("v1").selected(&spec()));
-        assert!(!observed("v2").selected(&spec()));
+        let parents = Parents::of(&spec());
+        assert!(observed("v1").selected(&parents));
+        assert!(!observed("v2").selected(&parents));
     }
 }
