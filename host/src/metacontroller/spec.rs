@@ -46,6 +46,9 @@ fn refuse(field: &'static str, message: impl Into<String>) -> Refusal {
     }
 }
 
+/// The longest object name Kubernetes allows.
+const MAX_NAME: usize = 253;
+
 /// The name of the WasmReconciler serving CompositeController `name`.
 pub fn reconciler_name(name: &str) -> String {
     format!("compositecontroller-{name}")
@@ -53,6 +56,16 @@ pub fn reconciler_name(name: &str) -> String {
 
 /// The first feature of `cc` that wasmop does not serve, if any.
 pub fn refusal(cc: &CompositeController) -> Option<Refusal> {
+    let name = cc.metadata.name.as_deref().unwrap_or_default();
+    if reconciler_name(name).len() > MAX_NAME {
+        return Some(refuse(
+            "metadata.name",
+            format!(
+                "its WasmReconciler's name, {:?}, would be over the {MAX_NAME} characters Kubernetes allows: shorten the controller's name",
+                reconciler_name(name)
+            ),
+        ));
+    }
     let spec = &cc.spec;
     let hooks = spec.hooks.clone().unwrap_or_default();
     let related = spec.wasmop.as_ref().is_some_and(|w| !w.related.is_empty());
@@ -353,6 +366,9 @@ mod tests {
 
     #[test]
     fn what_wasmop_does_not_serve_is_refused_naming_the_field() {
+        let mut cc = catset();
+        cc.metadata.name = Some("c".repeat(240));
+        assert_eq!(refusal(&cc).map(|r| r.field), Some("metadata.name"));
         let mut cc = catset();
         if let Some(h) = cc.spec.hooks.as_mut() {
             h.customize = Some(Hook::default());
