@@ -51,6 +51,19 @@ pub trait HookAdapter: Send + Sync + 'static {
         limits: &Limits,
     ) -> Outcome<ReconcileResponse>;
 
+    /// Whether the controller serves a primary with these `labels` and `annotations` (its
+    /// parents' selectors). The host puts its finalizer only on the primaries selected, and
+    /// finalizes one that holds it and is selected no more, as if it were deleted, then takes
+    /// the finalizer off (Metacontroller's opt-out). Default: every primary.
+    fn selects(
+        &self,
+        labels: &std::collections::BTreeMap<String, String>,
+        annotations: &std::collections::BTreeMap<String, String>,
+    ) -> bool {
+        let _ = (labels, annotations);
+        true
+    }
+
     /// Serves `finalize`.
     fn finalize(
         &self,

@@ -1131,6 +1131,19 @@ impl Module {
         )
     }
 
+    /// Whether the module serves a primary with these `labels` and `annotations`: a hook
+    /// module's controller may select its parents (see [`HookAdapter::selects`]); every other
+    /// module serves every primary.
+    pub fn selects(
+        &self,
+        labels: &std::collections::BTreeMap<String, String>,
+        annotations: &std::collections::BTreeMap<String, String>,
+    ) -> bool {
+        self.adapter
+            .as_ref()
+            .is_none_or(|a| a.selects(labels, annotations))
+    }
+
     /// This hook module, serving `reconcile` and `finalize` through `adapter`, described by
     /// `metadata` (which comes from the controller that names the hook).
     ///

@@ -33,21 +33,33 @@ pub enum Before {
     Set(bool),
     /// Call the module (`finalize` when the primary is being deleted).
     Call,
+    /// Not being deleted, but no longer selected by the module while it holds the finalizer:
+    /// call `finalize`, and take the finalizer off once it is done (a Metacontroller
+    /// decorator's opt-out).
+    OptOut,
 }
 
 /// The finalizer step for a primary holding `finalizers`, being deleted or not, of a module
-/// that `finalizes` or not.
+/// that `finalizes` or not, and that `selected` the primary or not ([`Module::selects`]:
+/// only a selected primary gets the finalizer).
+///
+/// [`Module::selects`]: crate::engine::Module::selects
 pub fn before_call(
     reconciler: &str,
     finalizers: &[String],
     deleting: bool,
     finalizes: bool,
+    selected: bool,
 ) -> Before {
     let has_own = finalizers.contains(&finalizer_for(reconciler));
     let has_finalizer = finalizers.iter().any(|f| is_finalizer_of(f, reconciler));
     if deleting && !has_finalizer {
         return Before::LetGo;
     }
+    if !deleting && !selected && finalizes && has_finalizer {
+        return Before::OptOut;
+    }
+    let finalizes = finalizes && (selected || deleting);
     // `has_own != has_finalizer`: only the legacy finalizer is there; migrate it.
     if !deleting && (finalizes != has_own || has_own != has_finalizer) {
         return Before::Set(finalizes);
@@ -132,34 +144,63 @@ mod tests {
 
     #[test]
     fn a_deleted_primary_without_the_finalizer_is_let_go() {
-        assert_eq!(before_call("r", &[], true, true), Before::LetGo);
+        assert_eq!(before_call("r", &[], true, true, true), Before::LetGo);
         assert_eq!(
-            before_call("r", &["other.dev/x".into()], true, false),
+            before_call("r", &["other.dev/x".into()], true, false, true),
             Before::LetGo
         );
     }
 
     #[test]
     fn the_finalizer_follows_whether_the_module_finalizes() {
-        assert_eq!(before_call("r", &[], false, true), Before::Set(true));
-        assert_eq!(before_call("r", &own(), false, false), Before::Set(false));
-        assert_eq!(before_call("r", &own(), false, true), Before::Call);
-        assert_eq!(before_call("r", &[], false, false), Before::Call);
+        assert_eq!(before_call("r", &[], false, true, true), Before::Set(true));
+        assert_eq!(
+            before_call("r", &own(), false, false, true),
+            Before::Set(false)
+        );
+        assert_eq!(before_call("r", &own(), false, true, true), Before::Call);
+        assert_eq!(before_call("r", &[], false, false, true), Before::Call);
     }
 
     #[test]
     fn the_legacy_finalizer_is_replaced_or_honoured() {
         let legacy = vec![crate::crd::FINALIZER.to_string()];
-        assert_eq!(before_call("r", &legacy, false, true), Before::Set(true));
-        assert_eq!(before_call("r", &legacy, false, false), Before::Set(false));
-        assert_eq!(before_call("r", &legacy, true, true), Before::Call);
-        assert_eq!(before_call("r", &legacy, true, false), Before::Release);
+        assert_eq!(
+            before_call("r", &legacy, false, true, true),
+            Before::Set(true)
+        );
+        assert_eq!(
+            before_call("r", &legacy, false, false, true),
+            Before::Set(false)
+        );
+        assert_eq!(before_call("r", &legacy, true, true, true), Before::Call);
+        assert_eq!(
+            before_call("r", &legacy, true, false, true),
+            Before::Release
+        );
     }
 
     #[test]
     fn a_deleted_primary_is_finalized_or_released() {
-        assert_eq!(before_call("r", &own(), true, true), Before::Call);
-        assert_eq!(before_call("r", &own(), true, false), Before::Release);
+        assert_eq!(before_call("r", &own(), true, true, true), Before::Call);
+        // Selected or not, a primary being deleted that holds the finalizer is finalized.
+        assert_eq!(before_call("r", &own(), true, true, false), Before::Call);
+        assert_eq!(before_call("r", &own(), true, false, true), Before::Release);
+    }
+
+    #[test]
+    fn only_selected_primaries_get_the_finalizer_and_one_that_opts_out_is_finalized() {
+        // Not selected, without the finalizer: called (the module leaves it alone), no finalizer.
+        assert_eq!(before_call("r", &[], false, true, false), Before::Call);
+        // Selected: the finalizer is added.
+        assert_eq!(before_call("r", &[], false, true, true), Before::Set(true));
+        // Selected no more while holding it: finalize, then the finalizer goes.
+        assert_eq!(before_call("r", &own(), false, true, false), Before::OptOut);
+        // A module that does not finalize takes its finalizer off, selected or not.
+        assert_eq!(
+            before_call("r", &own(), false, false, false),
+            Before::Set(false)
+        );
     }
 
     #[test]

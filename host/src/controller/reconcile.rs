@@ -725,20 +725,21 @@ async fn write_failures(
     Ok(())
 }
 
-/// The finalizer step before the call: the primary to call the module with, or None when
-/// the reconcile is over (the primary let go).
+/// The finalizer step before the call: the primary to call the module with and whether to
+/// call `finalize`, or None when the reconcile is over (the primary let go).
 async fn finalizer_first(
     shared: &Shared,
     primary: &DynamicObject,
     key: &ObjectKey,
-    finalizes: bool,
-) -> Result<Option<DynamicObject>, ReconcileError> {
+    module: &crate::engine::Module,
+) -> Result<Option<(DynamicObject, Export)>, ReconcileError> {
     let deleting = primary.metadata.deletion_timestamp.is_some();
     match finalizer::before_call(
         &shared.settings.name,
         primary.finalizers(),
         deleting,
-        finalizes,
+        module.metadata().finalizes,
+        module.selects(primary.labels(), primary.annotations()),
     ) {
         Before::LetGo => {
             shared.forget(key);
@@ -749,10 +750,12 @@ async fn finalizer_first(
             shared.forget(key);
             Ok(None)
         }
-        Before::Set(present) => Ok(Some(
+        Before::Set(present) => Ok(Some((
             finalizer::set(&shared.settings, &shared.impersonated, primary, present).await?,
-        )),
-        Before::Call => Ok(Some(primary.clone())),
+            Export::of(deleting),
+        ))),
+        Before::Call => Ok(Some((primary.clone(), Export::of(deleting)))),
+        Before::OptOut => Ok(Some((primary.clone(), Export::Finalize))),
     }
 }
 
@@ -766,11 +769,10 @@ async fn run_once(
     attempt: u32,
 ) -> Result<Action, ReconcileError> {
     let key = ObjectKey::of(&**primary);
-    let finalizes = active.module.metadata().finalizes;
-    let Some(current) = finalizer_first(shared, primary, &key, finalizes).await? else {
+    let Some((current, export)) = finalizer_first(shared, primary, &key, &active.module).await?
+    else {
         return Ok(Action::await_change());
     };
-    let export = Export::of(primary.metadata.deletion_timestamp.is_some());
     let (request, observed) = request(shared, active, &current, &key, (trigger, attempt))?;
     if export == Export::Reconcile
         && let Some(wait) = shared.states.awaiting(&key, &observed, Instant::now())
