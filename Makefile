@@ -95,8 +95,8 @@ crds: prereqs-rust
 	$(CARGO) run -p wasmop --bin wasmop -- crdgen > deploy/crds/wasmreconciler.yaml.new
 	cp deploy/crds/wasmreconciler.yaml.new deploy/helm/wasmop/crds/wasmreconciler.yaml
 	mv deploy/crds/wasmreconciler.yaml.new deploy/crds/wasmreconciler.yaml
-	$(CARGO) run -p wasmop --bin wasmop -- crdgen --metacontroller > deploy/components/metacontroller/compositecontroller.yaml.new
-	mv deploy/components/metacontroller/compositecontroller.yaml.new deploy/components/metacontroller/compositecontroller.yaml
+	$(CARGO) run -p wasmop --bin wasmop -- crdgen --metacontroller > deploy/components/metacontroller/crds.yaml.new
+	mv deploy/components/metacontroller/crds.yaml.new deploy/components/metacontroller/crds.yaml
 
 ## Write deploy/monitoring/prometheusrule.yaml and the chart's copies of the alerts and the
 ## dashboard from deploy/monitoring/alerts.yaml and dashboard.json (tests check they are current).

@@ -176,6 +176,25 @@ pub struct HookSpec {
     /// it wrote. Otherwise, as for every WasmReconciler, only changes outside the status do.
     #[serde(default)]
     pub sync_on_status: bool,
+    /// Set for a DecoratorController: its hooks see the parent as `object` and the children as
+    /// `attachments`, and may set the parent's labels and annotations. None: a
+    /// CompositeController.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decorator: Option<DecoratorHook>,
+}
+
+/// What a DecoratorController's hooks add to a [`HookSpec`].
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DecoratorHook {
+    /// The DecoratorController's name: its attachments carry it in the annotation
+    /// `metacontroller.k8s.io/decorator-controller`, and only those are its own.
+    pub name: String,
+    /// Only parents whose annotations match are synced (`resources[].annotationSelector`:
+    /// `matchAnnotations` and `matchExpressions`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "preserve_unknown")]
+    pub annotation_selector: Option<serde_json::Value>,
 }
 
 /// A resource, with the kind that serves it.

@@ -4,11 +4,11 @@
 fn the_checked_in_compositecontroller_crd_matches_the_rust_types() {
     let generated = wasmop::metacontroller::crds_yaml();
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../deploy/components/metacontroller/compositecontroller.yaml");
+        .join("../deploy/components/metacontroller/crds.yaml");
     let checked_in = std::fs::read_to_string(&path).unwrap_or_default();
     assert!(
         checked_in == generated,
-        "deploy/components/metacontroller/compositecontroller.yaml has drifted from host/src/metacontroller/api.rs; regenerate it: make crds"
+        "deploy/components/metacontroller/crds.yaml has drifted from host/src/metacontroller/api.rs; regenerate it: make crds"
     );
 }
 

@@ -11,11 +11,11 @@
 use std::time::Duration;
 
 use crate::support::*;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::Client;
 use kube::api::{Api, DynamicObject, Patch, PostParams};
 use kube::discovery::ApiResource;
 use serde_json::{Value, json};
-use wasmop::metacontroller::api::CompositeController;
 use wasmop_testenv::{Registry, TestEnv, eventually};
 
 /// Loading a never-seen 12-20 MB hook component (pull, check, compile) on a loaded machine
@@ -34,11 +34,16 @@ fn docs(name: &str, file: &str) -> anyhow::Result<Vec<Value>> {
     yaml_docs(&repo().join("examples/metacontroller").join(name).join(file))
 }
 
+/// Examples whose upstream hooks are not Python or JavaScript (service-per-pod's are jsonnet):
+/// ours run in every mode.
+const OURS_ONLY: [&str; 1] = ["service-per-pod"];
+
 /// The hook file of example `name`: ours (`examples/metacontroller/<name>/<ours>`), or, with
 /// `WASMOP_METACONTROLLER_EXAMPLES` set to a checkout's `examples/` directory, Metacontroller's
 /// own (`<dir>/<name>/manifest/<upstream>`), so its hooks run unchanged against these steps.
 fn hook_file(name: &str, ours: &str, upstream: &str) -> std::path::PathBuf {
-    match std::env::var_os("WASMOP_METACONTROLLER_EXAMPLES") {
+    match std::env::var_os("WASMOP_METACONTROLLER_EXAMPLES").filter(|_| !OURS_ONLY.contains(&name))
+    {
         Some(dir) => std::path::Path::new(&dir)
             .join(name)
             .join("manifest")
@@ -51,7 +56,9 @@ fn hook_file(name: &str, ours: &str, upstream: &str) -> std::path::PathBuf {
 async fn hook_module(name: &str, lang: Lang) -> anyhow::Result<Vec<u8>> {
     let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("metacontroller");
     std::fs::create_dir_all(&dir)?;
-    let tag = if std::env::var_os("WASMOP_METACONTROLLER_EXAMPLES").is_some() {
+    let tag = if std::env::var_os("WASMOP_METACONTROLLER_EXAMPLES").is_some()
+        && !OURS_ONLY.contains(&name)
+    {
         "upstream"
     } else {
         "ours"
@@ -84,30 +91,61 @@ async fn hook_module(name: &str, lang: Lang) -> anyhow::Result<Vec<u8>> {
     Ok(std::fs::read(out)?)
 }
 
-/// Installs the CompositeController CRD (wasmop's) and the example's parent CRD.
+/// Installs the Composite- and DecoratorController CRDs (wasmop's) and the example's parent CRD,
+/// if it has one.
 async fn install(env: &TestEnv, name: &str) -> anyhow::Result<()> {
     install_crds(&env.client).await?;
     apply_crds(
         &env.client,
-        yaml_docs(&repo().join("deploy/components/metacontroller/compositecontroller.yaml"))?,
+        yaml_docs(&repo().join("deploy/components/metacontroller/crds.yaml"))?,
     )
     .await?;
-    apply_crds(&env.client, docs(name, "crd.yaml")?).await
+    let crd = repo()
+        .join("examples/metacontroller")
+        .join(name)
+        .join("crd.yaml");
+    if !crd.exists() {
+        return Ok(());
+    }
+    apply_crds(&env.client, yaml_docs(&crd)?).await
+}
+
+/// Metacontroller's controller kinds.
+const CONTROLLER_KINDS: [&str; 2] = ["CompositeController", "DecoratorController"];
+
+/// The API of Metacontroller controllers of `kind`.
+fn controllers(client: &Client, kind: &str) -> Api<DynamicObject> {
+    let resource = ApiResource {
+        group: "metacontroller.k8s.io".into(),
+        version: "v1alpha1".into(),
+        api_version: "metacontroller.k8s.io/v1alpha1".into(),
+        kind: kind.into(),
+        plural: format!("{}s", kind.to_lowercase()),
+    };
+    Api::all_with(client.clone(), &resource)
+}
+
+/// The WasmReconciler serving controller `name` of `kind`.
+fn reconciler_of(kind: &str, name: &str) -> String {
+    match kind {
+        "DecoratorController" => wasmop::metacontroller::decorator::reconciler_name(name),
+        _ => wasmop::metacontroller::spec::reconciler_name(name),
+    }
 }
 
 /// Applies the example's controller.yaml for this test: the hook's ServiceAccount in the test's
 /// namespace, its cluster roles suffixed with the namespace, the host's own grants left out (the
-/// test's host is the cluster's admin), and the CompositeController named `<ns>-<name>`,
-/// labelled for the test's host, serving `module` (for the test's namespace when the parent is
-/// `namespaced`). Returns the controller's name.
+/// test's host is the cluster's admin), and each Composite- or DecoratorController named
+/// `<ns>-<its name>`, labelled for the test's host, serving `module` (for the test's namespace
+/// when the parent is `namespaced`). Returns the controllers' kinds and names.
 async fn register(
     env: &TestEnv,
     name: &str,
     module: Value,
     namespaced: bool,
-) -> anyhow::Result<String> {
+) -> anyhow::Result<Vec<(String, String)>> {
     let ns = env.namespace.as_str();
-    let mut controller = None;
+    let mut found = Vec::new();
     for mut doc in docs(name, "controller.yaml")? {
         let kind = doc["kind"].as_str().unwrap_or_default().to_string();
         let object = doc["metadata"]["name"]
@@ -117,8 +155,8 @@ async fn register(
         if object.starts_with("wasmop-host-") {
             continue;
         }
-        if kind == "CompositeController" {
-            controller = Some(doc);
+        if CONTROLLER_KINDS.contains(&kind.as_str()) {
+            found.push(doc);
             continue;
         }
         if kind.starts_with("Cluster") {
@@ -135,19 +173,29 @@ async fn register(
         }
         apply_dynamic(&env.client, doc).await?;
     }
-    let mut cc = controller
-        .ok_or_else(|| anyhow::anyhow!("{name}/controller.yaml has no CompositeController"))?;
-    let cc_name = format!("{ns}-{name}");
-    cc["metadata"] = json!({"name": cc_name, "labels": {"wasmop.dev/test": ns}});
-    cc["spec"]["wasmop"]["module"] = module;
-    cc["spec"]["wasmop"]["serviceAccount"]["namespace"] = json!(ns);
-    if namespaced {
-        cc["spec"]["wasmop"]["namespaces"] = json!([ns]);
+    anyhow::ensure!(
+        !found.is_empty(),
+        "{name}/controller.yaml has no Composite- or DecoratorController"
+    );
+    let mut registered = Vec::new();
+    for mut cc in found {
+        let kind = cc["kind"].as_str().unwrap_or_default().to_string();
+        let cc_name = format!(
+            "{ns}-{}",
+            cc["metadata"]["name"].as_str().unwrap_or_default()
+        );
+        cc["metadata"] = json!({"name": cc_name, "labels": {"wasmop.dev/test": ns}});
+        cc["spec"]["wasmop"]["module"] = module.clone();
+        cc["spec"]["wasmop"]["serviceAccount"]["namespace"] = json!(ns);
+        if namespaced {
+            cc["spec"]["wasmop"]["namespaces"] = json!([ns]);
+        }
+        controllers(&env.client, &kind)
+            .patch(&cc_name, &apply_params(), &Patch::Apply(&cc))
+            .await?;
+        registered.push((kind, cc_name));
     }
-    let api: Api<CompositeController> = Api::all(env.client.clone());
-    api.patch(&cc_name, &apply_params(), &Patch::Apply(&cc))
-        .await?;
-    Ok(cc_name)
+    Ok(registered)
 }
 
 /// Server-side applies one object of any kind.
@@ -172,18 +220,19 @@ async fn apply_dynamic(client: &Client, doc: Value) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The controller's `Ready` condition: (status, reason, message).
+/// The `Ready` condition of controller `name` of `kind`: (status, reason, message).
 async fn controller_ready(
     client: &Client,
+    kind: &str,
     name: &str,
 ) -> anyhow::Result<Option<(String, String, String)>> {
-    let api: Api<CompositeController> = Api::all(client.clone());
-    Ok(api.get(name).await?.status.and_then(|s| {
-        s.conditions
-            .into_iter()
-            .find(|c| c.type_ == "Ready")
-            .map(|c| (c.status, c.reason, c.message))
-    }))
+    let status = controllers(client, kind).get(name).await?.data["status"].take();
+    let conditions: Vec<Condition> =
+        serde_json::from_value(status["conditions"].clone()).unwrap_or_default();
+    Ok(conditions
+        .into_iter()
+        .find(|c| c.type_ == "Ready")
+        .map(|c| (c.status, c.reason, c.message)))
 }
 
 /// Builds, pushes and registers example `name`, starts a host for it and waits until the
@@ -202,23 +251,25 @@ async fn serve(
     install(env, name).await?;
     let reference = format!("{}/hooks/{name}@{digest}", registry.host);
     let module = oci_module(&registry, &reference, "registry");
-    let cc = register(env, name, module, namespaced).await?;
+    let registered = register(env, name, module, namespaced).await?;
     let ns = env.namespace.clone();
     let host = start_host_with(env, |o| o.oci.namespace = Some(ns)).await?;
-    let ready = eventually(&format!("CompositeController {cc} Ready"), WAIT, || async {
-        Ok(controller_ready(&env.client, &cc)
-            .await?
-            .filter(|(s, _, _)| s == "True"))
-    })
-    .await?;
-    assert_eq!(ready.1, "Served", "{ready:?}");
-    let wr = wasmop::metacontroller::spec::reconciler_name(&cc);
-    eventually(&format!("{wr} serving its hook"), LOAD, || async {
-        Ok(wr_condition(&env.client, &wr, "Ready")
-            .await?
-            .filter(|c| c.0 == "True"))
-    })
-    .await?;
+    for (kind, cc) in &registered {
+        let ready = eventually(&format!("{kind} {cc} Ready"), WAIT, || async {
+            Ok(controller_ready(&env.client, kind, cc)
+                .await?
+                .filter(|(s, _, _)| s == "True"))
+        })
+        .await?;
+        assert_eq!(ready.1, "Served", "{ready:?}");
+        let wr = reconciler_of(kind, cc);
+        eventually(&format!("{wr} serving its hook"), LOAD, || async {
+            Ok(wr_condition(&env.client, &wr, "Ready")
+                .await?
+                .filter(|c| c.0 == "True"))
+        })
+        .await?;
+    }
     Ok((host, registry))
 }
 
@@ -816,5 +867,183 @@ async fn daemonjob_runs_once_on_every_node_then_deletes_its_daemonset_with_its_p
         .map(|c| (c["type"].clone(), c["status"].clone()))
         .collect();
     assert_eq!(kept, [(json!("Complete"), json!("True"))], "{conditions:?}");
+    Ok(())
+}
+
+/// `name`'s Services in the test's namespace: whether it exists and, if so, its `pod-name`
+/// selector.
+async fn service_selector(
+    services: &Api<k8s_openapi::api::core::v1::Service>,
+    name: &str,
+) -> anyhow::Result<Option<Option<String>>> {
+    Ok(services.get_opt(name).await?.map(|s| {
+        s.spec
+            .and_then(|s| s.selector)
+            .and_then(|m| m.get("pod-name").cloned())
+    }))
+}
+
+/// Waits until StatefulSet nginx no longer holds `finalizer`.
+async fn finalizer_gone(
+    sets: &Api<k8s_openapi::api::apps::v1::StatefulSet>,
+    finalizer: &str,
+) -> anyhow::Result<()> {
+    eventually(&format!("{finalizer} removed"), WAIT, || async {
+        let held = sets
+            .get_opt("nginx")
+            .await?
+            .and_then(|s| s.metadata.finalizers)
+            .unwrap_or_default();
+        Ok((!held.iter().any(|f| f == finalizer)).then_some(()))
+    })
+    .await
+}
+
+/// Metacontroller's examples/service-per-pod/test.sh (steps.md), its two DecoratorControllers
+/// served from one Python module: a Service per Pod of an annotated StatefulSet, each Pod
+/// labelled with its name; the Services are cleaned up by the finalize hook when the StatefulSet
+/// opts out (an annotation removed), come back when it opts in, and are cleaned up again before
+/// the StatefulSet goes. Stricter than upstream: every Service's ports, annotation and owner;
+/// a Service the StatefulSet controls that is not the decorator's is never touched; the
+/// finalizer is exactly wasmop's.
+#[tokio::test]
+async fn service_per_pod_decorates_a_statefulset_and_cleans_up_on_opt_out_and_delete()
+-> anyhow::Result<()> {
+    use k8s_openapi::api::apps::v1::StatefulSet;
+    use k8s_openapi::api::core::v1::{Pod, Service};
+
+    let env = TestEnv::get("mc-spp").await?;
+    let ns = env.namespace.clone();
+    let _served = serve(&env, "service-per-pod", Lang::Python, true).await?;
+    for mut doc in docs("service-per-pod", "example.yaml")? {
+        doc["metadata"]["namespace"] = json!(ns);
+        apply_dynamic(&env.client, doc).await?;
+    }
+    let (services, pods, sets): (Api<Service>, Api<Pod>, Api<StatefulSet>) =
+        (env.api(), env.api(), env.api());
+    let uid = sets.get("nginx").await?.metadata.uid.unwrap_or_default();
+    // Controlled by the StatefulSet, but not the decorator's (no annotation): never touched.
+    let foreign = json!({"apiVersion": "v1", "kind": "Service", "metadata": {
+        "name": "nginx-extra", "namespace": ns, "ownerReferences": [{"apiVersion": "apps/v1",
+        "kind": "StatefulSet", "name": "nginx", "uid": uid, "controller": true}]},
+        "spec": {"ports": [{"port": 81}]}});
+    apply_dynamic(&env.client, foreign).await?;
+    let decorator = format!("{ns}-service-per-pod");
+    let check_all = || async {
+        for i in 0..3 {
+            let name = format!("nginx-{i}");
+            eventually(
+                &format!("Service {name} selecting its Pod"),
+                WAIT,
+                || async {
+                    Ok(service_selector(&services, &name)
+                        .await?
+                        .flatten()
+                        .filter(|s| *s == name))
+                },
+            )
+            .await?;
+            let svc = services.get(&name).await?;
+            let ports: Vec<(i32, String)> = svc
+                .spec
+                .and_then(|s| s.ports)
+                .unwrap_or_default()
+                .into_iter()
+                .map(|p| (p.port, format!("{:?}", p.target_port)))
+                .collect();
+            assert_eq!(ports.len(), 2, "ports 80 and 8080: {ports:?}");
+            let annotations = svc.metadata.annotations.unwrap_or_default();
+            assert_eq!(
+                annotations.get("metacontroller.k8s.io/decorator-controller"),
+                Some(&decorator),
+                "the decorator's own attachment"
+            );
+            let owner = svc.metadata.owner_references.unwrap_or_default();
+            assert!(
+                owner
+                    .iter()
+                    .any(|o| o.uid == uid && o.controller == Some(true)),
+                "controlled by the StatefulSet: {owner:?}"
+            );
+        }
+        anyhow::Ok(())
+    };
+    check_all().await?;
+    eventually("Pod nginx-2 labelled pod-name=nginx-2", WAIT, || async {
+        let labels = pods
+            .get_opt("nginx-2")
+            .await?
+            .and_then(|p| p.metadata.labels)
+            .unwrap_or_default();
+        Ok((labels.get("pod-name").map(String::as_str) == Some("nginx-2")).then_some(()))
+    })
+    .await?;
+    let finalizer = wasmop::crd::finalizer_for(&reconciler_of("DecoratorController", &decorator));
+    let held = sets
+        .get("nginx")
+        .await?
+        .metadata
+        .finalizers
+        .unwrap_or_default();
+    assert!(
+        held.contains(&finalizer),
+        "{finalizer} on the StatefulSet: {held:?}"
+    );
+
+    // Opt out without deleting the StatefulSet.
+    let annotate = |value: Value| {
+        Patch::Merge(json!({"metadata": {"annotations": {"service-per-pod-label": value}}}))
+    };
+    sets.patch("nginx", &Default::default(), &annotate(Value::Null))
+        .await?;
+    for i in 0..3 {
+        let name = format!("nginx-{i}");
+        eventually(&format!("Service {name} cleaned up"), WAIT, || async {
+            Ok(service_selector(&services, &name)
+                .await?
+                .is_none()
+                .then_some(()))
+        })
+        .await?;
+    }
+    finalizer_gone(&sets, &finalizer).await?;
+
+    // Opt in again.
+    sets.patch("nginx", &Default::default(), &annotate(json!("pod-name")))
+        .await?;
+    check_all().await?;
+
+    // Deletion: our own finalizer keeps the StatefulSet while the decorator cleans up.
+    let ours = "metacontroller.io/service-per-pod-test";
+    let add = json!([{"op": "add", "path": "/metadata/finalizers/-", "value": ours}]);
+    sets.patch(
+        "nginx",
+        &Default::default(),
+        &Patch::Json::<()>(serde_json::from_value(add)?),
+    )
+    .await?;
+    sets.delete("nginx", &Default::default()).await?;
+    for i in 0..3 {
+        let name = format!("nginx-{i}");
+        eventually(
+            &format!("Service {name} cleaned up on delete"),
+            WAIT,
+            || async {
+                Ok(service_selector(&services, &name)
+                    .await?
+                    .is_none()
+                    .then_some(()))
+            },
+        )
+        .await?;
+    }
+    finalizer_gone(&sets, &finalizer).await?;
+    assert!(
+        services.get_opt("nginx-extra").await?.is_some(),
+        "the Service that is not the decorator's is left alone"
+    );
+    let release = json!({"metadata": {"finalizers": null}});
+    sets.patch("nginx", &Default::default(), &Patch::Merge(release))
+        .await?;
     Ok(())
 }

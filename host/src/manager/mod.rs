@@ -260,9 +260,10 @@ pub async fn run(
         seen_in_init: None,
     };
     readiness::global().pending("manager");
-    // Metacontroller's CompositeControllers become WasmReconcilers that this loop serves.
+    // Metacontroller's Composite- and DecoratorControllers become WasmReconcilers that this
+    // loop serves.
     let (compose_stop, stopped) = tokio::sync::watch::channel(false);
-    let compose = tokio::spawn(crate::metacontroller::compose::run(
+    let compose = tokio::spawn(crate::metacontroller::compose::run_all(
         reconcilers.ctx.client.clone(),
         reconcilers.ctx.discovery.clone(),
         reconcilers.ctx.selector.clone(),

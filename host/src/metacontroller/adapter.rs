@@ -31,8 +31,8 @@ impl Adapter {
     }
 
     /// Runs the customize hook (if any) and the sync (or finalize) hook on `request`: the
-    /// parsed answer, None when the parent is not selected (`parentResource.labelSelector`),
-    /// or the failure.
+    /// parsed answer, None when a parent to sync is not selected (the parent's selectors), or
+    /// the failure.
     fn call(
         &self,
         module: &Module,
@@ -44,7 +44,9 @@ impl Adapter {
             Ok(o) => o,
             Err(detail) => return failed(CallError::Sandbox { detail }),
         };
-        if !observed.selected(&self.parents) {
+        // A parent being finalized holds the controller's finalizer, selected or not (one that
+        // opted out is finalized too, as under Metacontroller).
+        if !finalizing && !observed.selected(&self.parents) {
             return Outcome {
                 result: Ok(None),
                 stats: CallStats::default(),
@@ -128,6 +130,14 @@ fn map<T, U>(out: Outcome<T>, f: impl FnOnce(T) -> U) -> Outcome<U> {
 }
 
 impl HookAdapter for Adapter {
+    fn selects(
+        &self,
+        labels: &std::collections::BTreeMap<String, String>,
+        annotations: &std::collections::BTreeMap<String, String>,
+    ) -> bool {
+        self.parents.selects(labels, annotations)
+    }
+
     fn reconcile(
         &self,
         module: &Module,

@@ -19,7 +19,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use serde_json::Value;
+use serde_json::{Map, Value};
 
 use crate::contract::{
     Action, ChildKey, ChildSet, Condition, ConditionStatus, Event, EventType, FinalizeResponse,
@@ -28,7 +28,7 @@ use crate::contract::{
 use crate::controller::noop::covers_object;
 use crate::crd::{ConditionCheck, HookChild, HookSpec, UpdateMethod};
 
-use super::document::Observed;
+use super::document::{DECORATOR_ANNOTATION, Observed};
 
 /// The annotation on every child a hook's answer writes: the digest of what the hook asked
 /// for. `Recreate` and the rolling methods compare it, not the object, with the next answer: the
@@ -40,6 +40,17 @@ pub const DESIRED_ANNOTATION: &str = "metacontroller.wasmop.dev/desired";
 const FIELDS: [&str; 5] = [
     "status",
     "children",
+    "resyncAfterSeconds",
+    "finalized",
+    "events",
+];
+
+/// The fields a DecoratorController's sync or finalize answer may have.
+const DECORATOR_FIELDS: [&str; 7] = [
+    "labels",
+    "annotations",
+    "status",
+    "attachments",
     "resyncAfterSeconds",
     "finalized",
     "events",
@@ -58,6 +69,10 @@ pub struct Answer {
     pub finalized: bool,
     /// `events`, wasmop's addition: Events about the parent (Metacontroller has none).
     pub events: Vec<Event>,
+    /// A decorator's `labels` for the parent (a null value removes the label).
+    pub labels: Map<String, Value>,
+    /// A decorator's `annotations` for the parent (a null value removes the annotation).
+    pub annotations: Map<String, Value>,
 }
 
 /// Parses `body` for `spec`.
@@ -70,14 +85,29 @@ pub fn parse(spec: &HookSpec, body: &str) -> Result<Answer, String> {
     let Value::Object(mut map) = value else {
         return Err("the hook's answer is not a JSON object".into());
     };
+    let (children_field, fields) = match spec.decorator {
+        None => ("children", &FIELDS[..]),
+        Some(_) => ("attachments", &DECORATOR_FIELDS[..]),
+    };
     if spec.strict
-        && let Some(unknown) = map.keys().find(|k| !FIELDS.contains(&k.as_str()))
+        && let Some(unknown) = map.keys().find(|k| !fields.contains(&k.as_str()))
     {
         return Err(format!(
             "the hook's answer has the unknown field {unknown:?} (strict: the hook's responseUnMarshallMode or version v2)"
         ));
     }
-    let children = children(spec, map.remove("children").unwrap_or(Value::Null))?;
+    let children = children(
+        spec,
+        children_field,
+        map.remove(children_field).unwrap_or(Value::Null),
+    )?;
+    let (labels, annotations) = match spec.decorator {
+        None => Default::default(),
+        Some(_) => (
+            string_map("labels", map.remove("labels"))?,
+            string_map("annotations", map.remove("annotations"))?,
+        ),
+    };
     let resync_after = match map.remove("resyncAfterSeconds") {
         None | Some(Value::Null) => None,
         Some(v) => Some(seconds(&v)?),
@@ -91,7 +121,24 @@ pub fn parse(spec: &HookSpec, body: &str) -> Result<Answer, String> {
             .and_then(|v| v.as_bool())
             .unwrap_or(false),
         events: events(map.remove("events").unwrap_or(Value::Null))?,
+        labels,
+        annotations,
     })
+}
+
+/// A decorator's `labels` or `annotations`: strings, or null to remove one.
+fn string_map(field: &str, value: Option<Value>) -> Result<Map<String, Value>, String> {
+    let map = match value {
+        None | Some(Value::Null) => return Ok(Map::new()),
+        Some(Value::Object(map)) => map,
+        Some(_) => return Err(format!("the hook's {field} is not a JSON object")),
+    };
+    match map.iter().find(|(_, v)| !(v.is_string() || v.is_null())) {
+        Some((k, _)) => Err(format!(
+            "the hook's {field}.{k} is neither a string nor null"
+        )),
+        None => Ok(map),
+    }
 }
 
 /// `events`: `[{type: Normal|Warning, reason, message}]`, Events about the parent, checked and
@@ -134,11 +181,11 @@ fn seconds(v: &Value) -> Result<Duration, String> {
         .ok_or_else(|| format!("resyncAfterSeconds {v} is not a number of seconds"))
 }
 
-fn children(spec: &HookSpec, value: Value) -> Result<Vec<(Gvk, Vec<Value>)>, String> {
+fn children(spec: &HookSpec, field: &str, value: Value) -> Result<Vec<(Gvk, Vec<Value>)>, String> {
     let list = match value {
         Value::Null => Vec::new(),
         Value::Array(list) => list,
-        _ => return Err("the hook's children is not a list".into()),
+        _ => return Err(format!("the hook's {field} is not a list")),
     };
     let mut sets: Vec<(Gvk, Vec<Value>)> = spec
         .children
@@ -146,17 +193,22 @@ fn children(spec: &HookSpec, value: Value) -> Result<Vec<(Gvk, Vec<Value>)>, Str
         .map(|c| (c.gvk(), Vec::new()))
         .collect();
     for (i, child) in list.into_iter().enumerate() {
-        let field = |f: &str| {
+        let text = |f: &str| {
             child
                 .get(f)
                 .and_then(Value::as_str)
                 .unwrap_or_default()
                 .to_string()
         };
-        let kind = Gvk::new(field("apiVersion"), field("kind"));
+        let kind = Gvk::new(text("apiVersion"), text("kind"));
         let Some((_, set)) = sets.iter_mut().find(|(k, _)| *k == kind) else {
             return Err(format!(
-                "children[{i}] is a {kind}, which is not a child resource of the controller"
+                "{field}[{i}] is a {kind}, which is not {} resource of the controller",
+                if field == "children" {
+                    "a child"
+                } else {
+                    "an attachment"
+                }
             ));
         };
         set.push(child);
@@ -263,7 +315,12 @@ fn annotation(object: &Value) -> Option<&str> {
 }
 
 /// `desired` with [`DESIRED_ANNOTATION`] set to `digest`.
-fn stamped(mut desired: Value, digest: String) -> Value {
+fn stamped(desired: Value, digest: String) -> Value {
+    annotated(desired, DESIRED_ANNOTATION, digest)
+}
+
+/// `desired` with the annotation `key` set to `value`.
+fn annotated(mut desired: Value, key: &str, value: String) -> Value {
     if let Some(meta) = desired.get_mut("metadata").and_then(Value::as_object_mut) {
         let annotations = meta
             .entry("annotations")
@@ -272,7 +329,7 @@ fn stamped(mut desired: Value, digest: String) -> Value {
             *annotations = Value::Object(Default::default());
         }
         if let Some(map) = annotations.as_object_mut() {
-            map.insert(DESIRED_ANNOTATION.into(), Value::String(digest));
+            map.insert(key.into(), Value::String(value));
         }
     }
     desired
@@ -338,20 +395,88 @@ pub fn reconcile_response(
     answer: Answer,
 ) -> ReconcileResponse {
     let parent_ns = observed.parent_namespace();
+    let decorator = spec.decorator.as_ref().map(|d| d.name.as_str());
+    let foreign = |i: usize| {
+        observed
+            .foreign
+            .get(i)
+            .map_or(&[][..], |(_, f)| f.as_slice())
+    };
     let children = spec
         .children
         .iter()
         .zip(answer.children)
         .zip(&observed.children)
-        .map(|((child, (_, desired)), (_, seen))| plan(child, desired, seen, parent_ns))
+        .enumerate()
+        .map(|(i, ((child, (_, desired)), (_, seen)))| {
+            let desired = desired
+                .into_iter()
+                .map(|d| match decorator {
+                    Some(name) => annotated(d, DECORATOR_ANNOTATION, name.to_string()),
+                    None => d,
+                })
+                .collect();
+            let mut set = plan(child, desired, seen, parent_ns);
+            set.keep.extend(foreign(i).iter().map(|o| key_of(o, None)));
+            set
+        })
         .collect();
     ReconcileResponse {
         children,
-        actions: Vec::new(),
+        actions: parent_metadata(&observed.parent, &answer.labels, &answer.annotations)
+            .into_iter()
+            .collect(),
         status: answer.status,
         events: answer.events,
         requeue_after: answer.resync_after,
     }
+}
+
+/// The merge patch of a decorator's `labels` and `annotations` on `parent`: only the keys whose
+/// value would change (None: nothing would, so nothing is written).
+fn parent_metadata(
+    parent: &Value,
+    labels: &Map<String, Value>,
+    annotations: &Map<String, Value>,
+) -> Option<Action> {
+    let changes = |field: &str, wanted: &Map<String, Value>| -> Map<String, Value> {
+        let current = parent.pointer(&format!("/metadata/{field}"));
+        wanted
+            .iter()
+            .filter(|(k, v)| {
+                current
+                    .and_then(|c| c.get(k.as_str()))
+                    .unwrap_or(&Value::Null)
+                    != *v
+            })
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect()
+    };
+    let mut metadata = Map::new();
+    for (field, wanted) in [("labels", labels), ("annotations", annotations)] {
+        let changed = changes(field, wanted);
+        if !changed.is_empty() {
+            metadata.insert(field.into(), Value::Object(changed));
+        }
+    }
+    if metadata.is_empty() {
+        return None;
+    }
+    let text = |p: &str| {
+        parent
+            .pointer(p)
+            .and_then(Value::as_str)
+            .map(str::to_string)
+    };
+    Some(Action::MergePatch {
+        target: ObjectRef {
+            api_version: text("/apiVersion").unwrap_or_default(),
+            kind: text("/kind").unwrap_or_default(),
+            namespace: text("/metadata/namespace"),
+            name: text("/metadata/name").unwrap_or_default(),
+        },
+        patch: serde_json::json!({ "metadata": metadata }),
+    })
 }
 
 /// A finalize answer as a finalize response: the observed children the hook no longer returns
@@ -374,6 +499,11 @@ pub fn finalize_response(observed: &Observed, answer: Answer) -> FinalizeRespons
             });
         }
     }
+    actions.extend(parent_metadata(
+        &observed.parent,
+        &answer.labels,
+        &answer.annotations,
+    ));
     FinalizeResponse {
         done: answer.finalized,
         actions,
@@ -416,6 +546,7 @@ mod tests {
             parent: json!({"metadata": {"name": "p", "namespace": "ns"}}),
             related: Vec::new(),
             children: vec![(Gvk::new("v1", "Pod"), seen)],
+            foreign: Vec::new(),
         };
         let body = json!({"children": want}).to_string();
         let answer = parse(&spec, &body).unwrap_or_else(|e| panic!("{e}"));
@@ -511,6 +642,7 @@ mod tests {
             parent: json!({"metadata": {"name": "p", "namespace": "ns"}}),
             related: Vec::new(),
             children: vec![(Gvk::new("v1", "Pod"), vec![])],
+            foreign: Vec::new(),
         };
         let first = reconcile_response(
             &spec,
@@ -561,6 +693,127 @@ mod tests {
         assert_ne!(desired_digest(&a), desired_digest(&json!({"b": 2})));
     }
 
+    fn decorator_spec(strict: bool) -> HookSpec {
+        serde_json::from_value(json!({
+            "controller": {},
+            "children": [{"apiVersion": "v1", "kind": "Service"}],
+            "sync": "/sync", "strict": strict,
+            "decorator": {"name": "spp"}
+        }))
+        .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    fn service(name: &str, decorator: Option<&str>) -> Value {
+        let annotations = match decorator {
+            Some(d) => json!({DECORATOR_ANNOTATION: d}),
+            None => json!({}),
+        };
+        json!({"apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": name, "namespace": "ns", "annotations": annotations}})
+    }
+
+    fn statefulset() -> Observed {
+        Observed {
+            parent: json!({"apiVersion": "apps/v1", "kind": "StatefulSet",
+                "metadata": {"name": "web", "namespace": "ns",
+                    "labels": {"app": "web"}, "annotations": {"note": "a"}}}),
+            children: vec![(
+                Gvk::new("v1", "Service"),
+                vec![service("web-0", Some("spp"))],
+            )],
+            related: Vec::new(),
+            foreign: vec![(
+                Gvk::new("v1", "Service"),
+                vec![service("theirs", Some("other"))],
+            )],
+        }
+    }
+
+    #[test]
+    fn a_decorator_stamps_its_attachments_keeps_the_others_and_patches_only_changed_metadata() {
+        let spec = decorator_spec(true);
+        let body = json!({
+            "attachments": [
+                {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web-0"}},
+                {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web-1"}}],
+            "labels": {"app": "web", "tier": "db", "gone": null},
+            "annotations": {"note": null}
+        });
+        let answer = parse(&spec, &body.to_string()).unwrap_or_else(|e| panic!("{e}"));
+        let response = reconcile_response(&spec, &statefulset(), answer);
+        let set = &response.children[0];
+        assert_eq!(set.objects.len(), 1, "web-0 exists (OnDelete): only web-1");
+        assert_eq!(set.objects[0]["metadata"]["name"], "web-1");
+        assert_eq!(
+            set.objects[0]["metadata"]["annotations"][DECORATOR_ANNOTATION],
+            "spp"
+        );
+        let kept: Vec<&str> = set.keep.iter().map(|k| k.name.as_str()).collect();
+        assert_eq!(
+            kept,
+            ["web-0", "theirs"],
+            "another decorator's Service is kept"
+        );
+        let [Action::MergePatch { target, patch }] = response.actions.as_slice() else {
+            panic!("one patch of the parent: {:?}", response.actions);
+        };
+        assert_eq!(
+            (target.kind.as_str(), target.name.as_str()),
+            ("StatefulSet", "web")
+        );
+        // Only what changes: `app` is already there, `gone` is already absent.
+        assert_eq!(
+            *patch,
+            json!({"metadata": {"labels": {"tier": "db"}, "annotations": {"note": null}}})
+        );
+    }
+
+    #[test]
+    fn a_decorator_answer_that_changes_nothing_writes_nothing_on_the_parent() {
+        let spec = decorator_spec(false);
+        let body = json!({"labels": {"app": "web"}, "annotations": {"note": "a", "absent": null}});
+        let answer = parse(&spec, &body.to_string()).unwrap_or_else(|e| panic!("{e}"));
+        let response = reconcile_response(&spec, &statefulset(), answer);
+        assert!(response.actions.is_empty(), "{:?}", response.actions);
+        let finalize = finalize_response(
+            &statefulset(),
+            parse(&spec, "{}").unwrap_or_else(|e| panic!("{e}")),
+        );
+        let deleted: Vec<String> = finalize
+            .actions
+            .iter()
+            .map(|a| a.target().name.clone())
+            .collect();
+        assert_eq!(
+            deleted,
+            ["web-0"],
+            "its own attachment only, never another's"
+        );
+    }
+
+    #[test]
+    fn a_decorator_answer_is_read_with_its_own_fields() {
+        let strict = decorator_spec(true);
+        let err = parse(&strict, r#"{"children": []}"#)
+            .err()
+            .unwrap_or_default();
+        assert!(err.contains("unknown field \"children\""), "{err}");
+        let err = parse(&strict, r#"{"labels": {"a": 1}}"#)
+            .err()
+            .unwrap_or_default();
+        assert!(
+            err.contains("labels.a is neither a string nor null"),
+            "{err}"
+        );
+        let err = parse(
+            &strict,
+            r#"{"attachments": [{"apiVersion": "v1", "kind": "Pod"}]}"#,
+        )
+        .err()
+        .unwrap_or_default();
+        assert!(err.contains("not an attachment resource"), "{err}");
+    }
+
     #[test]
     fn a_child_of_a_kind_the_controller_does_not_list_is_refused() {
         let body = json!({"children": [{"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "s"}}]}).to_string();
@@ -601,6 +854,7 @@ mod tests {
                 Gvk::new("v1", "Pod"),
                 vec![pod("a", "v1", true), pod("b", "v1", true)],
             )],
+            foreign: Vec::new(),
         };
         let body =
             json!({"children": [desired("a", "v1")], "finalized": false, "resyncAfterSeconds": 2})

@@ -213,3 +213,70 @@ pub struct ControllerStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reconciler: Option<String>,
 }
+
+/// A Metacontroller DecoratorController.
+#[derive(CustomResource, Serialize, Deserialize, Debug, Clone, PartialEq, JsonSchema)]
+#[kube(
+    group = "metacontroller.k8s.io",
+    version = "v1alpha1",
+    kind = "DecoratorController",
+    plural = "decoratorcontrollers",
+    shortname = "dec",
+    shortname = "decorators",
+    category = "metacontroller",
+    status = "ControllerStatus",
+    doc = "A Metacontroller DecoratorController: resources to decorate, the attachments the hooks add to them and the hooks; with spec.wasmop, wasmop runs the hooks as a Wasm module."
+)]
+#[serde(rename_all = "camelCase")]
+pub struct DecoratorControllerSpec {
+    /// The resources decorated (wasmop serves one per controller).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub resources: Vec<DecoratedResource>,
+    /// The attachments' resources.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub attachments: Vec<Attachment>,
+    /// The hooks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hooks: Option<Hooks>,
+    /// How often every decorated object is synced even if nothing changes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resync_period_seconds: Option<i32>,
+    /// wasmop's addition: the module that runs the hooks. A controller without it is left to
+    /// Metacontroller.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wasmop: Option<WasmopHooks>,
+}
+
+/// A decorated resource and which of its objects are decorated.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DecoratedResource {
+    /// `apps/v1`.
+    pub api_version: String,
+    /// `statefulsets`.
+    pub resource: String,
+    /// Only objects with matching labels.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "crate::crd::preserve_unknown")]
+    pub label_selector: Option<serde_json::Value>,
+    /// Only objects with matching annotations (`matchAnnotations`, `matchExpressions`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "crate::crd::preserve_unknown")]
+    pub annotation_selector: Option<serde_json::Value>,
+    /// Whether changes of an object's status alone trigger no sync.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ignore_status_changes: Option<bool>,
+}
+
+/// An attachment resource and its update strategy.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Attachment {
+    /// `v1`.
+    pub api_version: String,
+    /// `services`.
+    pub resource: String,
+    /// How existing attachments are updated (`OnDelete`, the default, `Recreate` or `InPlace`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub update_strategy: Option<UpdateStrategy>,
+}

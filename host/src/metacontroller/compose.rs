@@ -39,11 +39,117 @@ use crate::crd::{FIELD_MANAGER, KindRef, WasmReconciler};
 use crate::discovery::Discovery;
 use crate::reasons;
 
-use super::api::CompositeController;
-use super::spec::{Kinds, Refusal, reconciler_name, reconciler_spec, refusal};
+use super::api::{CompositeController, ControllerStatus, DecoratorController, WasmopHooks};
+use super::spec::{Kinds, Refusal};
 
 /// The label on a WasmReconciler serving a CompositeController: the controller's name.
 pub const CONTROLLER_LABEL: &str = "wasmop.dev/compositecontroller";
+
+/// The label on a WasmReconciler serving a DecoratorController: the controller's name.
+pub const DECORATOR_LABEL: &str = "wasmop.dev/decoratorcontroller";
+
+/// A resource by apiVersion and plural name.
+type Named = (String, String);
+
+/// A Metacontroller controller kind that wasmop serves through WasmReconcilers.
+pub trait Served:
+    Resource<DynamicType = ()>
+    + Clone
+    + std::fmt::Debug
+    + serde::de::DeserializeOwned
+    + Send
+    + Sync
+    + 'static
+{
+    /// The label on its WasmReconcilers ([`CONTROLLER_LABEL`]).
+    const LABEL: &'static str;
+    /// The name of the WasmReconciler serving the controller `name`.
+    fn reconciler_name(name: &str) -> String;
+    /// `spec.wasmop`.
+    fn wasmop(&self) -> Option<&WasmopHooks>;
+    /// The status wasmop wrote.
+    fn served_status(&self) -> Option<&ControllerStatus>;
+    /// The first feature wasmop refuses.
+    fn refusal(&self) -> Option<Refusal>;
+    /// The parent, child and related resources, to be resolved to kinds.
+    fn resources(&self) -> (Named, Vec<Named>, Vec<Named>);
+    /// The WasmReconciler spec, once the resources are kinds.
+    ///
+    /// # Errors
+    /// Why the controller is refused.
+    fn reconciler_spec(&self, kinds: &Kinds) -> Result<crate::crd::WasmReconcilerSpec, Refusal>;
+}
+
+fn related_of(wasmop: Option<&WasmopHooks>) -> Vec<Named> {
+    wasmop
+        .iter()
+        .flat_map(|w| w.related.iter())
+        .map(|r| (r.api_version.clone(), r.resource.clone()))
+        .collect()
+}
+
+impl Served for CompositeController {
+    const LABEL: &'static str = CONTROLLER_LABEL;
+    fn reconciler_name(name: &str) -> String {
+        super::spec::reconciler_name(name)
+    }
+    fn wasmop(&self) -> Option<&WasmopHooks> {
+        self.spec.wasmop.as_ref()
+    }
+    fn served_status(&self) -> Option<&ControllerStatus> {
+        self.status.as_ref()
+    }
+    fn refusal(&self) -> Option<Refusal> {
+        super::spec::refusal(self)
+    }
+    fn resources(&self) -> (Named, Vec<Named>, Vec<Named>) {
+        let parent = &self.spec.parent_resource;
+        let children = self.spec.child_resources.iter();
+        (
+            (parent.api_version.clone(), parent.resource.clone()),
+            children
+                .map(|c| (c.api_version.clone(), c.resource.clone()))
+                .collect(),
+            related_of(self.spec.wasmop.as_ref()),
+        )
+    }
+    fn reconciler_spec(&self, kinds: &Kinds) -> Result<crate::crd::WasmReconcilerSpec, Refusal> {
+        super::spec::reconciler_spec(self, kinds)
+    }
+}
+
+impl Served for DecoratorController {
+    const LABEL: &'static str = DECORATOR_LABEL;
+    fn reconciler_name(name: &str) -> String {
+        super::decorator::reconciler_name(name)
+    }
+    fn wasmop(&self) -> Option<&WasmopHooks> {
+        self.spec.wasmop.as_ref()
+    }
+    fn served_status(&self) -> Option<&ControllerStatus> {
+        self.status.as_ref()
+    }
+    fn refusal(&self) -> Option<Refusal> {
+        super::decorator::refusal(self)
+    }
+    fn resources(&self) -> (Named, Vec<Named>, Vec<Named>) {
+        // `refusal` passed: exactly one resource.
+        let parent = self.spec.resources.first();
+        let attachments = self.spec.attachments.iter();
+        (
+            parent
+                .map(|p| (p.api_version.clone(), p.resource.clone()))
+                .unwrap_or_default(),
+            attachments
+                .map(|a| (a.api_version.clone(), a.resource.clone()))
+                .collect(),
+            related_of(self.spec.wasmop.as_ref()),
+        )
+    }
+    fn reconciler_spec(&self, kinds: &Kinds) -> Result<crate::crd::WasmReconcilerSpec, Refusal> {
+        super::decorator::reconciler_spec(self, kinds)
+    }
+}
 
 /// How often a controller whose resources are not served yet is looked at again.
 const RETRY: Duration = Duration::from_secs(30);
@@ -58,22 +164,39 @@ struct Ctx {
 #[error("{0}")]
 pub struct ComposeError(String);
 
-/// Runs until `stop` turns true, if the API server serves CompositeControllers (checked once
-/// a minute until it does: Metacontroller's CRD, or wasmop's, installed later is picked up).
-pub async fn run(
+/// Serves CompositeControllers and DecoratorControllers (see [`run`]) until `stop` turns true.
+pub async fn run_all(
+    client: Client,
+    discovery: Discovery,
+    selector: Option<String>,
+    stop: tokio::sync::watch::Receiver<bool>,
+) {
+    let composite = run::<CompositeController>(
+        client.clone(),
+        discovery.clone(),
+        selector.clone(),
+        stop.clone(),
+    );
+    let decorator = run::<DecoratorController>(client, discovery, selector, stop);
+    futures::future::join(Box::pin(composite), Box::pin(decorator)).await;
+}
+
+/// Runs until `stop` turns true, if the API server serves `K` (checked once a minute until it
+/// does: Metacontroller's CRD, or wasmop's, installed later is picked up).
+pub async fn run<K: Served>(
     client: Client,
     discovery: Discovery,
     selector: Option<String>,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) {
-    let kind = crate::contract::Gvk::new("metacontroller.k8s.io/v1alpha1", "CompositeController");
+    let kind = crate::contract::Gvk::new(K::api_version(&()), K::kind(&()));
     while discovery.refresh(&kind).await.is_err() {
         tokio::select! {
             _ = stop.wait_for(|s| *s) => return,
             _ = tokio::time::sleep(Duration::from_secs(60)) => {}
         }
     }
-    tracing::info!("serving CompositeControllers that name a module in spec.wasmop");
+    tracing::info!(kind = %kind.kind, "serving Metacontroller controllers that name a module in spec.wasmop");
     let ctx = Ctx {
         client: client.clone(),
         discovery,
@@ -84,10 +207,10 @@ pub async fn run(
         Some(s) => watcher::Config::default().labels(s),
         None => watcher::Config::default(),
     };
-    let mut events = watcher(Api::<CompositeController>::all(client), config)
+    let mut events = watcher(Api::<K>::all(client), config)
         .default_backoff()
         .boxed();
-    let mut queue = Queue::default();
+    let mut queue = Queue::<K>::default();
     let mut tick = tokio::time::interval(TICK);
     loop {
         tokio::select! {
@@ -95,7 +218,7 @@ pub async fn run(
             event = events.try_next() => match event {
                 Ok(Some(e)) => queue.event(e),
                 Ok(None) => break,
-                Err(e) => tracing::warn!(error = %e, "watching CompositeControllers"),
+                Err(e) => tracing::warn!(kind = %kind.kind, error = %e, "watching Metacontroller controllers"),
             },
             _ = tick.tick() => {}
         }
@@ -103,7 +226,7 @@ pub async fn run(
             let after = match reconcile(&cc, &ctx).await {
                 Ok(after) => after,
                 Err(e) => {
-                    tracing::warn!(controller = %cc.name_any(), error = %e, "serving a CompositeController; retried");
+                    tracing::warn!(kind = %kind.kind, controller = %cc.name_any(), error = %e, "serving a Metacontroller controller; retried");
                     Some(Duration::from_secs(5))
                 }
             };
@@ -119,14 +242,22 @@ const TICK: Duration = Duration::from_secs(5);
 const RESYNC: Duration = Duration::from_secs(300);
 
 /// The controllers seen (their latest version) and when each is due.
-#[derive(Default)]
-struct Queue {
-    latest: BTreeMap<String, CompositeController>,
+struct Queue<K> {
+    latest: BTreeMap<String, K>,
     due: BTreeMap<String, Instant>,
 }
 
-impl Queue {
-    fn event(&mut self, event: watcher::Event<CompositeController>) {
+impl<K> Default for Queue<K> {
+    fn default() -> Self {
+        Queue {
+            latest: BTreeMap::new(),
+            due: BTreeMap::new(),
+        }
+    }
+}
+
+impl<K: Served> Queue<K> {
+    fn event(&mut self, event: watcher::Event<K>) {
         match event {
             watcher::Event::Apply(cc) | watcher::Event::InitApply(cc) => {
                 let name = cc.name_any();
@@ -143,7 +274,7 @@ impl Queue {
     }
 
     /// The controllers due now, taken off the queue.
-    fn due(&mut self) -> Vec<CompositeController> {
+    fn due(&mut self) -> Vec<K> {
         let now = Instant::now();
         let names: Vec<String> = self
             .due
@@ -170,16 +301,16 @@ impl Queue {
 }
 
 /// Serves `cc` once: when it is due again (None: at the next resync or change).
-async fn reconcile(cc: &CompositeController, ctx: &Ctx) -> Result<Option<Duration>, ComposeError> {
-    let wr_name = reconciler_name(&cc.name_any());
-    if cc.spec.wasmop.is_none() {
+async fn reconcile<K: Served>(cc: &K, ctx: &Ctx) -> Result<Option<Duration>, ComposeError> {
+    let wr_name = K::reconciler_name(&cc.name_any());
+    if cc.wasmop().is_none() {
         delete_ours(ctx, cc, &wr_name).await?;
         return Ok(None);
     }
-    if cc.metadata.deletion_timestamp.is_some() {
+    if cc.meta().deletion_timestamp.is_some() {
         return Ok(None);
     }
-    let planned = match refusal(cc) {
+    let planned = match cc.refusal() {
         Some(r) => Err((reasons::UNSUPPORTED, r.to_string())),
         None => plan(cc, &ctx.discovery).await,
     };
@@ -211,35 +342,35 @@ async fn reconcile(cc: &CompositeController, ctx: &Ctx) -> Result<Option<Duratio
 }
 
 /// The WasmReconciler spec serving `cc`, or the reason and message of why not.
-async fn plan(
-    cc: &CompositeController,
+async fn plan<K: Served>(
+    cc: &K,
     discovery: &Discovery,
 ) -> Result<crate::crd::WasmReconcilerSpec, (&'static str, String)> {
     let not_served = |e: String| (reasons::KIND_NOT_SERVED, e);
-    let parent = &cc.spec.parent_resource;
+    let ((api_version, resource), children, related) = cc.resources();
     let mut kinds = Kinds {
-        parent: kind_of(discovery, &parent.api_version, &parent.resource)
+        parent: kind_of(discovery, &api_version, &resource)
             .await
             .map_err(not_served)?,
         children: Vec::new(),
         related: Vec::new(),
     };
-    let related = cc.spec.wasmop.iter().flat_map(|w| w.related.iter());
-    for r in related {
+    for (api_version, resource) in related {
         kinds.related.push(
-            kind_of(discovery, &r.api_version, &r.resource)
+            kind_of(discovery, &api_version, &resource)
                 .await
                 .map_err(not_served)?,
         );
     }
-    for child in &cc.spec.child_resources {
+    for (api_version, resource) in children {
         kinds.children.push(
-            kind_of(discovery, &child.api_version, &child.resource)
+            kind_of(discovery, &api_version, &resource)
                 .await
                 .map_err(not_served)?,
         );
     }
-    reconciler_spec(cc, &kinds).map_err(|r: Refusal| (reasons::UNSUPPORTED, r.to_string()))
+    cc.reconciler_spec(&kinds)
+        .map_err(|r: Refusal| (reasons::UNSUPPORTED, r.to_string()))
 }
 
 /// The kind served as `resource` in `api_version`.
@@ -267,9 +398,9 @@ async fn kind_of(
 }
 
 /// Applies the WasmReconciler; false when the name is another's.
-async fn apply(
+async fn apply<K: Served>(
     ctx: &Ctx,
-    cc: &CompositeController,
+    cc: &K,
     name: &str,
     spec: crate::crd::WasmReconcilerSpec,
 ) -> Result<bool, ComposeError> {
@@ -284,15 +415,15 @@ async fn apply(
         return Ok(false);
     }
     let owner = OwnerReference {
-        api_version: CompositeController::api_version(&()).into(),
-        kind: CompositeController::kind(&()).into(),
+        api_version: K::api_version(&()).into(),
+        kind: K::kind(&()).into(),
         name: cc.name_any(),
         uid,
         controller: Some(true),
         block_owner_deletion: Some(true),
     };
     let mut labels = cc.labels().clone();
-    labels.insert(CONTROLLER_LABEL.into(), cc.name_any());
+    labels.insert(K::LABEL.into(), cc.name_any());
     let body = json!({
         "apiVersion": "wasmop.dev/v1alpha1",
         "kind": "WasmReconciler",
@@ -310,7 +441,7 @@ async fn apply(
 }
 
 /// Deletes the WasmReconciler wasmop made for `cc`, if there is one (and only that one).
-async fn delete_ours(ctx: &Ctx, cc: &CompositeController, name: &str) -> Result<(), ComposeError> {
+async fn delete_ours<K: Served>(ctx: &Ctx, cc: &K, name: &str) -> Result<(), ComposeError> {
     let api: Api<WasmReconciler> = Api::all(ctx.client.clone());
     let uid = cc.uid().unwrap_or_default();
     let Some(existing) = api
@@ -338,19 +469,18 @@ async fn delete_ours(ctx: &Ctx, cc: &CompositeController, name: &str) -> Result<
 }
 
 /// Writes `Ready` on `cc` (kept as it is while it does not change).
-async fn write_status(
+async fn write_status<K: Served>(
     ctx: &Ctx,
-    cc: &CompositeController,
+    cc: &K,
     status: &str,
     reason: &str,
     message: &str,
     reconciler: &str,
 ) -> Result<(), ComposeError> {
     let current = cc
-        .status
-        .as_ref()
+        .served_status()
         .and_then(|s| s.conditions.iter().find(|c| c.type_ == reasons::READY));
-    let generation = cc.metadata.generation;
+    let generation = cc.meta().generation;
     if current.is_some_and(|c| {
         c.status == status
             && c.reason == reason
@@ -373,11 +503,11 @@ async fn write_status(
     };
     let served = (status == "True").then(|| reconciler.to_string());
     let patch = json!({
-        "apiVersion": "metacontroller.k8s.io/v1alpha1",
-        "kind": "CompositeController",
+        "apiVersion": K::api_version(&()),
+        "kind": K::kind(&()),
         "status": {"conditions": [condition], "observedGeneration": generation, "reconciler": served},
     });
-    let api: Api<CompositeController> = Api::all(ctx.client.clone());
+    let api: Api<K> = Api::all(ctx.client.clone());
     api.patch_status(
         &cc.name_any(),
         &PatchParams::apply(FIELD_MANAGER).force(),
@@ -386,7 +516,8 @@ async fn write_status(
     .await
     .map_err(|e| {
         ComposeError(format!(
-            "writing the status of CompositeController {}: {e}",
+            "writing the status of {} {}: {e}",
+            K::kind(&()),
             cc.name_any()
         ))
     })?;

@@ -26,6 +26,9 @@ pub struct Observed {
     /// The objects of the related resources the customize hook may name (all of them: its
     /// answer selects).
     pub related: Vec<(Gvk, Vec<Value>)>,
+    /// A decorator's parent's children that are not its attachments (another decorator's, or
+    /// the parent's own controller's), per child kind: neither shown to the hook nor touched.
+    pub foreign: Vec<(Gvk, Vec<Value>)>,
 }
 
 impl Observed {
@@ -45,11 +48,12 @@ impl Observed {
                 .collect::<Result<Vec<_>, _>>()?;
             Ok::<_, String>((kind, objects))
         };
-        let children = spec
+        let children: Vec<(Gvk, Vec<Value>)> = spec
             .children
             .iter()
             .map(|c| of(&request.owned, c.gvk()))
             .collect::<Result<_, _>>()?;
+        let (children, foreign) = attachments(spec, children);
         let related = spec
             .related
             .iter()
@@ -59,22 +63,19 @@ impl Observed {
             parent,
             children,
             related,
+            foreign,
         })
     }
 
     /// Whether `parents` selects the parent.
     pub fn selected(&self, parents: &Parents) -> bool {
-        let selector = match parents {
-            Parents::All => return true,
-            Parents::Nothing => return false,
-            Parents::Matching(selector) => selector,
+        let map = |field: &str| -> BTreeMap<String, String> {
+            self.parent
+                .pointer(&format!("/metadata/{field}"))
+                .and_then(|l| serde_json::from_value(l.clone()).ok())
+                .unwrap_or_default()
         };
-        let labels: BTreeMap<String, String> = self
-            .parent
-            .pointer("/metadata/labels")
-            .and_then(|l| serde_json::from_value(l.clone()).ok())
-            .unwrap_or_default();
-        selector.matches(&labels)
+        parents.selects(&map("labels"), &map("annotations"))
     }
 
     /// The parent's namespace (None: cluster-scoped).
@@ -85,26 +86,94 @@ impl Observed {
     }
 }
 
-/// Which parents a controller syncs (`parentResource.labelSelector`), parsed once per adapter.
+/// The annotation on a DecoratorController's attachments: the controller's name. Only the
+/// attachments that carry it are the decorator's (Metacontroller's rule too).
+pub const DECORATOR_ANNOTATION: &str = "metacontroller.k8s.io/decorator-controller";
+
+/// `children` split, for a decorator, into its attachments and the rest ([`Observed::foreign`]);
+/// a CompositeController's are all its own.
+fn attachments(
+    spec: &HookSpec,
+    children: Vec<(Gvk, Vec<Value>)>,
+) -> (Vec<(Gvk, Vec<Value>)>, Vec<(Gvk, Vec<Value>)>) {
+    let Some(decorator) = &spec.decorator else {
+        let none = children
+            .iter()
+            .map(|(k, _)| (k.clone(), Vec::new()))
+            .collect();
+        return (children, none);
+    };
+    children
+        .into_iter()
+        .map(|(kind, objects)| {
+            let (ours, theirs): (Vec<Value>, Vec<Value>) = objects.into_iter().partition(|o| {
+                o.pointer("/metadata/annotations")
+                    .and_then(|a| a.get(DECORATOR_ANNOTATION))
+                    .and_then(Value::as_str)
+                    == Some(decorator.name.as_str())
+            });
+            ((kind.clone(), ours), (kind, theirs))
+        })
+        .unzip()
+}
+
+/// Which parents a controller syncs (`labelSelector`, and a decorator's
+/// `annotationSelector`), parsed once per adapter.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Parents {
+pub struct Parents {
+    labels: Matching,
+    annotations: Matching,
+}
+
+/// One selector of [`Parents`].
+#[derive(Debug, Clone, PartialEq)]
+enum Matching {
     /// No selector: every parent.
     All,
-    /// Those whose labels match.
-    Matching(Selector),
+    /// Those whose labels (annotations) match.
+    Selector(Selector),
     /// A selector that is not one (the controller is refused before it gets here).
     Nothing,
+}
+
+impl Matching {
+    fn of(selector: Option<Value>) -> Self {
+        match selector {
+            None => Matching::All,
+            Some(v) => serde_json::from_value(v).map_or(Matching::Nothing, Matching::Selector),
+        }
+    }
+
+    fn matches(&self, map: &BTreeMap<String, String>) -> bool {
+        match self {
+            Matching::All => true,
+            Matching::Selector(s) => s.matches(map),
+            Matching::Nothing => false,
+        }
+    }
 }
 
 impl Parents {
     /// The parents `spec` selects.
     pub fn of(spec: &HookSpec) -> Self {
-        match &spec.parent_selector {
-            None => Parents::All,
-            Some(v) => {
-                serde_json::from_value(v.clone()).map_or(Parents::Nothing, Parents::Matching)
-            }
+        let annotations = spec
+            .decorator
+            .as_ref()
+            .and_then(|d| d.annotation_selector.as_ref())
+            .map(super::decorator::as_label_selector);
+        Parents {
+            labels: Matching::of(spec.parent_selector.clone()),
+            annotations: Matching::of(annotations),
         }
+    }
+
+    /// Whether a parent with `labels` and `annotations` is selected (by both selectors).
+    pub fn selects(
+        &self,
+        labels: &BTreeMap<String, String>,
+        annotations: &BTreeMap<String, String>,
+    ) -> bool {
+        self.labels.matches(labels) && self.annotations.matches(annotations)
     }
 }
 
@@ -153,10 +222,14 @@ pub fn sync_document(
     related: Value,
     finalizing: bool,
 ) -> Value {
+    let (parent, children) = match spec.decorator {
+        None => ("parent", "children"),
+        Some(_) => ("object", "attachments"),
+    };
     json!({
         "controller": spec.controller,
-        "parent": observed.parent,
-        "children": children_map(spec, observed),
+        parent: observed.parent,
+        children: children_map(spec, observed),
         "related": related,
         "finalizing": finalizing,
     })
@@ -289,6 +362,7 @@ mod tests {
                 (Gvk::new("v1", "PersistentVolumeClaim"), vec![]),
             ],
             related: Vec::new(),
+            foreign: Vec::new(),
         };
         let doc = sync_document(&spec, &observed, json!({}), true);
         assert_eq!(
@@ -333,6 +407,7 @@ mod related_tests {
                     cm("a", "other", "x"),
                 ],
             )],
+            foreign: Vec::new(),
         }
     }
 

@@ -39,7 +39,7 @@ impl std::fmt::Display for Refusal {
     }
 }
 
-fn refuse(field: &'static str, message: impl Into<String>) -> Refusal {
+pub(super) fn refuse(field: &'static str, message: impl Into<String>) -> Refusal {
     Refusal {
         field,
         message: message.into(),
@@ -47,7 +47,7 @@ fn refuse(field: &'static str, message: impl Into<String>) -> Refusal {
 }
 
 /// The longest object name Kubernetes allows.
-const MAX_NAME: usize = 253;
+pub(super) const MAX_NAME: usize = 253;
 
 /// The name of the WasmReconciler serving CompositeController `name`.
 pub fn reconciler_name(name: &str) -> String {
@@ -57,69 +57,87 @@ pub fn reconciler_name(name: &str) -> String {
 /// The first feature of `cc` that wasmop does not serve, if any.
 pub fn refusal(cc: &CompositeController) -> Option<Refusal> {
     let name = cc.metadata.name.as_deref().unwrap_or_default();
-    if reconciler_name(name).len() > MAX_NAME {
-        return Some(refuse(
+    let spec = &cc.spec;
+    name_refusal(&reconciler_name(name))
+        .or_else(|| hooks_refusal("a CompositeController", &spec.hooks, spec.wasmop.as_ref()))
+        .or_else(|| {
+            selector_refusal(
+                "spec.parentResource.labelSelector",
+                spec.parent_resource.label_selector.as_ref(),
+            )
+        })
+        .or_else(|| {
+            spec.child_resources.iter().find_map(|c| {
+                let method = c.update_strategy.as_ref().and_then(|u| u.method.as_deref());
+                method_of(CHILD_METHOD, method).err()
+            })
+        })
+}
+
+/// Refuses a WasmReconciler name (`wr`) Kubernetes would refuse.
+pub(super) fn name_refusal(wr: &str) -> Option<Refusal> {
+    (wr.len() > MAX_NAME).then(|| {
+        refuse(
             "metadata.name",
             format!(
-                "its WasmReconciler's name, {:?}, would be over the {MAX_NAME} characters Kubernetes allows: shorten the controller's name",
-                reconciler_name(name)
+                "its WasmReconciler's name, {wr:?}, would be over the {MAX_NAME} characters Kubernetes allows: shorten the controller's name"
             ),
-        ));
-    }
-    let spec = &cc.spec;
-    let hooks = spec.hooks.clone().unwrap_or_default();
-    let related = spec.wasmop.as_ref().is_some_and(|w| !w.related.is_empty());
-    let checks: [(bool, &'static str, &str); 4] = [
+        )
+    })
+}
+
+/// Refuses what `hooks` ask that wasmop does not serve (`what`: `a CompositeController`).
+pub(super) fn hooks_refusal(
+    what: &str,
+    hooks: &Option<super::api::Hooks>,
+    wasmop: Option<&super::api::WasmopHooks>,
+) -> Option<Refusal> {
+    let hooks = hooks.clone().unwrap_or_default();
+    let related = wasmop.is_some_and(|w| !w.related.is_empty());
+    let checks: [(bool, &'static str, String); 4] = [
         (
             hooks.sync.is_none(),
             "spec.hooks.sync",
-            "a CompositeController needs a sync hook",
+            format!("{what} needs a sync hook"),
         ),
         (
             hooks.customize.is_some() && !related,
             "spec.wasmop.related",
-            "the customize hook names related resources: list the ones it may name here (apiVersion and resource), so wasmop watches them",
+            "the customize hook names related resources: list the ones it may name here (apiVersion and resource), so wasmop watches them".into(),
         ),
         (
             hooks.pre_update_child.is_some(),
             "spec.hooks.preUpdateChild",
-            "not served by wasmop",
+            "not served by wasmop".into(),
         ),
         (
             hooks.post_update_child.is_some(),
             "spec.hooks.postUpdateChild",
-            "not served by wasmop",
+            "not served by wasmop".into(),
         ),
     ];
     if let Some((_, field, message)) = checks.into_iter().find(|(bad, _, _)| *bad) {
         return Some(refuse(field, message));
     }
-    let selector = spec.parent_resource.label_selector.clone();
-    if let Some(e) = selector
-        .map(serde_json::from_value::<crate::contract::Selector>)
-        .and_then(Result::err)
-    {
-        return Some(refuse(
-            "spec.parentResource.labelSelector",
-            format!("not a label selector: {e}"),
-        ));
-    }
-    for (field, hook) in [
+    [
         ("spec.hooks.sync", &hooks.sync),
         ("spec.hooks.finalize", &hooks.finalize),
         ("spec.hooks.customize", &hooks.customize),
-    ] {
-        if let Some(r) = hook.as_ref().and_then(|h| hook_refusal(field, h)) {
-            return Some(r);
-        }
-    }
-    spec.child_resources.iter().find_map(|c| {
-        let method = c.update_strategy.as_ref().and_then(|u| u.method.as_deref());
-        method_of(method).err()
-    })
+    ]
+    .into_iter()
+    .find_map(|(field, hook)| hook.as_ref().and_then(|h| hook_refusal(field, h)))
 }
 
-fn hook_refusal(field: &'static str, hook: &Hook) -> Option<Refusal> {
+/// Refuses a label selector (in `field`) that is not one.
+pub(super) fn selector_refusal(
+    field: &'static str,
+    selector: Option<&serde_json::Value>,
+) -> Option<Refusal> {
+    let e = serde_json::from_value::<crate::contract::Selector>(selector?.clone()).err()?;
+    Some(refuse(field, format!("not a label selector: {e}")))
+}
+
+pub(super) fn hook_refusal(field: &'static str, hook: &Hook) -> Option<Refusal> {
     match hook.version.as_deref() {
         None | Some("v1" | "v2") => {}
         Some(other) => return Some(refuse(field, format!("hook version {other:?}: v1 or v2"))),
@@ -137,7 +155,17 @@ fn hook_refusal(field: &'static str, hook: &Hook) -> Option<Refusal> {
     }
 }
 
-fn method_of(method: Option<&str>) -> Result<UpdateMethod, Refusal> {
+/// The field of a child resource's update method.
+const CHILD_METHOD: &str = "spec.childResources[].updateStrategy.method";
+
+/// The field of an attachment resource's update method.
+pub(super) const ATTACHMENT_METHOD: &str = "spec.attachments[].updateStrategy.method";
+
+/// The update method `method` names (in `field`).
+pub(super) fn method_of(
+    field: &'static str,
+    method: Option<&str>,
+) -> Result<UpdateMethod, Refusal> {
     Ok(match method {
         None | Some("" | "OnDelete") => UpdateMethod::OnDelete,
         Some("Recreate") => UpdateMethod::Recreate,
@@ -146,7 +174,7 @@ fn method_of(method: Option<&str>) -> Result<UpdateMethod, Refusal> {
         Some("RollingInPlace") => UpdateMethod::RollingInPlace,
         Some(other) => {
             return Err(refuse(
-                "spec.childResources[].updateStrategy.method",
+                field,
                 format!(
                     "{other:?} is not a Metacontroller update method (OnDelete, Recreate, InPlace, RollingRecreate, RollingInPlace)"
                 ),
@@ -177,18 +205,66 @@ pub fn reconciler_spec(
     cc: &CompositeController,
     kinds: &Kinds,
 ) -> Result<WasmReconcilerSpec, Refusal> {
-    let wasmop = cc
-        .spec
+    let parent = &cc.spec.parent_resource;
+    build(
+        Parts {
+            controller: controller_document("CompositeController", &cc.metadata, &cc.spec),
+            wasmop: cc.spec.wasmop.as_ref(),
+            hooks: cc.spec.hooks.clone().unwrap_or_default(),
+            strategies: (
+                "spec.childResources",
+                cc.spec
+                    .child_resources
+                    .iter()
+                    .map(|c| c.update_strategy.clone())
+                    .collect(),
+            ),
+            parent_selector: parent.label_selector.clone(),
+            ignore_status_changes: parent.ignore_status_changes,
+            resync_period_seconds: cc.spec.resync_period_seconds,
+            decorator: None,
+        },
+        kinds,
+    )
+}
+
+/// A controller, as its WasmReconciler's spec is made from it.
+pub(super) struct Parts<'a> {
+    /// What hooks receive in `controller`.
+    pub controller: serde_json::Value,
+    /// `spec.wasmop`.
+    pub wasmop: Option<&'a super::api::WasmopHooks>,
+    /// `spec.hooks`.
+    pub hooks: super::api::Hooks,
+    /// The field of the child (attachment) resources, and their update strategies in order.
+    pub strategies: (&'static str, Vec<Option<super::api::UpdateStrategy>>),
+    /// The parents' label selector.
+    pub parent_selector: Option<serde_json::Value>,
+    /// `ignoreStatusChanges`.
+    pub ignore_status_changes: Option<bool>,
+    /// `resyncPeriodSeconds`.
+    pub resync_period_seconds: Option<i32>,
+    /// A DecoratorController's part of the hook spec.
+    pub decorator: Option<crate::crd::DecoratorHook>,
+}
+
+/// The WasmReconciler spec of a controller's `parts`, its resources resolved to `kinds`.
+///
+/// # Errors
+/// A [`Refusal`] when there is no `spec.wasmop`, a child kind is the parent's, or an update
+/// method is not one.
+pub(super) fn build(parts: Parts<'_>, kinds: &Kinds) -> Result<WasmReconcilerSpec, Refusal> {
+    let wasmop = parts
         .wasmop
-        .as_ref()
         .ok_or_else(|| refuse("spec.wasmop", "absent: the controller is Metacontroller's"))?;
+    let (children_field, strategies) = parts.strategies;
     if kinds.children.contains(&kinds.parent) {
         return Err(refuse(
-            "spec.childResources",
+            children_field,
             "a child resource is the parent resource",
         ));
     }
-    let hooks = cc.spec.hooks.clone().unwrap_or_default();
+    let hooks = parts.hooks;
     let sync = hooks.sync.clone().unwrap_or_default();
     let version = match sync.version.as_deref() {
         Some("v2") => HookVersion::V2,
@@ -199,13 +275,18 @@ pub fn reconciler_spec(
         .as_ref()
         .and_then(|w| w.response_unmarshall_mode.as_deref());
     let strict = mode.map_or(version == HookVersion::V2, |m| m == "strict");
+    let method_field = if parts.decorator.is_some() {
+        ATTACHMENT_METHOD
+    } else {
+        CHILD_METHOD
+    };
     let mut children = Vec::new();
-    for (rule, kind) in cc.spec.child_resources.iter().zip(&kinds.children) {
-        let strategy = rule.update_strategy.clone().unwrap_or_default();
+    for (strategy, kind) in strategies.into_iter().zip(&kinds.children) {
+        let strategy = strategy.unwrap_or_default();
         children.push(HookChild {
             api_version: kind.api_version.clone(),
             kind: kind.kind.clone(),
-            method: method_of(strategy.method.as_deref())?,
+            method: method_of(method_field, strategy.method.as_deref())?,
             status_checks: strategy
                 .status_checks
                 .map(|s| s.conditions)
@@ -213,7 +294,7 @@ pub fn reconciler_spec(
         });
     }
     let hook = HookSpec {
-        controller: controller_document(cc),
+        controller: parts.controller,
         version,
         strict,
         children,
@@ -230,8 +311,9 @@ pub fn reconciler_spec(
                 kind: k.kind.clone(),
             })
             .collect(),
-        parent_selector: cc.spec.parent_resource.label_selector.clone(),
-        sync_on_status: cc.spec.parent_resource.ignore_status_changes != Some(true),
+        parent_selector: parts.parent_selector,
+        sync_on_status: parts.ignore_status_changes != Some(true),
+        decorator: parts.decorator,
     };
     Ok(WasmReconcilerSpec {
         module: wasmop.module.clone(),
@@ -250,8 +332,7 @@ pub fn reconciler_spec(
         namespaces: wasmop.namespaces.clone(),
         service_account: wasmop.service_account.clone(),
         limits: limits(wasmop.limits.clone(), &sync),
-        resync_period: cc
-            .spec
+        resync_period: parts
             .resync_period_seconds
             .filter(|s| *s > 0)
             .map(|s| format!("{s}s")),
@@ -264,15 +345,19 @@ pub fn reconciler_spec(
 
 /// The controller as hooks receive it: apiVersion, kind, name, uid and spec (without
 /// `spec.wasmop`, which is wasmop's and says where the module is, not what it does).
-fn controller_document(cc: &CompositeController) -> serde_json::Value {
-    let mut spec = serde_json::to_value(&cc.spec).unwrap_or_default();
+pub(super) fn controller_document(
+    kind: &str,
+    meta: &kube::api::ObjectMeta,
+    spec: &impl serde::Serialize,
+) -> serde_json::Value {
+    let mut spec = serde_json::to_value(spec).unwrap_or_default();
     if let Some(map) = spec.as_object_mut() {
         map.remove("wasmop");
     }
     serde_json::json!({
         "apiVersion": "metacontroller.k8s.io/v1alpha1",
-        "kind": "CompositeController",
-        "metadata": {"name": cc.metadata.name, "uid": cc.metadata.uid},
+        "kind": kind,
+        "metadata": {"name": meta.name, "uid": meta.uid},
         "spec": spec,
     })
 }
@@ -280,7 +365,7 @@ fn controller_document(cc: &CompositeController) -> serde_json::Value {
 /// `spec.wasmop.limits`, else a WasmReconciler's defaults with the sync webhook's timeout
 /// (Metacontroller's default 10s) as the deadline and 128Mi of memory (a JavaScript or Python
 /// interpreter with its heap).
-fn limits(given: Option<ReconcilerLimits>, sync: &Hook) -> ReconcilerLimits {
+pub(super) fn limits(given: Option<ReconcilerLimits>, sync: &Hook) -> ReconcilerLimits {
     given.unwrap_or_else(|| {
         let timeout = sync.webhook.as_ref().and_then(|w| w.timeout.clone());
         ReconcilerLimits {

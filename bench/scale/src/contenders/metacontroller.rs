@@ -176,7 +176,7 @@ pub async fn start(
         .apply_yaml(&repo().join("deploy/crds/wasmreconciler.yaml"))
         .await?;
     cluster
-        .apply_yaml(&repo().join("deploy/components/metacontroller/compositecontroller.yaml"))
+        .apply_yaml(&repo().join("deploy/components/metacontroller/crds.yaml"))
         .await?;
     cluster
         .apply_yaml(&repo().join("examples/image-updater/k8s/rbac.yaml"))
