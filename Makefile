@@ -89,14 +89,18 @@ cluster: prereqs-cluster testenv
 demo: prereqs-demo testenv
 	DEMO_ONCE=$(DEMO_ONCE) TESTENV=$(TESTENV) bash scripts/demo.sh
 
-## Regenerate deploy/crds/ and the chart's crds/ from the Rust types (host/src/crd.rs);
-## host/tests/crds.rs checks both.
+## Regenerate deploy/crds/ and the chart's crds/ from the Rust types (host/src/crd.rs), and
+## copy deploy/components/metacontroller/'s resources into the chart (its Metacontroller mode);
+## host/tests/crds.rs checks all of them.
 crds: prereqs-rust
 	$(CARGO) run -p wasmop --bin wasmop -- crdgen > deploy/crds/wasmreconciler.yaml.new
 	cp deploy/crds/wasmreconciler.yaml.new deploy/helm/wasmop/crds/wasmreconciler.yaml
 	mv deploy/crds/wasmreconciler.yaml.new deploy/crds/wasmreconciler.yaml
 	$(CARGO) run -p wasmop --bin wasmop -- crdgen --metacontroller > deploy/components/metacontroller/crds.yaml.new
 	mv deploy/components/metacontroller/crds.yaml.new deploy/components/metacontroller/crds.yaml
+	rm -f deploy/helm/wasmop/files/metacontroller/*.yaml
+	for f in $$(sed -n '/^resources:/,/^[a-z]/s/^- //p' deploy/components/metacontroller/kustomization.yaml); do \
+		cp deploy/components/metacontroller/$$f deploy/helm/wasmop/files/metacontroller/$$f || exit 1; done
 
 ## Write deploy/monitoring/prometheusrule.yaml and the chart's copies of the alerts and the
 ## dashboard from deploy/monitoring/alerts.yaml and dashboard.json (tests check they are current).

@@ -29,3 +29,45 @@ fn checked_in_crds_match_the_rust_types() {
         );
     }
 }
+
+/// The chart's Metacontroller mode (`metacontroller.enabled`) renders the chart's copies of the
+/// files of deploy/components/metacontroller: every resource the component's kustomization
+/// lists has its copy in deploy/helm/wasmop/files/metacontroller/, byte for byte, and there is
+/// no other (tests/e2e/chart.rs compares the rendered objects with kustomize's).
+#[test]
+fn the_charts_metacontroller_files_are_the_components() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let component = root.join("deploy/components/metacontroller");
+    let copies = root.join("deploy/helm/wasmop/files/metacontroller");
+    let kustomization = std::fs::read_to_string(component.join("kustomization.yaml"))
+        .unwrap_or_else(|e| panic!("deploy/components/metacontroller/kustomization.yaml: {e}"));
+    let kustomization: serde_json::Value = serde_saphyr::from_str(&kustomization)
+        .unwrap_or_else(|e| panic!("deploy/components/metacontroller/kustomization.yaml: {e}"));
+    let mut resources: Vec<String> = kustomization["resources"]
+        .as_array()
+        .unwrap_or_else(|| panic!("the component's kustomization lists no resources"))
+        .iter()
+        .map(|r| r.as_str().unwrap_or_default().to_string())
+        .collect();
+    resources.sort();
+    let mut copied: Vec<String> = std::fs::read_dir(&copies)
+        .unwrap_or_else(|e| panic!("deploy/helm/wasmop/files/metacontroller: {e}"))
+        .map(|entry| {
+            let entry = entry.unwrap_or_else(|e| panic!("{e}"));
+            entry.file_name().to_string_lossy().into_owned()
+        })
+        .collect();
+    copied.sort();
+    assert_eq!(
+        copied, resources,
+        "deploy/helm/wasmop/files/metacontroller/ must hold exactly the resources of deploy/components/metacontroller/kustomization.yaml; copy them: make crds"
+    );
+    for file in &resources {
+        let original = std::fs::read_to_string(component.join(file)).unwrap_or_default();
+        let copy = std::fs::read_to_string(copies.join(file)).unwrap_or_default();
+        assert!(
+            !original.is_empty() && copy == original,
+            "deploy/helm/wasmop/files/metacontroller/{file} differs from deploy/components/metacontroller/{file}; copy it: make crds"
+        );
+    }
+}

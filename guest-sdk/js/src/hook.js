@@ -13,7 +13,8 @@
 // POST of the request document to the hook's path, awaits the hook and maps its answer: a 2xx
 // status (or none) is `ok` with the body's text (a string body as it is, anything else as JSON),
 // another status is `err` with that status and the body's text, a throw is `err` 500 with the
-// error's text and stack.
+// error's type and where it was thrown, never its text (it may carry a Secret's value), and the
+// error's type and the hook's frames go to the log.
 //
 // Pure JavaScript: the component's entry (written by tools/build-hook.mjs) imports it and hands
 // it the hook's source and the host's `log`; the SDK's tests call it natively on the same shapes.
@@ -47,10 +48,10 @@ function safeString(v) {
   }
 }
 
-/** The frames of `stack` above the adapter's `callHook` (the hook's own; the rest is the runtime's). */
+/** The frames of `stack` above the adapter's `callHook` or `bodyText` (the hook's own; the rest is the adapter's and the runtime's). */
 function hookFrames(stack) {
   const lines = stack.trimEnd().split('\n');
-  const end = lines.findIndex((line) => /\bcallHook\b/.test(line));
+  const end = lines.findIndex((line) => /\b(callHook|bodyText)\b/.test(line));
   return (end < 0 ? lines : lines.slice(0, end)).join('\n');
 }
 
@@ -62,6 +63,55 @@ export function errorText(e) {
   if (!stack) return head;
   // V8's stack starts with the head; SpiderMonkey's is the frames only.
   return stack.startsWith(head) ? stack : `${head}\n${stack}`;
+}
+
+const NOT_SHOWN = 'its text is not shown, it may carry values: answer {status, body} to say more';
+
+/** What was thrown, by its type only: `TypeError`, `a thrown string`. */
+function thrownName(e) {
+  if (e instanceof Error) return safeString(e.name) || 'Error';
+  return `a thrown ${e === null ? 'null' : typeof e}`;
+}
+
+/**
+ * The hook's frames of what was thrown, without its text: SpiderMonkey's stack is frames only
+ * (`fn@sync.js:12:3`); V8's starts with `TypeError: message`, which is cut off. A stack of
+ * another shape (a message changed after the throw, a stack the hook wrote) gives no frames.
+ */
+export function thrownFrames(e) {
+  if (!(e instanceof Error) || typeof e.stack !== 'string') return '';
+  const head = safeString(e);
+  let stack = e.stack;
+  if (stack.startsWith(`${head}\n`)) stack = stack.slice(head.length + 1);
+  else if (!/^[^\n]*@[^\n]*:\d+:\d+$/m.test(stack.split('\n', 1)[0])) return '';
+  return hookFrames(stack);
+}
+
+/** `sync.js:12` of the first of `frames` (SpiderMonkey's `fn@sync.js:12:3`, V8's `at fn (sync.js:12:3)`). */
+function firstLocation(frames) {
+  for (const line of frames.split('\n')) {
+    const m = /([^/\\@( ]+):(\d+):\d+\)?\s*$/.exec(line.trim());
+    if (m) return `${m[1]}:${m[2]}`;
+  }
+  return undefined;
+}
+
+/**
+ * What was thrown, for the 500 answer: its type and where (`TypeError at sync.js:12`), never
+ * its text, which may carry values (a Secret's, formatted into the message) and would reach the
+ * parent's Events and the host's log, as the SDK's reconcile-error does.
+ */
+export function thrownMessage(e) {
+  if (e instanceof AdapterError) return safeString(e);
+  const where = firstLocation(thrownFrames(e));
+  return `${thrownName(e)}${where ? ` at ${where}` : ''} (${NOT_SHOWN})`;
+}
+
+/** What was thrown, for the log: its type and the hook's frames, without its text. */
+export function thrownLog(e) {
+  const frames = thrownFrames(e);
+  const head = e instanceof AdapterError ? safeString(e) : `${thrownName(e)} (${NOT_SHOWN})`;
+  return `${head}${frames ? `\n${frames}` : ''}`;
 }
 
 /** One console argument as text: strings as they are, errors with their stack, objects as JSON. */
@@ -96,6 +146,10 @@ export function hookConsole(write) {
   const console = Object.fromEntries(Object.entries(LEVELS).map(([name, level]) => [name, line(level)]));
   return {
     console,
+    /** A line of the adapter's own (what a call threw), outside the hook's budget. */
+    error(text) {
+      write('error', cut(text, MAX_LOG_LINE_CHARS));
+    },
     reset() {
       budget.left = MAX_LOG_LINES;
       budget.dropped = 0;
@@ -107,10 +161,14 @@ export function hookConsole(write) {
   };
 }
 
+/** An error of the adapter's own (a refused `require`), whose text says what to change and is shown. */
+class AdapterError extends Error {}
+AdapterError.prototype.name = 'Error';
+
 /** The hook's `require`: a hook runs without Node's modules, files or network. */
 function refuse(filename) {
   return (name) => {
-    throw new Error(
+    throw new AdapterError(
       `${filename}: require(${JSON.stringify(name)}) is not available: a hook runs in a Wasm sandbox, ` +
         "without Node's modules, npm packages, files or network; put what it needs into the hook file",
     );
@@ -205,7 +263,8 @@ export function answer(result) {
   try {
     text = bodyText(result.body);
   } catch (e) {
-    return failure(500, `the hook's body cannot be written as JSON: ${errorText(e)}`);
+    // A toJSON of the hook's may throw: its text is not shown either.
+    return failure(500, `the hook's body cannot be written as JSON (a cycle, a BigInt, a toJSON that throws): ${thrownMessage(e)}`);
   }
   if (status < 200 || status > 299) return failure(status, text);
   const size = overSize(text, MAX_BODY_BYTES);
@@ -227,7 +286,8 @@ export async function callHook(hook, request, logs) {
   try {
     return answer(await hook(context));
   } catch (e) {
-    return failure(500, errorText(e));
+    logs.error(thrownLog(e));
+    return failure(500, thrownMessage(e));
   } finally {
     logs.flush();
   }

@@ -42,13 +42,42 @@ test('a status other than 2xx is the hook-error with that status and the body as
   assert.deepEqual(await load('status500').hooks.call(syncRequest()), { tag: 'err', val: { status: 500, message: 'no quota for p' } });
 });
 
-test('a thrown error is the hook-error 500 with its text and the hook file frames of its stack', async () => {
-  const out = await load('throws').hooks.call(syncRequest({ ...PARENT, spec: undefined }));
+test('a thrown error is the hook-error 500 with its type and where; the log has the hook file frames of its stack', async () => {
+  const { hooks, logs } = load('throws');
+  const out = await hooks.call(syncRequest({ ...PARENT, spec: undefined }));
   assert.equal(out.tag, 'err');
   assert.equal(out.val.status, 500);
-  assert.match(out.val.message, /^TypeError: p has no spec\n/);
-  assert.match(out.val.message, /throws\.js:3:/);
-  assert.doesNotMatch(out.val.message, /callHook|hook\.js:/);
+  assert.equal(out.val.message, 'TypeError at throws.js:3 (its text is not shown, it may carry values: answer {status, body} to say more)');
+  assert.equal(logs.length, 1);
+  assert.equal(logs[0][0], 'error');
+  assert.match(logs[0][1], /^TypeError \(its text is not shown[^\n]*\n\s+at check \(throws\.js:3:\d+\)\n\s+at module\.exports \(throws\.js:7:\d+\)$/);
+  assert.doesNotMatch(logs[0][1], /callHook|hook\.js:|no spec/);
+});
+
+const MARKER = 's3cr3t-Pa55w0rd'; // a Secret's value a hook formats into what it throws
+
+test("what a hook throws reaches neither the answer nor the log with its text, only its type and frames", async () => {
+  const { hooks, logs } = fromSource(`function check(pw) {
+  if (pw !== 'hunter2') throw new Error('bad password ' + pw + '\\n    at fake (' + pw + '.js:1:1)');
+}
+module.exports = async function (context) {
+  var pw = context.request.body.password;
+  if (context.request.path === '/string') throw 'bad password ' + pw;
+  if (context.request.path === '/json') return { body: { toJSON: function () { throw new RangeError(pw); } } };
+  check(pw);
+};`, 'leaky.js');
+  const call = (path) => hooks.call({ kind: 'sync', path, body: JSON.stringify({ password: MARKER }) });
+  const thrown = await call('/sync');
+  assert.equal(thrown.val.status, 500);
+  assert.match(thrown.val.message, /^Error at leaky\.js:2 \(its text is not shown/);
+  const string = await call('/string');
+  assert.match(string.val.message, /^a thrown string \(its text is not shown/);
+  const json = await call('/json');
+  assert.match(json.val.message, /^the hook's body cannot be written as JSON \([^)]*\): RangeError at leaky\.js:7 \(its text/);
+  for (const out of [thrown, string, json]) assert.ok(!out.val.message.includes(MARKER), out.val.message);
+  assert.ok(logs.length > 0 && !logs.some(([, line]) => line.includes(MARKER)), JSON.stringify(logs));
+  // The log keeps the hook's frames, at error.
+  assert.ok(logs.some(([level, line]) => level === 'error' && /^Error \(its text is not shown[^\n]*\n.*\bcheck\b.*leaky\.js:2:/s.test(line)), JSON.stringify(logs));
 });
 
 test('a string body is passed as it is', async () => {
@@ -86,7 +115,7 @@ test('answers: no status is 200, other statuses and bodies as text, and what is 
   assert.match(answer({ status: 700 }).val.message, /status 700, not an HTTP status/);
   const cyclic = {};
   cyclic.self = cyclic;
-  assert.match(answer({ status: 200, body: cyclic }).val.message, /^the hook's body cannot be written as JSON: TypeError/);
+  assert.match(answer({ status: 200, body: cyclic }).val.message, /^the hook's body cannot be written as JSON \(a cycle, a BigInt, a toJSON that throws\): TypeError \(its text/);
   assert.match(answer({ status: 200, body: { big: 1n } }).val.message, /cannot be written as JSON/);
 });
 

@@ -41,7 +41,7 @@ OUTPUT_MAX = 4 << 20
 HEADERS_MAX = 64 << 10
 """The most bytes of status line and headers a hook may answer."""
 MESSAGE_MAX = 4096
-"""The most characters of an error's message (the body of a non-2xx answer, a traceback)."""
+"""The most characters of an error's message (the body of a non-2xx answer)."""
 LOG_LINE_MAX = 4096
 """The most characters of a log line (longer ones are cut), as the host's."""
 LOG_LINES_MAX = 500
@@ -125,7 +125,7 @@ class HookServer:
             except (Exception, SystemExit) as e:  # over HTTP the connection drops: no answer
                 e.with_traceback(e.__traceback__.tb_next)  # from the server's frames on
                 capture.write(_STDERR, _traceback(e), Level.ERROR)
-                return Answer(500, _last_lines(e))
+                return Answer(500, _described(e))
         return _answer(out)
 
     def _handler(self, request: bytes, out: "_Written"):
@@ -278,16 +278,41 @@ def _answer(out: _Written) -> Answer:
     return answer if answer.ok else Answer(answer.status, _cut(text, MESSAGE_MAX))
 
 
+_NOT_SHOWN = "its text is not shown, it may carry values: answer a non-2xx status with a body to say more"
+
+
+def _described(e: BaseException) -> str:
+    """The 500's message for ``e``: its type and where it was raised (``KeyError at sync.py:31
+    (its text is not shown ...)``), never its text, which often carries values (a Secret's, in a
+    ``ValueError``) and would reach the parent's Events and the host's log (as the SDK's
+    ``reconcile`` does)."""
+    frames = traceback.extract_tb(e.__traceback__)
+    where = f" at {os.path.basename(frames[-1].filename)}:{frames[-1].lineno}" if frames else ""
+    return _cut(f"{type(e).__name__}{where} ({_NOT_SHOWN})", MESSAGE_MAX)
+
+
 def _traceback(e: BaseException) -> str:
-    return "".join(traceback.format_exception(type(e), e, e.__traceback__))
-
-
-def _last_lines(e: BaseException) -> str:
-    """The last frame of ``e``'s traceback and the exception: ``File "sync.py", line 31, in
-    sync ... KeyError: 'spec'``. Its text is the exception's: it may carry values."""
-    te = traceback.TracebackException.from_exception(e)
-    lines = list(te.stack.format())[-1:] + list(te.format_exception_only())
-    return _cut("".join(lines).strip(), MESSAGE_MAX)
+    """``e``'s traceback as Python writes it (its frames, and those of its cause or context),
+    with each exception's line reduced to its type: its text, and its notes, may carry values."""
+    chain, seen = [], set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        chain.append(e)
+        e = e.__cause__ if e.__cause__ is not None else (None if e.__suppress_context__ else e.__context__)
+    parts = []
+    for i, e in enumerate(reversed(chain)):
+        if i:
+            inner = chain[len(chain) - i]  # the one written just before
+            parts.append(
+                "\nThe above exception was the direct cause of the following exception:\n\n"
+                if e.__cause__ is inner
+                else "\nDuring handling of the above exception, another exception occurred:\n\n"
+            )
+        if e.__traceback__ is not None:
+            parts.append("Traceback (most recent call last):\n")
+            parts.extend(traceback.format_tb(e.__traceback__))
+        parts.append(f"{type(e).__name__} ({_NOT_SHOWN})\n")
+    return "".join(parts)
 
 
 def _cut(text: str, limit: int) -> str:

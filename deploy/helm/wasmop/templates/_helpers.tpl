@@ -40,3 +40,13 @@ app.kubernetes.io/component: host
 {{- define "wasmop.webhookSecret" -}}
 {{- .Values.webhook.tls.secretName | default (printf "%s-webhook-tls" (include "wasmop.fullname" .)) -}}
 {{- end -}}
+
+{{/* A name of deploy/components/metacontroller (list FULLNAME NAME): `wasmop-x` as FULLNAME-x. */}}
+{{- define "wasmop.metacontrollerName" -}}
+{{- $name := index . 1 -}}
+{{- if hasPrefix "wasmop-" $name -}}
+{{- printf "%s-%s" (index . 0) (trimPrefix "wasmop-" $name) | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name -}}
+{{- end -}}
+{{- end -}}
