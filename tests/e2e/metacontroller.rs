@@ -835,8 +835,10 @@ async fn daemonjob_runs_once_on_every_node_then_deletes_its_daemonset_with_its_p
     // calls it again (the sync after a status write answers the same status, which is not
     // written, so no status change follows). A first quiet window lets the events of the
     // DaemonSet's deletion be served; then neither the hook nor the DaemonJob moves.
-    let reconciler =
-        wasmop::metacontroller::spec::reconciler_name(&format!("{}-daemonjob", env.namespace));
+    let reconciler = wasmop::metacontroller::spec::reconciler_name(&format!(
+        "{}-daemonjob-controller",
+        env.namespace
+    ));
     let quiet = Duration::from_secs(5);
     eventually("the hook quiet for 5 s", WAIT, || async {
         let before = hook_calls(&reconciler)?;
