@@ -109,7 +109,7 @@ reasons! {
     /// The OCI reference names no module.
     MODULE_NOT_FOUND = "ModuleNotFound";
 
-    // The Ready condition of a Metacontroller CompositeController wasmop serves.
+    // The Ready condition of a Metacontroller Composite- or DecoratorController wasmop serves.
 
     /// `Ready=True`: a WasmReconciler serves the controller (its own conditions say how).
     SERVED = "Served";
