@@ -16,6 +16,9 @@ use std::collections::BTreeMap;
 use crate::contract::{Gvk, ReconcileRequest, Selector};
 use crate::crd::{HookSpec, HookVersion};
 
+/// Objects grouped by kind.
+pub type Groups = Vec<(Gvk, Vec<Value>)>;
+
 /// A request's objects, parsed: the parent and the observed children per child kind.
 #[derive(Debug, Clone)]
 pub struct Observed {
@@ -92,10 +95,7 @@ pub const DECORATOR_ANNOTATION: &str = "metacontroller.k8s.io/decorator-controll
 
 /// `children` split, for a decorator, into its attachments and the rest ([`Observed::foreign`]);
 /// a CompositeController's are all its own.
-fn attachments(
-    spec: &HookSpec,
-    children: Vec<(Gvk, Vec<Value>)>,
-) -> (Vec<(Gvk, Vec<Value>)>, Vec<(Gvk, Vec<Value>)>) {
+fn attachments(spec: &HookSpec, children: Groups) -> (Groups, Groups) {
     let Some(decorator) = &spec.decorator else {
         let none = children
             .iter()
