@@ -1049,3 +1049,105 @@ async fn service_per_pod_decorates_a_statefulset_and_cleans_up_on_opt_out_and_de
         .await?;
     Ok(())
 }
+
+/// A WasmReconciler of the name wasmop gives a CompositeController, made by hand and not owned
+/// by it, is never overwritten: the controller is `Ready=False`, `NameTaken`, and the hand-made
+/// WasmReconciler keeps its spec, labels and (absent) ownerReferences, written by its own
+/// manager only (host/src/metacontroller/compose.rs). It carries no test label, so no host serves
+/// it, and its module is never loaded.
+#[tokio::test]
+async fn a_composite_controller_whose_reconciler_name_is_taken_is_name_taken_and_overwrites_nothing()
+-> anyhow::Result<()> {
+    use wasmop::crd::WasmReconciler;
+
+    let env = TestEnv::get("mc-taken").await?;
+    let ns = env.namespace.clone();
+    install_crds(&env.client).await?;
+    apply_crds(
+        &env.client,
+        yaml_docs(&repo().join("deploy/components/metacontroller/crds.yaml"))?,
+    )
+    .await?;
+    let cc_name = format!("{ns}-taken");
+    let wr_name = reconciler_of("CompositeController", &cc_name);
+    let module = json!({"configMap": {"namespace": ns, "name": "absent"}});
+    let spec = json!({
+        "module": module,
+        "primary": {"apiVersion": "v1", "kind": "ConfigMap"},
+        "namespaces": [ns],
+        "serviceAccount": {"namespace": ns, "name": "by-hand"},
+    });
+    let labels = json!({"made-by": "hand"});
+    let handmade = json!({
+        "apiVersion": "wasmop.dev/v1alpha1", "kind": "WasmReconciler",
+        "metadata": {"name": wr_name, "labels": labels},
+        "spec": spec,
+    });
+    apply_reconciler(&env.client, &handmade).await?;
+    let wrs: Api<WasmReconciler> = Api::all(env.client.clone());
+    let before = wrs.get(&wr_name).await?;
+
+    let cc = json!({
+        "apiVersion": "metacontroller.k8s.io/v1alpha1", "kind": "CompositeController",
+        "metadata": {"name": cc_name, "labels": {"wasmop.dev/test": ns}},
+        "spec": {
+            "parentResource": {"apiVersion": "v1", "resource": "configmaps"},
+            "hooks": {"sync": {"webhook": {"url": "http://taken.invalid/sync"}}},
+            "wasmop": {"module": module, "namespaces": [ns],
+                "serviceAccount": {"namespace": ns, "name": "by-hand"}},
+        },
+    });
+    controllers(&env.client, "CompositeController")
+        .patch(&cc_name, &apply_params(), &Patch::Apply(&cc))
+        .await?;
+    let _host = start_host_with(&env, |_| {}).await?;
+
+    let ready = eventually(
+        &format!("CompositeController {cc_name} NameTaken"),
+        WAIT,
+        || async {
+            Ok(
+                controller_ready(&env.client, "CompositeController", &cc_name)
+                    .await?
+                    .filter(|(status, _, _)| status == "False"),
+            )
+        },
+    )
+    .await?;
+    assert_eq!(ready.1, "NameTaken", "{ready:?}");
+    assert!(
+        ready.2.contains(&wr_name),
+        "the message names {wr_name}: {ready:?}"
+    );
+
+    let after = wrs.get(&wr_name).await?;
+    assert_eq!(
+        serde_json::to_value(&after.spec)?,
+        serde_json::to_value(&before.spec)?,
+        "the spec as made by hand"
+    );
+    assert_eq!(
+        serde_json::to_value(after.metadata.labels.unwrap_or_default())?,
+        labels,
+        "the labels as made by hand: no test label, no controller label"
+    );
+    assert_eq!(
+        after.metadata.owner_references.unwrap_or_default(),
+        vec![],
+        "no owner: the controller did not adopt it"
+    );
+    assert_eq!(
+        after.metadata.generation,
+        Some(1),
+        "the spec never written again"
+    );
+    let managers: Vec<String> = after
+        .metadata
+        .managed_fields
+        .unwrap_or_default()
+        .into_iter()
+        .filter_map(|m| m.manager)
+        .collect();
+    assert_eq!(managers, ["wasmop-e2e"], "written by its own manager only");
+    Ok(())
+}
