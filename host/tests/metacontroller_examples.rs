@@ -109,7 +109,7 @@ fn every_metacontroller_example_passes_the_unit_tests_of_its_hook() {
     );
     let mut failures = Vec::new();
     for dir in &dirs {
-        let name = dir.file_name().unwrap().to_string_lossy().to_string();
+        let name = dir.display().to_string();
         let python = has_tests(dir, |f| f.starts_with("test_") && f.ends_with(".py"));
         let js = has_tests(dir, |f| f.ends_with(".test.js") || f.ends_with(".test.mjs"));
         if !python && !js {
