@@ -91,15 +91,20 @@ async fn hook_module(name: &str, lang: Lang) -> anyhow::Result<Vec<u8>> {
     Ok(std::fs::read(out)?)
 }
 
-/// Installs the Composite- and DecoratorController CRDs (wasmop's) and the example's parent CRD,
-/// if it has one.
-async fn install(env: &TestEnv, name: &str) -> anyhow::Result<()> {
+/// Installs wasmop's CRDs: the WasmReconciler's, and the Composite- and DecoratorController's.
+async fn install_controller_crds(env: &TestEnv) -> anyhow::Result<()> {
     install_crds(&env.client).await?;
     apply_crds(
         &env.client,
         yaml_docs(&repo().join("deploy/components/metacontroller/crds.yaml"))?,
     )
-    .await?;
+    .await
+}
+
+/// Installs wasmop's CRDs ([`install_controller_crds`]) and the example's parent CRD, if it has
+/// one.
+async fn install(env: &TestEnv, name: &str) -> anyhow::Result<()> {
+    install_controller_crds(env).await?;
     let crd = repo()
         .join("examples/metacontroller")
         .join(name)
@@ -1062,12 +1067,7 @@ async fn a_composite_controller_whose_reconciler_name_is_taken_is_name_taken_and
 
     let env = TestEnv::get("mc-taken").await?;
     let ns = env.namespace.clone();
-    install_crds(&env.client).await?;
-    apply_crds(
-        &env.client,
-        yaml_docs(&repo().join("deploy/components/metacontroller/crds.yaml"))?,
-    )
-    .await?;
+    install_controller_crds(&env).await?;
     let cc_name = format!("{ns}-taken");
     let wr_name = reconciler_of("CompositeController", &cc_name);
     let module = json!({"configMap": {"namespace": ns, "name": "absent"}});
