@@ -44,11 +44,12 @@ mod quarantine;
 mod queue;
 mod sandbox;
 pub mod text;
+mod ticker;
 mod tier;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
@@ -74,6 +75,7 @@ use crate::contract::{
 use compile::Compiler;
 use determinism::Entropy;
 use sandbox::{MemoryCapExceeded, State};
+use ticker::Ticker;
 
 mod bindings {
     wasmtime::component::bindgen!({
@@ -313,16 +315,6 @@ pub struct Outcome<T> {
     pub stats: CallStats,
 }
 
-struct Ticker {
-    stop: Arc<AtomicBool>,
-}
-
-impl Drop for Ticker {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-    }
-}
-
 /// The process-wide compiler and sandbox factory. Cheap to clone.
 #[derive(Clone)]
 pub struct Engine {
@@ -339,7 +331,8 @@ pub struct Engine {
     flights: Arc<Flights>,
     tick: Duration,
     queue: CallQueue,
-    _ticker: Arc<Ticker>,
+    /// Advances the epoch while calls run (their deadlines).
+    ticker: Arc<Ticker>,
 }
 
 /// Fresh compiles of loads under way, one per digest and tier at a time ([`build`]): a second
@@ -492,28 +485,20 @@ impl Engine {
         } else {
             None
         };
-        let stop = Arc::new(AtomicBool::new(false));
-        {
-            let engines: Vec<_> = std::iter::once(&inner)
-                .chain(fast.as_ref().map(|f| &f.inner))
-                .map(wasmtime::Engine::weak)
-                .collect();
-            let (stop, tick) = (stop.clone(), config.tick);
-            std::thread::Builder::new()
-                .name("wasmop-epoch".into())
-                .spawn(move || {
-                    while !stop.load(Ordering::Relaxed) {
-                        std::thread::sleep(tick);
-                        for engine in &engines {
-                            match engine.upgrade() {
-                                Some(e) => e.increment_epoch(),
-                                None => return,
-                            }
-                        }
-                    }
-                })
-                .map_err(|e| LoadError::Engine(format!("starting the epoch thread: {e}")))?;
-        }
+        let engines: Vec<_> = std::iter::once(&inner)
+            .chain(fast.as_ref().map(|f| &f.inner))
+            .map(wasmtime::Engine::weak)
+            .collect();
+        let ticker = Ticker::start(config.tick, move || {
+            engines.iter().all(|engine| match engine.upgrade() {
+                Some(e) => {
+                    e.increment_epoch();
+                    true
+                }
+                None => false,
+            })
+        })
+        .map_err(|e| LoadError::Engine(format!("starting the epoch thread: {e}")))?;
         let cache = config.cache_dir.clone().map(|dir| {
             ArtifactCache::new(dir, &inner, "optimized", config.cache_max_bytes)
                 .with_quarantine_after(config.quarantine_after)
@@ -532,7 +517,7 @@ impl Engine {
                 config.max_calls.min(config.max_instances) as usize,
                 config.memory_budget_bytes,
             ),
-            _ticker: Arc::new(Ticker { stop }),
+            ticker: Arc::new(ticker),
         })
     }
 
@@ -1241,6 +1226,8 @@ impl Module {
             .read()
             .unwrap_or_else(PoisonError::into_inner)
             .clone();
+        // Declared before the store: the epoch advances until the store is gone.
+        let _ticking = self.engine.ticker.running();
         let mut store = self.store(pre.engine(), limits, output_cap, entropy, remaining);
         let instantiating = Instant::now();
         let mut instantiated = None;
