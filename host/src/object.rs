@@ -8,6 +8,7 @@
 //!   (no namespace) first.
 //! - [`controller_of`] finds the one ownerReference with `controller: true` (the API server
 //!   allows at most one).
+//! - [`parse`] returns what `serde_json::from_str::<DynamicObject>` returns for the same text.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::api::DynamicObject;
@@ -61,9 +62,68 @@ pub fn controller_uid(o: &DynamicObject) -> Option<String> {
     controller_of(&o.metadata).map(|r| r.uid.clone())
 }
 
+/// Parses an object's JSON text, as `serde_json::from_str::<DynamicObject>` does, without its
+/// cost: `DynamicObject`'s two flattened fields make serde buffer the whole object in an
+/// intermediate tree before building the `Value` (the host parses its cached children and
+/// primary on every reconcile). Text that is not an object with string `apiVersion` and
+/// `kind` and an object `metadata` (never the API server's) takes serde's path.
+pub fn parse(json: &str) -> serde_json::Result<DynamicObject> {
+    use serde_json::Value;
+    let Ok(mut map) = serde_json::from_str::<serde_json::Map<String, Value>>(json) else {
+        return serde_json::from_str(json);
+    };
+    let (Some(Value::String(_)), Some(Value::String(_)), Some(Value::Object(_))) =
+        (map.get("apiVersion"), map.get("kind"), map.get("metadata"))
+    else {
+        return serde_json::from_str(json);
+    };
+    let mut text = |field: &str| match map.remove(field) {
+        Some(Value::String(s)) => s,
+        _ => String::new(),
+    };
+    let types = kube::core::TypeMeta {
+        api_version: text("apiVersion"),
+        kind: text("kind"),
+    };
+    let metadata = serde_json::from_value(map.remove("metadata").unwrap_or_default())?;
+    Ok(DynamicObject {
+        types: Some(types),
+        metadata,
+        data: Value::Object(map),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `parse` and serde's `DynamicObject` agree, error or object.
+    fn agrees(json: &str) {
+        let serde = serde_json::from_str::<DynamicObject>(json).ok();
+        let ours = parse(json).ok();
+        assert_eq!(ours, serde, "{json}");
+    }
+
+    #[test]
+    fn parse_agrees_with_serde() {
+        agrees(
+            r#"{"apiVersion":"apps/v1","kind":"Deployment","metadata":{"name":"a","namespace":"n",
+            "uid":"u","resourceVersion":"7","labels":{"x":"y"},"ownerReferences":[{"apiVersion":"v1",
+            "kind":"App","name":"a","uid":"p","controller":true}],"finalizers":["f"]},
+            "spec":{"replicas":1,"template":{"spec":{"containers":[{"name":"c","image":"i"}]}}},
+            "status":{"readyReplicas":1,"conditions":[{"type":"Available","status":"True"}]}}"#,
+        );
+        agrees(r#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{},"data":{"k":"v"}}"#);
+        // The shapes that take serde's path.
+        agrees(r#"{"kind":"ConfigMap","metadata":{"name":"a"},"data":{}}"#);
+        agrees(r#"{"apiVersion":"v1","metadata":{"name":"a"}}"#);
+        agrees(r#"{"apiVersion":"v1","kind":"K"}"#);
+        agrees(r#"{"apiVersion":1,"kind":"K","metadata":{}}"#);
+        agrees(r#"{"apiVersion":"v1","kind":"K","metadata":{"name":7}}"#);
+        agrees(r#"{"apiVersion":"v1","kind":"K","metadata":[]}"#);
+        agrees("[1]");
+        agrees("not json");
+    }
 
     #[test]
     fn a_key_displays_as_namespace_slash_name() {

@@ -348,7 +348,7 @@ impl Cache {
             .objects
             .iter()
             .filter(|(k, _)| k.namespace.as_deref() == Some(namespace) && !keep(k))
-            .filter_map(|(_, e)| serde_json::from_str(&e.json).ok())
+            .filter_map(|(_, e)| crate::object::parse(&e.json).ok())
             .collect()
     }
 }

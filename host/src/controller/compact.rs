@@ -44,7 +44,7 @@ impl Compact {
 
     /// The object, parsed back from its text.
     pub fn object(&self) -> Result<DynamicObject, serde_json::Error> {
-        serde_json::from_str(&self.json)
+        crate::object::parse(&self.json)
     }
 
     /// [`Changes::fingerprint`] of the object, computed once.

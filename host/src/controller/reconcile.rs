@@ -44,7 +44,7 @@ use super::{ReconcileError, Settings, backoff, priority, record, resync};
 use crate::contract::{Context, Gvk, KindObjects, ReconcileRequest, RelatedKind, Trigger};
 use crate::discovery::Discovery;
 use crate::modules::slot::{Active, ModuleSlot};
-use crate::object::ObjectKey;
+use crate::object::{self, ObjectKey};
 use crate::operations::metrics;
 use crate::sharding::Listed;
 use crate::{reasons, text};
@@ -175,7 +175,7 @@ impl Shared {
                     .cache
                     .group(uid)
                     .into_iter()
-                    .filter_map(|(key, json)| match serde_json::from_str(&json) {
+                    .filter_map(|(key, json)| match object::parse(&json) {
                         Ok(o) => Some((o, json.to_string())),
                         // The cache wrote this text from an object: it parses.
                         Err(e) => {
