@@ -55,6 +55,7 @@ use crate::controller::intents::{PreparedSet, Validated, status_object};
 use crate::controller::noop::{self, Applied, Target};
 use crate::discovery::{Discovery, Resolved};
 use crate::object::{ObjectKey, controller_of};
+use crate::operations::fields;
 
 /// How a write failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -371,10 +372,14 @@ impl Applier {
         async {
             let (unchanged, failures) = (report.unchanged, report.failures.len());
             self.status(primary, primary_resource, plan, report).await;
-            let current = tracing::Span::current();
-            current.record("written", report.status_written);
-            current.record("unchanged", report.unchanged > unchanged);
-            current.record("failed", (report.failures.len() - failures) as i64);
+            fields::record(
+                &tracing::Span::current(),
+                [
+                    ("written", &report.status_written),
+                    ("unchanged", &(report.unchanged > unchanged)),
+                    ("failed", &((report.failures.len() - failures) as i64)),
+                ],
+            );
         }
         .instrument(span)
         .await;
@@ -452,10 +457,14 @@ impl Applier {
                 Err(f) => report.failures.push(f),
             }
         }
-        let current = tracing::Span::current();
-        current.record("applied", (report.applied - applied) as i64);
-        current.record("unchanged", (report.unchanged - unchanged) as i64);
-        current.record("failed", (report.failures.len() - failures) as i64);
+        fields::record(
+            &tracing::Span::current(),
+            [
+                ("applied", &((report.applied - applied) as i64)),
+                ("unchanged", &((report.unchanged - unchanged) as i64)),
+                ("failed", &((report.failures.len() - failures) as i64)),
+            ],
+        );
     }
 
     /// Applies one child (server-side apply with force) unless it is `unchanged`; refuses to
@@ -571,9 +580,13 @@ impl Applier {
                 Err(e) => report.failures.push(classify(intent, &e)),
             }
         }
-        let current = tracing::Span::current();
-        current.record("pruned", (report.pruned - pruned) as i64);
-        current.record("failed", (report.failures.len() - failures) as i64);
+        fields::record(
+            &tracing::Span::current(),
+            [
+                ("pruned", &((report.pruned - pruned) as i64)),
+                ("failed", &((report.failures.len() - failures) as i64)),
+            ],
+        );
     }
 
     /// Carries out the actions in order; records the counts on the current span.
@@ -591,9 +604,13 @@ impl Applier {
                 report.actions += 1;
             }
         }
-        let current = tracing::Span::current();
-        current.record("done", (report.actions - done) as i64);
-        current.record("failed", (report.failures.len() - failures) as i64);
+        fields::record(
+            &tracing::Span::current(),
+            [
+                ("done", &((report.actions - done) as i64)),
+                ("failed", &((report.failures.len() - failures) as i64)),
+            ],
+        );
     }
 
     /// Records the module's Events; records the counts on the current span.
@@ -645,9 +662,13 @@ impl Applier {
                 )),
             }
         }
-        let current = tracing::Span::current();
-        current.record("recorded", (report.events - recorded) as i64);
-        current.record("failed", (report.failures.len() - failures) as i64);
+        fields::record(
+            &tracing::Span::current(),
+            [
+                ("recorded", &((report.events - recorded) as i64)),
+                ("failed", &((report.failures.len() - failures) as i64)),
+            ],
+        );
     }
 
     /// Carries out one action; true on success. A delete is conditioned on `uid` when given.

@@ -45,7 +45,7 @@ use crate::contract::{Context, Gvk, KindObjects, ReconcileRequest, RelatedKind, 
 use crate::discovery::Discovery;
 use crate::modules::slot::{Active, ModuleSlot};
 use crate::object::{self, ObjectKey};
-use crate::operations::metrics;
+use crate::operations::{fields, metrics};
 use crate::sharding::Listed;
 use crate::{reasons, text};
 
@@ -441,12 +441,19 @@ fn finished(
     {
         shared.states.queue().requeued(false);
     }
-    span.record("outcome", outcome(result));
     match result {
-        Ok(_) => span.record("otel.status_code", "OK"),
-        Err(e) => span
-            .record("otel.status_code", "ERROR")
-            .record("otel.status_description", e.to_string().as_str()),
+        Ok(_) => fields::record(
+            span,
+            [("outcome", &outcome(result)), ("otel.status_code", &"OK")],
+        ),
+        Err(e) => fields::record(
+            span,
+            [
+                ("outcome", &outcome(result)),
+                ("otel.status_code", &"ERROR"),
+                ("otel.status_description", &e.to_string().as_str()),
+            ],
+        ),
     };
     let _enter = span.enter();
     match result {
@@ -570,10 +577,14 @@ async fn call_module(
             other => ReconcileError::Join(other.to_string()),
         })?;
     let stats = called.stats;
-    call_span
-        .record("instantiate_us", stats.instantiate.as_micros() as i64)
-        .record("call_us", stats.call.as_micros() as i64)
-        .record("memory_peak", stats.memory_peak as i64);
+    fields::record(
+        &call_span,
+        [
+            ("instantiate_us", &(stats.instantiate.as_micros() as i64)),
+            ("call_us", &(stats.call.as_micros() as i64)),
+            ("memory_peak", &(stats.memory_peak as i64)),
+        ],
+    );
     drop(call_span);
     metrics::global().module_call(&shared.settings.name, export.name(), &stats);
     tracing::trace!(
@@ -645,10 +656,11 @@ async fn apply(
         .iter()
         .map(|set| set.objects.len() as i64)
         .sum();
-    span.record("intents.children", children)
-        .record("intents.actions", validated.actions.len() as i64)
-        .record("intents.status", validated.status.is_some())
-        .record("intents.events", validated.events.len() as i64);
+    let intents = (
+        validated.actions.len() as i64,
+        validated.status.is_some(),
+        validated.events.len() as i64,
+    );
     let applied = shared.states.applied(key);
     let hold = match export {
         Export::Reconcile => StatusHold::of(
@@ -664,11 +676,20 @@ async fn apply(
         .applier
         .apply(current, resolved, observed, validated, (applied, hold))
         .await;
-    span.record("apply.applied", report.applied as i64)
-        .record("apply.unchanged", report.unchanged as i64)
-        .record("apply.pruned", report.pruned as i64)
-        .record("apply.failed", report.failures.len() as i64)
-        .record("apply.status_deferred", report.status_deferred);
+    fields::record(
+        &span,
+        [
+            ("intents.children", &children),
+            ("intents.actions", &intents.0),
+            ("intents.status", &intents.1),
+            ("intents.events", &intents.2),
+            ("apply.applied", &(report.applied as i64)),
+            ("apply.unchanged", &(report.unchanged as i64)),
+            ("apply.pruned", &(report.pruned as i64)),
+            ("apply.failed", &(report.failures.len() as i64)),
+            ("apply.status_deferred", &report.status_deferred),
+        ],
+    );
     shared.states.remember(key, report.remembered.clone());
     let created = Expected::new(report.created.clone(), Instant::now());
     shared.states.expect(key, created);

@@ -3,6 +3,7 @@
 //! host's servers, the client-side rate limit of its API requests, and traces over OTLP.
 
 pub mod api_health;
+pub mod fields;
 pub mod leader;
 pub mod metrics;
 pub mod probes;
