@@ -20,6 +20,9 @@ use std::time::Duration;
 #[derive(Debug, Default)]
 struct Shared {
     running: AtomicUsize,
+    /// Whether the thread waits (or is about to) on `wake`: only then does a first call
+    /// notify it, so calls that come faster than ticks make no syscall.
+    waiting: AtomicBool,
     stop: AtomicBool,
     lock: Mutex<()>,
     wake: Condvar,
@@ -33,12 +36,18 @@ impl Shared {
     }
 
     /// Waits until a call runs or the ticker stops; false when it stopped.
+    ///
+    /// `waiting` is set before `running` is read, and a guard bumps `running` before it reads
+    /// `waiting` (both sequentially consistent): either the thread sees the call, or the
+    /// guard sees the thread waiting and notifies it under the lock.
     fn wait_for_calls(&self) -> bool {
         let mut held = self.lock.lock().unwrap_or_else(PoisonError::into_inner);
-        while self.running.load(Ordering::Acquire) == 0 && !self.stop.load(Ordering::Acquire) {
+        self.waiting.store(true, Ordering::SeqCst);
+        while self.running.load(Ordering::SeqCst) == 0 && !self.stop.load(Ordering::SeqCst) {
             held = self.wake.wait(held).unwrap_or_else(PoisonError::into_inner);
         }
-        !self.stop.load(Ordering::Acquire)
+        self.waiting.store(false, Ordering::SeqCst);
+        !self.stop.load(Ordering::SeqCst)
     }
 }
 
@@ -78,7 +87,9 @@ impl Ticker {
 
     /// A guard under which the epoch advances.
     pub(crate) fn running(&self) -> Ticking {
-        if self.shared.running.fetch_add(1, Ordering::AcqRel) == 0 {
+        if self.shared.running.fetch_add(1, Ordering::SeqCst) == 0
+            && self.shared.waiting.load(Ordering::SeqCst)
+        {
             self.shared.notify();
         }
         Ticking {
@@ -89,13 +100,13 @@ impl Ticker {
 
 impl Drop for Ticking {
     fn drop(&mut self) {
-        self.shared.running.fetch_sub(1, Ordering::AcqRel);
+        self.shared.running.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
 impl Drop for Ticker {
     fn drop(&mut self) {
-        self.shared.stop.store(true, Ordering::Release);
+        self.shared.stop.store(true, Ordering::SeqCst);
         self.shared.notify();
     }
 }
