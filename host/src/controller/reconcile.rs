@@ -441,20 +441,18 @@ fn finished(
     {
         shared.states.queue().requeued(false);
     }
-    match result {
-        Ok(_) => fields::record(
-            span,
-            [("outcome", &outcome(result)), ("otel.status_code", &"OK")],
-        ),
-        Err(e) => fields::record(
-            span,
-            [
-                ("outcome", &outcome(result)),
-                ("otel.status_code", &"ERROR"),
-                ("otel.status_description", &e.to_string().as_str()),
-            ],
-        ),
+    let (code, description) = match result {
+        Ok(_) => ("OK", None),
+        Err(e) => ("ERROR", Some(e.to_string())),
     };
+    fields::record(
+        span,
+        [
+            ("outcome", &outcome(result)),
+            ("otel.status_code", &code),
+            ("otel.status_description", &description.as_deref()),
+        ],
+    );
     let _enter = span.enter();
     match result {
         Ok(_) => tracing::debug!(elapsed_ms = elapsed.as_millis() as u64, "reconciled"),
@@ -656,7 +654,7 @@ async fn apply(
         .iter()
         .map(|set| set.objects.len() as i64)
         .sum();
-    let intents = (
+    let (actions, status, events) = (
         validated.actions.len() as i64,
         validated.status.is_some(),
         validated.events.len() as i64,
@@ -680,9 +678,9 @@ async fn apply(
         &span,
         [
             ("intents.children", &children),
-            ("intents.actions", &intents.0),
-            ("intents.status", &intents.1),
-            ("intents.events", &intents.2),
+            ("intents.actions", &actions),
+            ("intents.status", &status),
+            ("intents.events", &events),
             ("apply.applied", &(report.applied as i64)),
             ("apply.unchanged", &(report.unchanged as i64)),
             ("apply.pruned", &(report.pruned as i64)),
