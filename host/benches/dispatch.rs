@@ -6,7 +6,8 @@
 //! Prints p50/p99 of both, instantiate time, compile time and load-from-cache time; then the
 //! per-call cost of a Python module (the tenant example, built with the pinned componentize-py by
 //! scripts/python-module.sh) on its fixtures, beside the Rust module's; the last line is
-//! `dispatch wasm/native p50 ratio: X.XX`.
+//! `dispatch wasm/native p50 ratio: X.XX`. `WASMOP_BENCH_CALLS` sets the calls each way (default
+//! 3000; more to profile the loop).
 
 use std::time::{Duration, Instant};
 
@@ -15,7 +16,13 @@ use wasmop::contract::{self as c, Context, Gvk, KindObjects, ReconcileRequest, T
 use wasmop::engine::{Engine, EngineConfig, FastCompiler, Limits};
 use wasmop_sdk::Reconciler;
 
-const ITERATIONS: usize = 3000;
+/// Calls each way; `WASMOP_BENCH_CALLS` sets another count (more, to profile the loop).
+fn iterations() -> usize {
+    std::env::var("WASMOP_BENCH_CALLS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(3000)
+}
 const WARMUP: usize = 200;
 
 fn primary() -> String {
@@ -173,6 +180,12 @@ fn ms(d: Duration) -> String {
 }
 
 fn main() {
+    // As the `wasmop` binary does, so the sandbox costs here what it costs in the host.
+    // SAFETY: first thing in `main`, before any thread starts.
+    #[allow(unsafe_code)]
+    unsafe {
+        wasmop::engine::skip_error_backtraces();
+    }
     let bytes = wasmop_test_modules::bytes(wasmop_test_modules::IMAGE_UPDATER);
     let limits = Limits::default();
     let cache = std::env::temp_dir().join(format!("wasmop-bench-cache-{}", std::process::id()));
@@ -245,7 +258,8 @@ fn main() {
 
     let (mut n, mut w, mut inst, mut call) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let mut peak = 0;
-    for i in 0..WARMUP + ITERATIONS {
+    let calls = iterations();
+    for i in 0..WARMUP + calls {
         // Interleaved, so drift and noise hit both sides alike.
         let (r1, r2) = (request.clone(), request.clone());
         let t = Instant::now();
@@ -269,7 +283,7 @@ fn main() {
     call.sort();
     let (n50, w50) = (percentile(&n, 0.5), percentile(&w, 0.5));
     println!(
-        "dispatch benchmark: image-updater reconcile, primary {size} bytes, {children} observed children, {ITERATIONS} calls each, interleaved"
+        "dispatch benchmark: image-updater reconcile, primary {size} bytes, {children} observed children, {calls} calls each, interleaved"
     );
     println!("module: {} bytes, sha256 {}", bytes.len(), module.sha256());
     println!("| path | p50 | p99 |");

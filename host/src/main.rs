@@ -9,6 +9,11 @@ use wasmop::cli::plugin::Invocation;
 use wasmop::operations::tracing as traces;
 
 fn main() -> ExitCode {
+    // SAFETY: first thing in `main`, before any thread starts.
+    #[allow(unsafe_code)]
+    unsafe {
+        wasmop::engine::skip_error_backtraces();
+    }
     let invocation = Invocation::detect(std::env::args_os().next().as_deref());
     if invocation == Invocation::KubectlComplete {
         let words: Vec<String> = std::env::args_os()

@@ -567,6 +567,28 @@ fn what_a_module_prints_or_says_reaches_events_logs_and_users_inert() {
     assert_good(&module);
 }
 
+/// A call's writes to linear memory, in its image and in pages it grew, are gone for the next
+/// call: each call starts from the module's initial memory, whichever way the pool resets a
+/// slot (on Linux 6.7+ only the pages the call wrote, through `PAGEMAP_SCAN`).
+#[test]
+fn a_call_sees_nothing_a_previous_call_wrote_to_memory() {
+    let engine = engine();
+    let module = load(&engine, modules::MISBEHAVE);
+    let mut seen = Vec::new();
+    for _ in 0..4 {
+        let response = module
+            .reconcile(widget("remember"), &limits())
+            .result
+            .expect("the remember widget reconciles");
+        seen.push(response.children[0].objects[0]["data"].clone());
+    }
+    for data in &seen {
+        assert_eq!(data["calls"], "7", "the counter starts from the image: {seen:?}");
+        assert_eq!(data["dirtyGrownBytes"], "0", "grown pages start zeroed: {seen:?}");
+        assert_eq!(data["grownAt"], seen[0]["grownAt"], "the same initial size: {seen:?}");
+    }
+}
+
 /// What the `entropy` mode read from the sandbox's clocks and randomness.
 fn entropy(module: &Module, request: ReconcileRequest) -> serde_json::Value {
     let response = module

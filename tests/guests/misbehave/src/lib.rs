@@ -2,7 +2,7 @@
 //! owns ConfigMaps. The WasmReconciler config (or `wasmop test --config`) picks the behaviour:
 //! `{"mode": "good" | "loop" | "memory" | "panic" | "garbage" | "oversized" | "undeclared" |
 //! "error" | "foreign-namespace" | "slow" | "sleep" | "flood" | "aliased" | "huge-warning" |
-//! "forge-panic" | "forge-error" | "forge" | "entropy"}`;
+//! "forge-panic" | "forge-error" | "forge" | "entropy" | "remember"}`;
 //! the primary's `spec.mode`, when present, wins (so one reconciler can serve well-behaved and
 //! misbehaving objects).
 //!
@@ -15,6 +15,10 @@
 //! - `forge-panic`, `forge-error` (reconcile) and `forge` (validate: a denial and, in the
 //!   field, a warning-like text): text with a line break, a forged log line and a terminal escape,
 //!   which the host must render inert.
+//! - `remember` (reconcile): one ConfigMap holding what a previous call could have left in the
+//!   sandbox's memory (`calls`: a counter in the memory image that starts at 7 and each call
+//!   increments; `dirtyGrownBytes`: non-zero bytes in 16 pages grown past the heap, which each
+//!   call then fills; `grownAt`: the page they start at).
 //! - `entropy` (reconcile): one ConfigMap holding what the sandbox's clocks and randomness gave
 //!   (`wall`: the wall clock in ns since the epoch; `elapsed`: monotonic ns across the reads;
 //!   `hashed`: a std `RandomState` hash, seeded by `wasi:random/insecure-seed`).
@@ -52,6 +56,28 @@ mod guest {
         }
         serde_json::json!({ "apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": data })
             .to_string()
+    }
+
+    /// Starts at 7 (a data segment, so part of the memory image); `remember` counts calls in it.
+    static CALLS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(7);
+
+    /// What a previous call left in memory: the counter in the memory image, and 16 pages grown
+    /// past the heap's end (read, then written with a marker).
+    fn remember() -> serde_json::Value {
+        let calls = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let old_pages = core::arch::wasm32::memory_grow(0, 16);
+        let grown = (old_pages << 16) as *mut u8;
+        let len = 16 << 16;
+        // SAFETY: the 16 pages just grown belong to no allocation; they are read and written
+        // here only, within their bounds.
+        let page = unsafe { std::slice::from_raw_parts_mut(grown, len) };
+        let dirty = page.iter().filter(|b| **b != 0).count();
+        page.fill(0xa5);
+        serde_json::json!({
+            "calls": calls.to_string(),
+            "grownAt": old_pages.to_string(),
+            "dirtyGrownBytes": dirty.to_string(),
+        })
     }
 
     fn children(objects: Vec<String>) -> Vec<ChildSet> {
@@ -233,6 +259,11 @@ mod guest {
                         "elapsed": started.elapsed().as_nanos().to_string(),
                         "hashed": hashed.to_string(),
                     });
+                    response.children = children(vec![config_map(&name, None, data)]);
+                    return Ok(response);
+                }
+                "remember" => {
+                    let data = remember();
                     response.children = children(vec![config_map(&name, None, data)]);
                     return Ok(response);
                 }
