@@ -583,9 +583,18 @@ fn a_call_sees_nothing_a_previous_call_wrote_to_memory() {
         seen.push(response.children[0].objects[0]["data"].clone());
     }
     for data in &seen {
-        assert_eq!(data["calls"], "7", "the counter starts from the image: {seen:?}");
-        assert_eq!(data["dirtyGrownBytes"], "0", "grown pages start zeroed: {seen:?}");
-        assert_eq!(data["grownAt"], seen[0]["grownAt"], "the same initial size: {seen:?}");
+        assert_eq!(
+            data["calls"], "7",
+            "the counter starts from the image: {seen:?}"
+        );
+        assert_eq!(
+            data["dirtyGrownBytes"], "0",
+            "grown pages start zeroed: {seen:?}"
+        );
+        assert_eq!(
+            data["grownAt"], seen[0]["grownAt"],
+            "the same initial size: {seen:?}"
+        );
     }
 }
 
