@@ -66,6 +66,9 @@ mod guest {
     fn remember() -> serde_json::Value {
         let calls = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let old_pages = core::arch::wasm32::memory_grow(0, 16);
+        if old_pages == usize::MAX {
+            return serde_json::json!({ "calls": calls.to_string(), "grown": "refused" });
+        }
         let grown = (old_pages << 16) as *mut u8;
         let len = 16 << 16;
         // SAFETY: the 16 pages just grown belong to no allocation; they are read and written
