@@ -28,6 +28,13 @@ bench-cache-memory: prereqs-bench
 bench-hotswap: prereqs-bench provision
 	$(CARGO) bench -p wasmop-testenv --bench hotswap
 
+.PHONY: bench-compile-settings
+## What the engine's compile settings cost per compile (time, peak RSS, artifact size), before
+## and now, for the Rust and Python examples. Last line `compile settings python winch ms
+## before: N now: M`; WASMOP_BENCH_ROUNDS (default 3).
+bench-compile-settings: prereqs-bench
+	$(CARGO) bench -p wasmop --bench compile_settings
+
 .PHONY: bench-hotswap-compile
 ## The fast tier's compile of a NEW build (two builds of the Rust and of the Python example):
 ## Winch against Cranelift with its incremental compilation cache. Last line

@@ -472,6 +472,11 @@ impl Engine {
             .allocation_strategy(wasmtime::InstanceAllocationStrategy::Pooling(pool))
             .memory_init_cow(true)
             .wasm_backtrace_max_frames(None)
+            // The map from native code to Wasm offsets serves only Wasm backtraces, which the
+            // line above turns off. Without it, artifacts are 7-9% smaller, and the Python
+            // example's fast build compiles ~4% faster with an 18 MiB lower peak
+            // (`make bench-compile-settings`).
+            .generate_address_map(false)
             // Tiered: optimized builds compile in the background, one thread each, so that
             // compiles leave cores to reconciles.
             .parallel_compilation(!config.tiered);
@@ -492,6 +497,7 @@ impl Engine {
             fc.epoch_interruption(true)
                 .memory_init_cow(true)
                 .wasm_backtrace_max_frames(None)
+                .generate_address_map(false)
                 .parallel_compilation(true);
             let fast = wasmtime::Engine::new(&fc)
                 .map_err(|e| LoadError::Engine(format!("the fast tier: {e:#}")))?;
