@@ -37,6 +37,7 @@ mod compile;
 pub mod contract;
 mod convert;
 mod determinism;
+mod digested;
 mod error;
 pub mod hook;
 mod needs;
@@ -59,6 +60,7 @@ use wasmtime::{Store, Trap};
 
 pub use cache::{ArtifactCache, DEFAULT_CACHE_MAX_BYTES};
 pub use determinism::TICK as CLOCK_TICK;
+pub use digested::Digested;
 pub use error::{CallError, LoadError};
 pub use hook::{HookAdapter, HookKind, HookRequest};
 pub use needs::{Needs, NeedsError, needs};
@@ -574,11 +576,28 @@ impl Engine {
     /// # Errors
     /// See [`LoadError`].
     pub fn load(&self, bytes: &[u8], limits: &Limits) -> Result<Module, LoadError> {
+        self.load_hashed(bytes, sha256_hex(bytes), limits)
+    }
+
+    /// As [`Engine::load`], for bytes already hashed where they were read.
+    ///
+    /// # Errors
+    /// See [`LoadError`].
+    pub fn load_digested(&self, module: &Digested, limits: &Limits) -> Result<Module, LoadError> {
+        self.load_hashed(module.bytes(), module.sha256().to_string(), limits)
+    }
+
+    /// [`Engine::load`] of `bytes` whose sha256 is `sha256` (the callers make sure).
+    fn load_hashed(
+        &self,
+        bytes: &[u8],
+        sha256: String,
+        limits: &Limits,
+    ) -> Result<Module, LoadError> {
         let started = Instant::now();
         check_header(bytes)?;
         let needs = needs::needs(bytes).map_err(|e| LoadError::Compile(e.to_string()))?;
         check_needs(&needs, limits)?;
-        let sha256 = sha256_hex(bytes);
         if let Some(cache) = &self.cache {
             cache.check_quarantine(&sha256)?;
         }

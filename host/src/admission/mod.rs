@@ -87,7 +87,7 @@ use self::review::Review;
 use self::tls::ServingCert;
 use crate::contract::{self, ValidateRequest, ValidateResponse};
 use crate::crd::{FailurePolicy, WasmReconciler, parse_duration, parse_quantity};
-use crate::engine::{Engine, Limits, Module, sha256_hex};
+use crate::engine::{Engine, Limits, Module};
 use crate::modules::slot::ModuleSlot;
 use crate::operations::probes::text;
 use crate::operations::serving::{self, ServerLimits};
@@ -262,7 +262,7 @@ impl Webhook {
         let bytes = match (&wr.spec.module.config_map, copy) {
             (Some(source), copy) => {
                 let bytes = source::fetch(&self.client, source).await?;
-                let found = sha256_hex(&bytes.bytes);
+                let found = bytes.bytes.sha256().to_string();
                 if found.eq_ignore_ascii_case(&active) {
                     bytes
                 } else {
@@ -291,12 +291,13 @@ impl Webhook {
                 None => self.pull(wr, &active).await?,
             },
         };
-        let found = sha256_hex(&bytes.bytes);
+        let found = bytes.bytes.sha256().to_string();
         let (engine, limits) = (self.engine.clone(), Self::limits(wr));
-        let module = tokio::task::spawn_blocking(move || engine.load(&bytes.bytes, &limits))
-            .await
-            .map_err(|e| ModuleUnavailable::Load(e.to_string()))?
-            .map_err(|e| ModuleUnavailable::Load(e.to_string()))?;
+        let module =
+            tokio::task::spawn_blocking(move || engine.load_digested(&bytes.bytes, &limits))
+                .await
+                .map_err(|e| ModuleUnavailable::Load(e.to_string()))?
+                .map_err(|e| ModuleUnavailable::Load(e.to_string()))?;
         let module = crate::metacontroller::serve(module, &wr.spec)
             .map_err(|e| ModuleUnavailable::Load(e.to_string()))?;
         tracing::info!(reconciler = %name, sha256 = %crate::text::short_hex(&found), "loaded the module for admission");
@@ -317,7 +318,7 @@ impl Webhook {
             return Err(ModuleUnavailable::NotActive(wr.name_any()));
         };
         let pulled = crate::modules::oci::fetch(&self.client, &self.oci, spec).await?;
-        let found = sha256_hex(&pulled.bytes);
+        let found = pulled.bytes.sha256().to_string();
         if !found.eq_ignore_ascii_case(active) {
             return Err(ModuleUnavailable::Pulled {
                 reference: spec.reference.clone(),

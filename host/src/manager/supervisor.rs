@@ -436,7 +436,7 @@ impl Supervisor {
         ));
         self.kept.keep(
             first.module.sha256(),
-            first.bytes.bytes,
+            first.bytes.bytes.into_bytes(),
             &first.origin,
             &first.verified_by,
         );

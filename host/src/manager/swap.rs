@@ -32,7 +32,7 @@ use crate::crd::{
     ActiveModule, MAX_DEADLINE, SourceKind, VerifiedKey, WasmReconciler, parse_bounded_duration,
     parse_quantity,
 };
-use crate::engine::{CallError, Compiled, Limits, LoadError, Module, sha256_hex};
+use crate::engine::{CallError, Compiled, Limits, LoadError, Module};
 use crate::modules::copy;
 use crate::modules::slot::{Active, Fit, ModuleSlot};
 use crate::modules::source::{self, ModuleBytes};
@@ -385,11 +385,11 @@ pub(super) async fn candidate(s: &Subject, given: Option<Read>) -> Result<Candid
             Err(e) => active_from_copy(s, &e).await.ok_or(e)?,
         },
     };
-    let mut sha = sha256_hex(&bytes.bytes);
+    let mut sha = bytes.bytes.sha256().to_string();
     let mut from_copy = false;
     if at_setup && s.status.rejected_sha256.as_deref() == Some(sha.as_str()) {
         bytes = last_good(s, &sha).await?;
-        sha = sha256_hex(&bytes.bytes);
+        sha = bytes.bytes.sha256().to_string();
         from_copy = true;
         // A ConfigMap's module (a rollback is only read back for one) carries no signature.
         verified_by.clear();
@@ -427,7 +427,7 @@ pub(super) async fn candidate(s: &Subject, given: Option<Read>) -> Result<Candid
     // The bytes move into the compile task and back: the module is never held twice.
     let raw = std::mem::take(&mut bytes.bytes);
     let (loaded, raw) = tokio::task::spawn_blocking(move || {
-        let loaded = engine.load(&raw, &limits);
+        let loaded = engine.load_digested(&raw, &limits);
         (loaded, raw)
     })
     .await
@@ -755,7 +755,7 @@ pub(super) async fn follow_activation(
     };
     kept.keep(
         sha,
-        candidate.bytes.bytes,
+        candidate.bytes.bytes.into_bytes(),
         &candidate.origin,
         &candidate.verified_by,
     );
@@ -783,7 +783,7 @@ async fn decided_module(
 ) -> Result<Candidate, SetupError> {
     let from_source = read_module(s, state.undecided.as_ref()).await;
     let read = match from_source {
-        Ok(read) if sha256_hex(&read.bytes.bytes) == sha => {
+        Ok(read) if read.bytes.bytes.sha256() == sha => {
             state.undecided = None;
             read
         }
@@ -916,7 +916,7 @@ async fn swap(
     let tier = candidate.module.tier();
     kept.keep(
         &sha,
-        candidate.bytes.bytes,
+        candidate.bytes.bytes.into_bytes(),
         &candidate.origin,
         &candidate.verified_by,
     );

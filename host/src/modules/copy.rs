@@ -175,7 +175,7 @@ pub async fn load(
     expected: &str,
 ) -> Result<ModuleBytes, CopyError> {
     let bytes = source::fetch(client, at).await?;
-    let found = sha256_hex(&bytes.bytes);
+    let found = bytes.bytes.sha256().to_string();
     if !found.eq_ignore_ascii_case(expected) {
         return Err(CopyError::Digest {
             namespace: at.namespace.clone(),

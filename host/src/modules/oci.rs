@@ -377,8 +377,8 @@ pub fn docker_config_auth(json: &[u8], registry: &str) -> Result<(String, String
 /// The module pulled, with its manifest.
 #[derive(Debug)]
 pub struct Pulled {
-    /// The module.
-    pub bytes: Vec<u8>,
+    /// The module, with the digest it was checked by.
+    pub bytes: crate::engine::Digested,
     /// The layer's digest (`sha256:<hex>`, the module's sha256).
     pub layer_digest: String,
     /// The manifest digest.
@@ -517,7 +517,8 @@ pub async fn pull(pinned: &Pinned, access: &Access, cap: u64) -> Result<Pulled, 
             },
             e => read_error(reference, e),
         })?;
-    let found = format!("sha256:{}", crate::engine::sha256_hex(&bytes));
+    let bytes = crate::engine::Digested::new(bytes);
+    let found = format!("sha256:{}", bytes.sha256());
     if found != layer.digest {
         return Err(OciError::DigestMismatch {
             reference: reference.whole(),

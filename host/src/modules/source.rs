@@ -77,8 +77,8 @@ pub enum SourceError {
 /// The module bytes, with where they came from.
 #[derive(Debug, Clone)]
 pub struct ModuleBytes {
-    /// The module (decompressed).
-    pub bytes: Vec<u8>,
+    /// The module (decompressed), hashed once as read.
+    pub bytes: crate::engine::Digested,
     /// The key read.
     pub key: String,
     /// The ConfigMap's resourceVersion.
@@ -128,7 +128,7 @@ pub fn from_config_map(cm: &ConfigMap, source: &ConfigMapKey) -> Result<ModuleBy
         data.0.clone()
     };
     Ok(ModuleBytes {
-        bytes,
+        bytes: crate::engine::Digested::new(bytes),
         key,
         resource_version: cm.metadata.resource_version.clone().unwrap_or_default(),
     })

@@ -1,0 +1,87 @@
+//! Module bytes with their sha256, hashed once when read.
+//!
+//! A module's sha256 names it everywhere: the digest pinned by a spec or an OCI layer, the
+//! rolled-back module, the compiled cache's key. Hashing an 18 MB Python module takes ~9 ms, and
+//! a swap used to hash it three times (the registry's digest check, the swap, the engine's cache
+//! key). [`Digested`] carries the digest with the bytes from where they are read to the engine.
+//!
+//! # Guarantees
+//! - [`Digested::sha256`] is the sha256 of [`Digested::bytes`]: the only constructor hashes the
+//!   bytes it takes, and they cannot be changed afterwards (only read, or taken back whole with
+//!   [`Digested::into_bytes`]).
+
+use std::ops::Deref;
+
+/// Module bytes and their sha256 (see the module docs).
+#[derive(Clone, PartialEq, Eq)]
+pub struct Digested {
+    bytes: Vec<u8>,
+    sha256: String,
+}
+
+impl Digested {
+    /// Hashes `bytes` and keeps them with their digest.
+    pub fn new(bytes: Vec<u8>) -> Self {
+        let sha256 = crate::sha256_hex(&bytes);
+        Digested { bytes, sha256 }
+    }
+
+    /// The bytes.
+    pub fn bytes(&self) -> &[u8] {
+        &self.bytes
+    }
+
+    /// The sha256 of the bytes, in lowercase hex.
+    pub fn sha256(&self) -> &str {
+        &self.sha256
+    }
+
+    /// The bytes, given back.
+    pub fn into_bytes(self) -> Vec<u8> {
+        self.bytes
+    }
+}
+
+impl Default for Digested {
+    /// No bytes (and the sha256 of no bytes).
+    fn default() -> Self {
+        Digested::new(Vec::new())
+    }
+}
+
+impl Deref for Digested {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        &self.bytes
+    }
+}
+
+impl std::fmt::Debug for Digested {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Digested")
+            .field("sha256", &self.sha256)
+            .field("len", &self.bytes.len())
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_digest_is_the_sha256_of_the_bytes_it_holds() {
+        let d = Digested::new(b"abc".to_vec());
+        assert_eq!(
+            d.sha256(),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
+        assert_eq!(d.bytes(), b"abc");
+        assert_eq!(
+            Digested::default().sha256(),
+            "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+        );
+        assert_eq!(d.into_bytes(), b"abc".to_vec());
+    }
+}
