@@ -260,7 +260,9 @@ async fn read_capped(
             seen: format!("it declares {len} bytes"),
         });
     }
-    let mut body = Vec::new();
+    // Room for the declared length, up to the cap (an 18 MB module is not copied as it grows).
+    let declared = response.content_length().unwrap_or(0).min(cap);
+    let mut body = Vec::with_capacity(usize::try_from(declared).unwrap_or(0));
     while let Some(chunk) = response.chunk().await.map_err(transport)? {
         if (body.len() + chunk.len()) as u64 > cap {
             return Err(ReadError::TooLarge {
