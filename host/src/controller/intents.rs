@@ -361,7 +361,7 @@ impl Checker<'_> {
     }
 
     fn child(&mut self, intent: &str, kind: &Gvk, mut object: Value) -> Option<PreparedChild> {
-        let size = object.to_string().len();
+        let size = json_len(&object);
         if size > MAX_OBJECT_BYTES {
             self.bad(
                 intent,
@@ -627,7 +627,7 @@ impl Checker<'_> {
                 },
             };
             if let Action::MergePatch { patch, .. } | Action::JsonPatch { patch, .. } = &checked {
-                let size = patch.to_string().len();
+                let size = json_len(patch);
                 if size > MAX_OBJECT_BYTES {
                     self.bad(
                         &intent,
@@ -663,7 +663,7 @@ impl Checker<'_> {
                 }
             }
         }
-        let size = status.fields.to_string().len();
+        let size = json_len(&status.fields);
         if size > MAX_OBJECT_BYTES {
             self.bad(
                 "status.fields",
@@ -953,10 +953,40 @@ pub fn status_object(
     Value::Object(out)
 }
 
+/// The length of `value` as compact JSON (`value.to_string().len()`), counted as it is written
+/// instead of building the string (once per child, patch and status of every reconcile).
+fn json_len(value: &Value) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len();
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut count = Count(0);
+    // A Value always serializes, and this writer never fails.
+    let _ = serde_json::to_writer(&mut count, value);
+    count.0
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::contract::{Condition, ConditionStatus, EventType, Propagation};
+
+    #[test]
+    fn json_len_is_the_length_of_the_compact_json() {
+        for value in [
+            json!({"a": [1, 2.5, null, true], "b": {"c": "d\"e\\f\u{1}é"}}),
+            json!("x"),
+            json!({}),
+        ] {
+            assert_eq!(json_len(&value), value.to_string().len(), "{value}");
+        }
+    }
 
     fn primary() -> Primary {
         Primary {

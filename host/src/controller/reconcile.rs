@@ -615,8 +615,7 @@ async fn answer(
             return Err(e.into());
         }
     };
-    let info = Primary::from_object(&serde_json::to_value(current).unwrap_or_default())
-        .map_err(ReconcileError::Apply)?;
+    let info = primary_of(current).map_err(ReconcileError::Apply)?;
     let children = call::observed_children(observed);
     let check = Check {
         reconciler: &shared.settings.name,
@@ -903,9 +902,51 @@ pub(super) fn error_policy(
     Action::requeue(delay)
 }
 
+/// What the intent check needs of the primary: [`Primary::from_object`] of `object`, read from
+/// its fields instead of a JSON copy of the whole object (made once per reconcile before).
+///
+/// # Errors
+/// As [`Primary::from_object`]: a message if apiVersion, kind or name is missing.
+fn primary_of(object: &DynamicObject) -> Result<Primary, String> {
+    let types = object
+        .types
+        .as_ref()
+        .ok_or("the primary object has no apiVersion")?;
+    let meta = &object.metadata;
+    Ok(Primary {
+        kind: Gvk::new(types.api_version.clone(), types.kind.clone()),
+        namespace: meta.namespace.clone().filter(|n| !n.is_empty()),
+        name: meta
+            .name
+            .clone()
+            .ok_or("the primary object has no metadata.name")?,
+        uid: meta
+            .uid
+            .clone()
+            .unwrap_or_else(|| "00000000-0000-0000-0000-000000000000".into()),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn primary_of_reads_what_from_object_reads_from_json() {
+        let objects = [
+            serde_json::json!({"apiVersion": "example.com/v1", "kind": "App",
+                   "metadata": {"name": "a", "namespace": "ns", "uid": "u-1"}}),
+            serde_json::json!({"apiVersion": "example.com/v1", "kind": "Cluster",
+                   "metadata": {"name": "c", "namespace": ""}}),
+            serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {}}),
+            serde_json::json!({"metadata": {"name": "no-types"}}),
+        ];
+        for value in objects {
+            let object: DynamicObject = serde_json::from_value(value.clone()).expect("parses");
+            let from_json = Primary::from_object(&serde_json::to_value(&object).expect("json"));
+            assert_eq!(primary_of(&object), from_json, "{value}");
+        }
+    }
 
     const MIN: Duration = Duration::from_secs(60);
 
