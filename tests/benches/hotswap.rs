@@ -25,7 +25,9 @@
 //! pushes minutes apart do.
 //!
 //! Environment: `WASMOP_BENCH_SWAPS` (default 20 per Rust series), `WASMOP_BENCH_PYTHON_SWAPS`
-//! (default 10). The last two lines are `hotswap new-build rust p50 ms: N` and
+//! (default 10); `RUST_LOG` for the in-process host's log on stderr (off when unset), for
+//! example `RUST_LOG=wasmop::manager=info` for each swap's `read_ms`, `load_ms` and
+//! `self_check_ms`. The last two lines are `hotswap new-build rust p50 ms: N` and
 //! `hotswap new-build python p50 ms: N`.
 
 #[path = "../e2e/support.rs"]
@@ -340,6 +342,12 @@ fn swaps(var: &str, default: u32) -> u32 {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    if std::env::var_os("RUST_LOG").is_some() {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_writer(std::io::stderr)
+            .try_init();
+    }
     let rust_swaps = swaps("WASMOP_BENCH_SWAPS", 20);
     let python_swaps = swaps("WASMOP_BENCH_PYTHON_SWAPS", 10);
     let env = TestEnv::get("bench-hotswap").await?;
