@@ -1,7 +1,7 @@
 //! Module bytes with their sha256, hashed once when read.
 //!
 //! A module's sha256 names it everywhere: the digest pinned by a spec or an OCI layer, the
-//! rolled-back module, the compiled cache's key. Hashing an 18 MB Python module takes ~9 ms, and
+//! rolled-back module, the compiled cache's key. Hashing an 18 MB Python module takes ~10 ms, and
 //! a swap used to hash it three times (the registry's digest check, the swap, the engine's cache
 //! key). [`Digested`] carries the digest with the bytes from where they are read to the engine.
 //!
