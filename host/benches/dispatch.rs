@@ -21,6 +21,7 @@ fn iterations() -> usize {
     std::env::var("WASMOP_BENCH_CALLS")
         .ok()
         .and_then(|v| v.parse().ok())
+        .filter(|n: &usize| *n > 0)
         .unwrap_or(3000)
 }
 const WARMUP: usize = 200;
