@@ -2,11 +2,12 @@
 //! compile: time, the compiling process's peak memory and the artifact's size, with the setting
 //! as the engine had it before (`before`) and as it has it now (`now`).
 //!
-//! Setting measured: wasmtime's `generate_address_map` (the map from native code to Wasm
-//! offsets, which only Wasm backtraces read; the engine captures none). Compiles:
+//! Setting measured: wasmtime's `native_unwind_info` on the fast tier (the `.eh_frame` that only
+//! outside unwinders read; the optimized build, which replaces the fast one, keeps it). The
+//! setting before it, `generate_address_map` (off on both tiers), is in
+//! docs/benchmarks-history.md. Compiles:
 //!
-//! - Rust (image-updater, 1 MB), optimized (Cranelift, speed, one thread: the background tier);
-//! - Rust, fast tier (Winch, trampolines unoptimized, parallel);
+//! - Rust (image-updater, 1 MB), fast tier (Winch, trampolines unoptimized, parallel);
 //! - Python (tenant, 18 MB), fast tier.
 //!
 //! Each compile runs in a child process (this binary again, `--one`), so its peak (`VmHWM`) is
@@ -19,13 +20,6 @@ use std::time::Instant;
 #[path = "common/tenant.rs"]
 mod tenant;
 
-/// A compile to measure.
-#[derive(Debug, Clone, Copy)]
-enum Tier {
-    Optimized,
-    Winch,
-}
-
 /// What one child reports.
 #[derive(Debug, Clone, Copy)]
 struct Measured {
@@ -34,23 +28,19 @@ struct Measured {
     artifact_kib: u64,
 }
 
-/// The engine's configuration for `tier` (engine/src/lib.rs), with the address map on or off.
-fn config(tier: Tier, address_map: bool) -> wasmtime::Config {
+/// The engine's fast tier configuration (engine/src/lib.rs), with native unwind info on
+/// (`before`) or off (`now`).
+fn config(now: bool) -> wasmtime::Config {
     let mut c = wasmtime::Config::new();
-    c.epoch_interruption(true)
+    c.strategy(wasmtime::Strategy::Winch)
+        .cranelift_opt_level(wasmtime::OptLevel::None)
+        .epoch_interruption(true)
         .memory_init_cow(true)
         .wasm_backtrace_max_frames(None)
-        .generate_address_map(address_map)
+        .generate_address_map(false)
+        .native_unwind_info(!now)
+        .parallel_compilation(true)
         .allocation_strategy(wasmtime::InstanceAllocationStrategy::OnDemand);
-    match tier {
-        Tier::Optimized => c
-            .cranelift_opt_level(wasmtime::OptLevel::Speed)
-            .parallel_compilation(false),
-        Tier::Winch => c
-            .strategy(wasmtime::Strategy::Winch)
-            .cranelift_opt_level(wasmtime::OptLevel::None)
-            .parallel_compilation(true),
-    };
     c
 }
 
@@ -65,14 +55,9 @@ fn peak_kib() -> u64 {
 }
 
 /// The child: compiles `path` once and prints `ms peak_kib artifact_kib`.
-fn one(path: &str, tier: &str, address_map: &str) {
-    let tier = if tier == "optimized" {
-        Tier::Optimized
-    } else {
-        Tier::Winch
-    };
+fn one(path: &str, setting: &str) {
     let bytes = std::fs::read(path).expect("the module");
-    let engine = wasmtime::Engine::new(&config(tier, address_map == "on")).expect("engine");
+    let engine = wasmtime::Engine::new(&config(setting == "now")).expect("engine");
     let started = Instant::now();
     let artifact = engine.precompile_component(&bytes).expect("compiles");
     let ms = started.elapsed().as_millis();
@@ -80,9 +65,9 @@ fn one(path: &str, tier: &str, address_map: &str) {
 }
 
 /// Runs the child for `path` and parses its line.
-fn measure(path: &std::path::Path, tier: &str, address_map: &str) -> Measured {
+fn measure(path: &std::path::Path, setting: &str) -> Measured {
     let out = std::process::Command::new(std::env::current_exe().expect("this binary"))
-        .args(["--one", &path.display().to_string(), tier, address_map])
+        .args(["--one", &path.display().to_string(), setting])
         .output()
         .expect("runs the child");
     assert!(
@@ -109,17 +94,17 @@ fn median(mut v: Vec<u64>) -> u64 {
 }
 
 /// Prints one row per setting for `label`; returns the medians of time (before, now).
-fn row(label: &str, path: &std::path::Path, tier: &str, rounds: usize) -> (u64, u64) {
+fn row(label: &str, path: &std::path::Path, rounds: usize) -> (u64, u64) {
     let mut runs: [Vec<Measured>; 2] = [Vec::new(), Vec::new()];
     for round in 0..rounds {
-        for (i, map) in ["on", "off"].iter().enumerate() {
-            let m = measure(path, tier, map);
-            eprintln!("  {label} round {}: address map {map}: {m:?}", round + 1);
+        for (i, setting) in ["before", "now"].iter().enumerate() {
+            let m = measure(path, setting);
+            eprintln!("  {label} round {}: {setting}: {m:?}", round + 1);
             runs[i].push(m);
         }
     }
     let mut ms = [0; 2];
-    for (i, name) in ["before (address map on)", "now (address map off)"]
+    for (i, name) in ["before (unwind info on)", "now (unwind info off)"]
         .iter()
         .enumerate()
     {
@@ -138,7 +123,7 @@ fn row(label: &str, path: &std::path::Path, tier: &str, rounds: usize) -> (u64, 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     if let Some(i) = args.iter().position(|a| a == "--one") {
-        one(&args[i + 1], &args[i + 2], &args[i + 3]);
+        one(&args[i + 1], &args[i + 2]);
         return;
     }
     let rounds = std::env::var("WASMOP_BENCH_ROUNDS")
@@ -160,9 +145,8 @@ fn main() {
     );
     println!("| compile | setting | time | peak | artifact |");
     println!("| --- | --- | --- | --- | --- |");
-    row("rust, optimized", &rust, "optimized", rounds);
-    row("rust, winch", &rust, "winch", rounds);
-    let (before, now) = row("python, winch", &python, "winch", rounds);
+    row("rust, winch", &rust, rounds);
+    let (before, now) = row("python, winch", &python, rounds);
     println!();
     println!("compile settings python winch ms before: {before} now: {now}");
 }
