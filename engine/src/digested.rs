@@ -5,12 +5,17 @@
 //! a swap used to hash it three times (the registry's digest check, the swap, the engine's cache
 //! key). [`Digested`] carries the digest with the bytes from where they are read to the engine.
 //!
+//! A download hashes its chunks as they arrive ([`Hashing`]), so the digest is ready when the
+//! last byte is, instead of ~10 ms later.
+//!
 //! # Guarantees
-//! - [`Digested::sha256`] is the sha256 of [`Digested::bytes`]: the only constructor hashes the
-//!   bytes it takes, and they cannot be changed afterwards (only read, or taken back whole with
-//!   [`Digested::into_bytes`]).
+//! - [`Digested::sha256`] is the sha256 of [`Digested::bytes`]: [`Digested::new`] hashes the
+//!   bytes it takes, [`Hashing`] hashes every chunk it appends, and the bytes cannot be changed
+//!   afterwards (only read, or taken back whole with [`Digested::into_bytes`]).
 
 use std::ops::Deref;
+
+use sha2::{Digest, Sha256};
 
 /// Module bytes and their sha256 (see the module docs).
 #[derive(Clone, PartialEq, Eq)]
@@ -39,6 +44,55 @@ impl Digested {
     /// The bytes, given back.
     pub fn into_bytes(self) -> Vec<u8> {
         self.bytes
+    }
+}
+
+/// Bytes being received, hashed chunk by chunk; [`Hashing::finish`] makes them a [`Digested`].
+#[derive(Default)]
+pub struct Hashing {
+    bytes: Vec<u8>,
+    hasher: Sha256,
+}
+
+impl Hashing {
+    /// Room for `capacity` bytes before the buffer grows.
+    pub fn with_capacity(capacity: usize) -> Self {
+        Hashing {
+            bytes: Vec::with_capacity(capacity),
+            hasher: Sha256::new(),
+        }
+    }
+
+    /// Appends `chunk` and hashes it.
+    pub fn extend(&mut self, chunk: &[u8]) {
+        self.hasher.update(chunk);
+        self.bytes.extend_from_slice(chunk);
+    }
+
+    /// How many bytes were appended.
+    pub fn len(&self) -> usize {
+        self.bytes.len()
+    }
+
+    /// Whether nothing was appended.
+    pub fn is_empty(&self) -> bool {
+        self.bytes.is_empty()
+    }
+
+    /// The bytes appended, with their digest.
+    pub fn finish(self) -> Digested {
+        Digested {
+            bytes: self.bytes,
+            sha256: hex::encode(self.hasher.finalize()),
+        }
+    }
+}
+
+impl std::fmt::Debug for Hashing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Hashing")
+            .field("len", &self.bytes.len())
+            .finish()
     }
 }
 
@@ -83,5 +137,17 @@ mod tests {
             "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
         );
         assert_eq!(d.into_bytes(), b"abc".to_vec());
+    }
+
+    #[test]
+    fn bytes_hashed_in_chunks_have_the_digest_of_the_whole() {
+        let whole: Vec<u8> = (0..100_000u32).map(|i| (i * 7 % 251) as u8).collect();
+        let mut hashing = Hashing::with_capacity(10);
+        for chunk in whole.chunks(4097) {
+            hashing.extend(chunk);
+        }
+        assert_eq!(hashing.len(), whole.len());
+        assert_eq!(hashing.finish(), Digested::new(whole));
+        assert_eq!(Hashing::default().finish(), Digested::default());
     }
 }

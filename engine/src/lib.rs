@@ -60,7 +60,7 @@ use wasmtime::{Store, Trap};
 
 pub use cache::{ArtifactCache, DEFAULT_CACHE_MAX_BYTES};
 pub use determinism::TICK as CLOCK_TICK;
-pub use digested::Digested;
+pub use digested::{Digested, Hashing};
 pub use error::{CallError, LoadError};
 pub use hook::{HookAdapter, HookKind, HookRequest};
 pub use needs::{Needs, NeedsError, needs};

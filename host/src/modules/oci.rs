@@ -517,7 +517,6 @@ pub async fn pull(pinned: &Pinned, access: &Access, cap: u64) -> Result<Pulled, 
             },
             e => read_error(reference, e),
         })?;
-    let bytes = crate::engine::Digested::new(bytes);
     let found = format!("sha256:{}", bytes.sha256());
     if found != layer.digest {
         return Err(OciError::DigestMismatch {

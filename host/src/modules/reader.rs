@@ -22,6 +22,7 @@ use oci_client::manifest::{
 use oci_client::{Reference, RegistryOperation};
 use reqwest::header::{ACCEPT, AUTHORIZATION};
 
+use crate::engine::{Digested, Hashing};
 use crate::modules::registry::{Access, CONNECT_TIMEOUT, READ_TIMEOUT};
 
 /// The largest manifest read (the distribution spec's recommended minimum a registry accepts).
@@ -144,12 +145,12 @@ impl Reader {
             format!("the manifest {url}")
         })
         .await?;
-        let digest = format!("sha256:{}", crate::engine::sha256_hex(&body));
-        Ok((body, digest))
+        let digest = format!("sha256:{}", body.sha256());
+        Ok((body.into_bytes(), digest))
     }
 
-    /// The blob `digest` of `reference`'s repository, at most `cap` bytes (its digest is the
-    /// caller's to check).
+    /// The blob `digest` of `reference`'s repository, at most `cap` bytes, hashed as it arrived
+    /// (comparing that with `digest` is the caller's to do).
     ///
     /// # Errors
     /// See [`ReadError`].
@@ -158,7 +159,7 @@ impl Reader {
         reference: &Reference,
         digest: &str,
         cap: u64,
-    ) -> Result<Vec<u8>, ReadError> {
+    ) -> Result<Digested, ReadError> {
         let url = self.url(reference, "blobs", digest);
         let response = self.get(reference, &url, None).await?;
         read_capped(response, cap, || format!("blob {digest}")).await
@@ -245,12 +246,12 @@ fn transport(e: reqwest::Error) -> ReadError {
     ReadError::Transport(registry_text(&text))
 }
 
-/// The body of `response`, refused past `cap` bytes.
+/// The body of `response`, refused past `cap` bytes, hashed as it arrives.
 async fn read_capped(
     mut response: reqwest::Response,
     cap: u64,
     what: impl Fn() -> String,
-) -> Result<Vec<u8>, ReadError> {
+) -> Result<Digested, ReadError> {
     if let Some(len) = response.content_length()
         && len > cap
     {
@@ -262,7 +263,7 @@ async fn read_capped(
     }
     // Room for the declared length, up to the cap (an 18 MB module is not copied as it grows).
     let declared = response.content_length().unwrap_or(0).min(cap);
-    let mut body = Vec::with_capacity(usize::try_from(declared).unwrap_or(0));
+    let mut body = Hashing::with_capacity(usize::try_from(declared).unwrap_or(0));
     while let Some(chunk) = response.chunk().await.map_err(transport)? {
         if (body.len() + chunk.len()) as u64 > cap {
             return Err(ReadError::TooLarge {
@@ -271,9 +272,9 @@ async fn read_capped(
                 seen: format!("more than {cap} bytes were sent"),
             });
         }
-        body.extend_from_slice(&chunk);
+        body.extend(&chunk);
     }
-    Ok(body)
+    Ok(body.finish())
 }
 
 /// At most [`MAX_ERROR_BYTES`] of an error body.

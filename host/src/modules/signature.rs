@@ -484,8 +484,8 @@ async fn stored_signatures(
             .blob(&tag, &descriptor.digest, MAX_SIGNATURE_BYTES)
             .await
             .map_err(|e| e.to_string())?;
-        if format!("sha256:{}", crate::engine::sha256_hex(&data)) == descriptor.digest {
-            stored.push((descriptor, data));
+        if format!("sha256:{}", data.sha256()) == descriptor.digest {
+            stored.push((descriptor, data.into_bytes()));
         }
     }
     Ok(stored)
