@@ -2,9 +2,9 @@
 //!
 //! A `wasmtime::Engine` keeps every Cranelift compilation context it ever used (one per compile
 //! thread) for reuse, and each context keeps its register allocator's arena at the largest size
-//! any function needed. For the 1 MB image-updater example that arena alone is ~240 MiB after one
-//! optimized compile, held for the life of the engine: it was most of an idle host's memory
-//! (docs/benchmarks.md, "Idle host"). wasmtime has no call to drop those contexts, so modules
+//! any function needed. For the 1 MB image-updater example (built at opt-level 3) that arena
+//! alone was ~240 MiB after one optimized compile, held for the life of the engine: it was most
+//! of an idle host's memory (docs/benchmarks.md, "Idle host"). wasmtime has no call to drop those contexts, so modules
 //! are compiled by a [`Compiler`]: a short-lived engine with the serving engine's configuration
 //! (but the on-demand allocator: it never runs code), whose artifact is loaded into the serving
 //! engine; dropping the compiler frees its contexts.
