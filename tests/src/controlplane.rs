@@ -12,6 +12,10 @@
 //!   [`Pki::webhook_client_cert`] to every admission webhook that asks for a client certificate
 //!   (its admission configuration's webhook kubeconfig, user `*`: every host and port). A
 //!   webhook that asks for none sees no difference.
+//! - kube-apiserver keeps an audit log of the reads (`get`) of Deployments and Services, one
+//!   line per request with its user ([`ControlPlane::child_reads`]): a test that counts a
+//!   controller's reads tells them from the controller-manager's (whose garbage collector reads
+//!   an owner it has not observed yet, such as a new EndpointSlice's Service).
 //! - Dropping the [`ControlPlane`] stops every process (SIGTERM, then SIGKILL after a grace
 //!   period) and removes the temporary directory, unless [`ControlPlane::keep`] was called.
 //!   If the owning process dies without dropping it, the [`Reaper`] does the same.
@@ -128,6 +132,42 @@ pub fn write_kubeconfig(
         key = key.display(),
     );
     std::fs::write(path, text).map_err(Error::io("writing", path))
+}
+
+/// The audit log's file name in the log directory.
+const AUDIT_LOG: &str = "audit.log";
+
+/// Writes kube-apiserver's audit policy: reads of Deployments and Services at `Metadata` level
+/// (who, what, answer), once each request completes; nothing else. Returns its path.
+///
+/// # Errors
+/// [`Error::Io`] if it cannot be written.
+fn write_audit_policy(dir: &Path) -> Result<PathBuf> {
+    let path = dir.join("audit-policy.yaml");
+    let policy = r#"apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+- level: Metadata
+  verbs: [get]
+  resources:
+  - group: apps
+    resources: [deployments]
+  - group: ""
+    resources: [services]
+- level: None
+"#;
+    std::fs::write(&path, policy).map_err(Error::io("writing", &path))?;
+    Ok(path)
+}
+
+/// One read of a Deployment or Service, from the audit log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChildRead {
+    /// The authenticated user (the impersonator when a request impersonates).
+    pub user: String,
+    /// The request's URI.
+    pub uri: String,
 }
 
 /// Writes kube-apiserver's admission configuration: the validating and mutating webhook plugins
@@ -425,6 +465,11 @@ impl ControlPlane {
                 "--max-mutating-requests-inflight=0".into(),
                 "--enable-priority-and-fairness=false".into(),
                 "--profiling=false".into(),
+                format!(
+                    "--audit-policy-file={}",
+                    write_audit_policy(&self.dir)?.display()
+                ),
+                format!("--audit-log-path={}", self.logs.join(AUDIT_LOG).display()),
             ]
             .into_iter()
             .chain(gates)
@@ -646,6 +691,32 @@ impl ControlPlane {
     /// The directory with one log file per component.
     pub fn log_dir(&self) -> &Path {
         &self.logs
+    }
+
+    /// Every read (`get`) of a Deployment or Service the API server has completed so far, in
+    /// order, from its audit log.
+    ///
+    /// # Errors
+    /// [`Error::Io`] if the log cannot be read; a line that does not parse is an error too.
+    pub fn child_reads(&self) -> Result<Vec<ChildRead>> {
+        let path = self.logs.join(AUDIT_LOG);
+        let text = std::fs::read_to_string(&path).map_err(Error::io("reading", &path))?;
+        text.lines()
+            .filter(|l| !l.trim().is_empty())
+            .map(|line| {
+                let event: serde_json::Value = serde_json::from_str(line).map_err(|e| {
+                    Error::io("parsing", &path)(std::io::Error::new(
+                        std::io::ErrorKind::InvalidData,
+                        e,
+                    ))
+                })?;
+                let field = |v: &serde_json::Value| v.as_str().unwrap_or_default().to_string();
+                Ok(ChildRead {
+                    user: field(&event["user"]["username"]),
+                    uri: field(&event["requestURI"]),
+                })
+            })
+            .collect()
     }
 
     /// How long [`ControlPlane::start`] took after the binaries were provided.
