@@ -582,10 +582,11 @@ async fn finalizer_webhook_serves(
 }
 
 /// The reads of children (Deployments, Services) by anyone but the control plane's own
-/// components, whose users are `system:` ones. The controller-manager's garbage collector reads
-/// an owner it has not observed yet: under load it sees a new EndpointSlice before that
-/// EndpointSlice's Service and reads the Service (a fresh clone's `make test` counted 5 such
-/// `GET services` for 20 Apps, with exactly one apply per child: none was the host's).
+/// components, whose users are `system:` ones. A fresh clone's `make test` counted 5 `GET
+/// services` for 20 Apps with exactly one apply per child, so none was the host's (it reads a
+/// child only after a create-only apply met a conflict). The likeliest reader is the
+/// controller-manager's garbage collector, which reads an owner it has not observed yet: under
+/// load, a new EndpointSlice's Service.
 fn host_reads(reads: Vec<ChildRead>) -> Vec<ChildRead> {
     reads
         .into_iter()

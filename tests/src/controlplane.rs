@@ -14,8 +14,8 @@
 //!   webhook that asks for none sees no difference.
 //! - kube-apiserver keeps an audit log of the reads (`get`) of Deployments and Services, one
 //!   line per request with its user ([`ControlPlane::child_reads`]): a test that counts a
-//!   controller's reads tells them from the controller-manager's (whose garbage collector reads
-//!   an owner it has not observed yet, such as a new EndpointSlice's Service).
+//!   controller's reads tells them from the control plane's own (the controller-manager's
+//!   garbage collector, for one, reads an owner it has not observed yet).
 //! - Dropping the [`ControlPlane`] stops every process (SIGTERM, then SIGKILL after a grace
 //!   period) and removes the temporary directory, unless [`ControlPlane::keep`] was called.
 //!   If the owning process dies without dropping it, the [`Reaper`] does the same.
