@@ -4,10 +4,10 @@
 //! thread) for reuse, and each context keeps its register allocator's arena at the largest size
 //! any function needed. For the 1 MB image-updater example (built at opt-level 3) that arena
 //! alone was ~240 MiB after one optimized compile, held for the life of the engine: it was most
-//! of an idle host's memory (docs/benchmarks.md, "Idle host"). wasmtime has no call to drop those contexts, so modules
-//! are compiled by a [`Compiler`]: a short-lived engine with the serving engine's configuration
-//! (but the on-demand allocator: it never runs code), whose artifact is loaded into the serving
-//! engine; dropping the compiler frees its contexts.
+//! of an idle host's memory (docs/benchmarks.md, "Idle host"). wasmtime has no call to drop
+//! those contexts, so modules are compiled by a [`Compiler`]: a short-lived engine with the
+//! serving engine's configuration (but the on-demand allocator: it never runs code), whose
+//! artifact is loaded into the serving engine; dropping the compiler frees its contexts.
 //!
 //! # Guarantees
 //! - The compiled code is the code the serving engine would have compiled itself: the compiler's
