@@ -11,6 +11,7 @@ use kube::runtime::events::{Recorder, Reporter};
 use serde_json::{Value, json};
 use wasmop::contract::{Action, Gvk, ObjectRef, Propagation};
 use wasmop::controller::apply::{Applier, Observed};
+use wasmop::controller::emit::EventLane;
 use wasmop::controller::intents::{PreparedSet, Validated};
 use wasmop::discovery::Discovery;
 use wasmop_testenv::{TestEnv, eventually};
@@ -98,7 +99,7 @@ async fn a_new_childs_first_apply_creates_it_or_refuses_a_name_someone_else_hold
         env.client.clone(),
         "create",
         discovery,
-        recorder,
+        EventLane::start(recorder, "create"),
     );
     let apply = |set: PreparedSet, observed: Vec<Observed>| {
         let (applier, resolved, owner) = (&applier, &resolved, &owner);
@@ -209,7 +210,7 @@ async fn prunes_and_deletes_on_a_stale_observation_spare_an_object_recreated_und
         env.client.clone(),
         "stale",
         discovery,
-        recorder,
+        EventLane::start(recorder, "stale"),
     );
 
     // A prune of a child the cache still shows, after someone replaced it.

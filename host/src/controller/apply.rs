@@ -3,7 +3,8 @@
 //! Order: children (server-side apply, field manager `wasmop/<reconciler>`, forced), pruning of
 //! owned children missing from a complete set, actions in order, the status (a server-side
 //! apply of the module's fields on the /status subresource, conditioned on the primary's
-//! resourceVersion), then Events.
+//! resourceVersion), then Events, handed to the reconciler's [`EventLane`] and published after
+//! the reconcile (see [`super::emit`]).
 //!
 //! Children and status writes that would change nothing are not sent (see
 //! [`super::noop`]): a converged reconciler writes nothing.
@@ -28,7 +29,8 @@
 //! - Children are applied [`APPLY_CONCURRENCY`] at a time, so one response (at most
 //!   `spec.limits.children` children) never opens more requests than that at once.
 //! - A failed write does not stop the others: every intent is attempted and every failure is
-//!   reported, classified (forbidden, conflict, invalid, transient).
+//!   reported, classified (forbidden, conflict, invalid, transient). Events are not written
+//!   here: they are queued for the reconciler's [`EventLane`], whose failures are its own.
 //! - The status is written only when it differs from the object's or from what this field
 //!   manager last applied, conditioned on the primary's resourceVersion: a stale write is a
 //!   conflict, never a lost update. Only the module's fields are applied (its own field
@@ -43,13 +45,14 @@ use k8s_openapi::api::core::v1::ObjectReference;
 use kube::api::{
     Api, DeleteParams, DynamicObject, Patch, PatchParams, Preconditions, PropagationPolicy,
 };
-use kube::runtime::events::{Event as KubeEvent, EventType as KubeEventType, Recorder};
+use kube::runtime::events::{Event as KubeEvent, EventType as KubeEventType};
 use kube::{Client, ResourceExt};
 use serde_json::Value;
 use tracing::field::Empty;
 use tracing::{Instrument, info_span};
 
 use crate::contract::{Action, EventType, Gvk, ObjectRef, Propagation};
+use crate::controller::emit::EventLane;
 use crate::controller::hold::StatusHold;
 use crate::controller::intents::{PreparedSet, Validated, status_object};
 use crate::controller::noop::{self, Applied, Target};
@@ -108,7 +111,7 @@ pub struct ApplyReport {
     /// The children this apply created (they were not in the watch cache, and no object held
     /// their name).
     pub created: Vec<Target>,
-    /// Events recorded.
+    /// Events queued for publishing (see [`super::emit`]).
     pub events: usize,
     /// Every failed write.
     pub failures: Vec<WriteFailure>,
@@ -192,7 +195,7 @@ pub struct Applier {
     reader: Client,
     field_manager: String,
     discovery: Discovery,
-    recorder: Recorder,
+    events: EventLane,
 }
 
 impl std::fmt::Debug for Applier {
@@ -210,6 +213,17 @@ fn api_for(client: &Client, resolved: &Resolved, namespace: Option<&str>) -> Api
     }
 }
 
+/// The primary as an Event's subject.
+fn regarding_primary(primary: &DynamicObject) -> ObjectRef {
+    let types = primary.types.as_ref();
+    ObjectRef {
+        api_version: types.map(|t| t.api_version.clone()).unwrap_or_default(),
+        kind: types.map(|t| t.kind.clone()).unwrap_or_default(),
+        namespace: primary.namespace(),
+        name: primary.name_any(),
+    }
+}
+
 /// An ObjectReference for Events.
 pub fn object_reference(r: &ObjectRef, uid: Option<String>) -> ObjectReference {
     ObjectReference {
@@ -224,22 +238,28 @@ pub fn object_reference(r: &ObjectRef, uid: Option<String>) -> ObjectReference {
 
 impl Applier {
     /// An applier writing through `client` (the reconciler's impersonating client) as field
-    /// manager `wasmop/<reconciler>`, recording Events as `reporter`. `reader` (the host's own
-    /// identity, which may read the owned kinds) checks that a new child's name is not taken.
+    /// manager `wasmop/<reconciler>`, handing the module's Events to `events`. `reader` (the
+    /// host's own identity, which may read the owned kinds) checks that a new child's name is
+    /// not taken.
     pub fn new(
         client: Client,
         reader: Client,
         reconciler: &str,
         discovery: Discovery,
-        recorder: Recorder,
+        events: EventLane,
     ) -> Self {
         Applier {
             client,
             reader,
             field_manager: format!("wasmop/{reconciler}"),
             discovery,
-            recorder,
+            events,
         }
+    }
+
+    /// Publishes the Events still queued and stops taking more (see [`EventLane::close`]).
+    pub async fn close(&self) {
+        self.events.close().await;
     }
 
     /// The field manager.
@@ -345,12 +365,9 @@ impl Applier {
             let span = info_span!(
                 "apply.events",
                 events = validated.events.len() as i64,
-                recorded = Empty,
-                failed = Empty,
+                queued = Empty,
             );
-            self.events(primary, &primary_uid, &validated.events, &mut report)
-                .instrument(span)
-                .await;
+            span.in_scope(|| self.events(primary, &primary_uid, &validated.events, &mut report));
         }
         report
     }
@@ -613,30 +630,21 @@ impl Applier {
         );
     }
 
-    /// Records the module's Events; records the counts on the current span.
-    async fn events(
+    /// Hands the module's Events to the reconciler's [`EventLane`] (published after this
+    /// reconcile, never waited for); records how many were queued on the current span.
+    fn events(
         &self,
         primary: &DynamicObject,
         primary_uid: &str,
         events: &[crate::contract::Event],
         report: &mut ApplyReport,
     ) {
-        let (recorded, failures) = (report.events, report.failures.len());
+        let recorded = report.events;
         for event in events {
-            let regarding = event.regarding.clone().unwrap_or_else(|| ObjectRef {
-                api_version: primary
-                    .types
-                    .as_ref()
-                    .map(|t| t.api_version.clone())
-                    .unwrap_or_default(),
-                kind: primary
-                    .types
-                    .as_ref()
-                    .map(|t| t.kind.clone())
-                    .unwrap_or_default(),
-                namespace: primary.namespace(),
-                name: primary.name_any(),
-            });
+            let regarding = event
+                .regarding
+                .clone()
+                .unwrap_or_else(|| regarding_primary(primary));
             let uid = (regarding.name == primary.name_any()
                 && regarding.namespace == primary.namespace())
             .then(|| primary_uid.to_string());
@@ -650,24 +658,13 @@ impl Applier {
                 action: event.action.clone(),
                 secondary: None,
             };
-            match self
-                .recorder
-                .publish(&ev, &object_reference(&regarding, uid))
-                .await
-            {
-                Ok(()) => report.events += 1,
-                Err(e) => report.failures.push(classify(
-                    format!("event {} on {regarding}", event.reason),
-                    &e,
-                )),
+            if self.events.send(ev, object_reference(&regarding, uid)) {
+                report.events += 1;
             }
         }
         fields::record(
             &tracing::Span::current(),
-            [
-                ("recorded", &((report.events - recorded) as i64)),
-                ("failed", &((report.failures.len() - failures) as i64)),
-            ],
+            [("queued", &((report.events - recorded) as i64))],
         );
     }
 
@@ -917,7 +914,7 @@ pub(super) mod tests {
 
     use http_body_util::BodyExt;
     use kube::client::Body;
-    use kube::runtime::events::Reporter;
+    use kube::runtime::events::{Recorder, Reporter};
     use serde_json::json;
 
     use super::*;
@@ -999,7 +996,13 @@ pub(super) mod tests {
                 instance: None,
             },
         );
-        let applier = Applier::new(client.clone(), client, "t", discovery.clone(), recorder);
+        let applier = Applier::new(
+            client.clone(),
+            client,
+            "t",
+            discovery.clone(),
+            EventLane::start(recorder, "t"),
+        );
         let kind = Gvk::new("v1", "ConfigMap");
         let resolved = match discovery.resolve(&kind).await {
             Ok(r) => r,
@@ -1093,6 +1096,79 @@ pub(super) mod tests {
         Client::new(service, "default")
     }
 
+    /// A client whose API server never answers an Event's create; `posted` counts them.
+    fn events_never_answered(posted: Arc<tokio::sync::watch::Sender<usize>>) -> Client {
+        let service = tower::service_fn(move |req: http::Request<Body>| {
+            let posted = posted.clone();
+            async move {
+                if req.uri().path().contains("/events") {
+                    posted.send_modify(|n| *n += 1);
+                    std::future::pending::<()>().await;
+                }
+                Ok::<_, BoxError>(http::Response::builder().status(404).body(Body::empty())?)
+            }
+        });
+        Client::new(service, "default")
+    }
+
+    #[tokio::test]
+    async fn an_events_api_that_never_answers_does_not_hold_the_reconcile() {
+        let (posted, mut seen) = tokio::sync::watch::channel(0);
+        let client = events_never_answered(Arc::new(posted));
+        let recorder = Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: "test".into(),
+                instance: None,
+            },
+        );
+        let applier = Applier::new(
+            client.clone(),
+            client.clone(),
+            "t",
+            Discovery::new(client),
+            EventLane::start(recorder, "t"),
+        );
+        let primary: DynamicObject = match serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "primary", "namespace": "ns", "uid": "u-1", "resourceVersion": "1"}
+        })) {
+            Ok(p) => p,
+            Err(e) => panic!("literal: {e}"),
+        };
+        let resolved = Resolved {
+            resource: kube::api::ApiResource::erase::<k8s_openapi::api::core::v1::ConfigMap>(&()),
+            namespaced: true,
+        };
+        let validated = Validated {
+            events: vec![crate::contract::Event {
+                type_: EventType::Normal,
+                reason: "Noted".into(),
+                message: "m".into(),
+                action: "Testing".into(),
+                regarding: None,
+            }],
+            ..Validated::default()
+        };
+        let hold = (Applied::new(), StatusHold::NEVER);
+        let apply = applier.apply(&primary, &resolved, &[], validated, hold);
+        // Generous: the reconcile must not wait for the Event at all (before the lane it waited
+        // for the client's 295 s read timeout).
+        let report = match tokio::time::timeout(std::time::Duration::from_secs(60), apply).await {
+            Ok(r) => r,
+            Err(_) => panic!("the reconcile waited for an Event nobody answers"),
+        };
+        assert!(report.failures.is_empty(), "{:?}", report.failures);
+        assert_eq!(report.events, 1, "queued for the lane");
+        // The lane did send it (and waits for the answer, not the reconcile).
+        let sent = tokio::time::timeout(
+            std::time::Duration::from_secs(60),
+            seen.wait_for(|n| *n == 1),
+        )
+        .await;
+        assert!(matches!(sent, Ok(Ok(_))), "the lane never sent the Event");
+    }
+
     #[tokio::test]
     async fn the_status_of_an_apply_that_created_children_waits_when_allowed() {
         let created_only = StatusHold {
@@ -1110,7 +1186,13 @@ pub(super) mod tests {
                     instance: None,
                 },
             );
-            let applier = Applier::new(client.clone(), client, "t", discovery.clone(), recorder);
+            let applier = Applier::new(
+                client.clone(),
+                client,
+                "t",
+                discovery.clone(),
+                EventLane::start(recorder, "t"),
+            );
             let kind = Gvk::new("v1", "ConfigMap");
             let resolved = match discovery.resolve(&kind).await {
                 Ok(r) => r,

@@ -78,6 +78,7 @@ pub mod apply;
 pub mod cache;
 pub mod call;
 pub mod compact;
+pub mod emit;
 pub mod expect;
 pub mod finalizer;
 pub mod health;
@@ -259,8 +260,9 @@ pub struct Clients {
     pub discovery: Discovery,
     /// Events about the module's failures, with the host's identity.
     pub host_events: Recorder,
-    /// Events the module asks for, with the module's identity.
-    pub module_events: Recorder,
+    /// Events the module asks for, published with the module's identity off the reconcile's
+    /// path (see [`emit`]).
+    pub module_events: emit::EventLane,
 }
 
 impl std::fmt::Debug for Clients {
@@ -642,6 +644,7 @@ impl Run {
             cache_kinds,
         } = self;
         let reconciler = shared.settings.name.clone();
+        let stopped = shared.clone();
         let run = controller
             .graceful_shutdown_on(async move {
                 let _ = stop.await;
@@ -674,6 +677,8 @@ impl Run {
             health.report_crash(message);
         }
         waiting.abort();
+        // The module's Events still queued are published before the controller is gone.
+        stopped.applier.close().await;
         queue.clear();
         for kind in &cache_kinds {
             metrics::global().forget_cache_objects(&reconciler, kind);

@@ -1075,7 +1075,10 @@ mod tests {
                 module: client.clone(),
                 discovery: Discovery::new(client.clone()),
                 host_events: Recorder::new(client.clone(), reporter.clone()),
-                module_events: Recorder::new(client, reporter),
+                module_events: crate::controller::emit::EventLane::start(
+                    Recorder::new(client, reporter),
+                    name,
+                ),
             };
             let gvk = GroupVersionKind::gvk("test.wasmop.dev", "v1", "Widget");
             let resource = ApiResource::from_gvk_with_plural(&gvk, "widgets");

@@ -31,6 +31,7 @@ use super::status::{SetupError, Subject};
 use super::swap::{self, Candidate, Kept, Serving, SwapState};
 use super::{DecisionsRx, HostContext, UpdatesRx, access, conflict, rekey, release};
 use crate::contract::Gvk;
+use crate::controller::emit::EventLane;
 use crate::controller::predicate::Changes;
 use crate::controller::{self, Clients, Health, Running, Settings};
 use crate::crd::{MAX_RESYNC, WasmReconciler, WasmReconcilerSpec, parse_bounded_duration};
@@ -355,12 +356,15 @@ impl Supervisor {
             module: module.clone(),
             discovery: ctx.discovery.clone(),
             host_events: self.s.events.clone(),
-            module_events: Recorder::new(
-                module,
-                Reporter {
-                    controller: format!("wasmop/{}", self.name()),
-                    instance: Some(ctx.instance.clone()),
-                },
+            module_events: EventLane::start(
+                Recorder::new(
+                    module,
+                    Reporter {
+                        controller: format!("wasmop/{}", self.name()),
+                        instance: Some(ctx.instance.clone()),
+                    },
+                ),
+                &self.name(),
             ),
         })
     }

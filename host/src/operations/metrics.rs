@@ -152,6 +152,7 @@ pub struct Metrics {
     admission: Family<AdmissionLabels, Counter>,
     admission_errors: Family<ReconcilerLabel, Counter>,
     finalizers_added: Family<ReconcilerLabel, Counter>,
+    module_events: Family<ResultLabels, Counter>,
     module_info: Family<ModuleLabels, Gauge>,
     leader: Gauge,
     server_connections: Family<ServerLabel, Gauge>,
@@ -190,6 +191,7 @@ impl Metrics {
             admission: Family::default(),
             admission_errors: Family::default(),
             finalizers_added: Family::default(),
+            module_events: Family::default(),
             module_info: Family::default(),
             leader: Gauge::default(),
             server_connections: Family::default(),
@@ -283,6 +285,11 @@ impl Metrics {
             "wasmop_finalizers_added",
             "Primaries the finalizer webhook gave their reconciler's finalizer as they were created",
             m.finalizers_added.clone(),
+        );
+        registry.register(
+            "wasmop_module_events",
+            "Events the modules asked for, by result (published, failed, dropped)",
+            m.module_events.clone(),
         );
         registry.register(
             "wasmop_module_info",
@@ -450,6 +457,17 @@ impl Metrics {
     pub fn finalizer_added(&self, reconciler: &str) {
         self.finalizers_added
             .get_or_create(&label(reconciler))
+            .inc();
+    }
+
+    /// One Event `reconciler`'s module asked for: `published`, `failed` or `dropped` (see
+    /// [`crate::controller::emit`]).
+    pub fn module_event(&self, reconciler: &str, result: &str) {
+        self.module_events
+            .get_or_create(&ResultLabels {
+                reconciler: reconciler.to_string(),
+                result: result.to_string(),
+            })
             .inc();
     }
 

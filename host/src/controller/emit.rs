@@ -1,0 +1,381 @@
+//! The module's Events, published off the reconcile's path.
+//!
+//! A reconcile hands the Events its module asked for to the reconciler's [`EventLane`] and goes
+//! on; one task per reconciler publishes them, in order, through kube-runtime's `Recorder`
+//! (which turns a repeat into a patch of the Event's `series.count`), with the module's
+//! identity. client-go's recorder works the same way (a queue per broadcaster, one goroutine
+//! sending, dropping when full): under load the Events trail the writes convergence needs
+//! instead of taking their turn in the API server's queue before them (issue 27).
+//!
+//! # Guarantees
+//! - Never blocks a reconcile: [`EventLane::send`] queues the Event, or drops it when
+//!   [`EVENT_QUEUE`] already wait; it never waits.
+//! - Bounded: at most [`EVENT_QUEUE`] Events wait per reconciler (each note at most
+//!   `intents::MAX_EVENT_NOTE` bytes), one is in flight at a time, and each publish is given
+//!   [`PUBLISH_TIMEOUT`].
+//! - Every Event handed over is counted once in `wasmop_module_events_total{result}`:
+//!   `published`, `failed` (refused, failed or timed out; logged at warn with the reason), or
+//!   `dropped` (the queue was full, or the reconciler stopped before it was sent).
+//! - [`EventLane::close`] publishes what is queued, within [`FLUSH_GRACE`], when the reconciler
+//!   stops; what is left then is dropped and counted.
+//!
+//! # Caveats
+//! - A failed Event does not fail the reconcile, hold the finalizer back or degrade the
+//!   reconciler (before issue 27 it did): Events are reports, not intents. A ServiceAccount
+//!   that may not create Events shows in the log and in `result="failed"`.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::runtime::events::{Event, Recorder};
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+
+use crate::operations::metrics;
+
+/// How many Events may wait per reconciler.
+pub const EVENT_QUEUE: usize = 1024;
+
+/// How long one publish may take.
+pub const PUBLISH_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long [`EventLane::close`] publishes what is queued.
+pub const FLUSH_GRACE: Duration = Duration::from_secs(5);
+
+/// The bounds of a lane.
+#[derive(Debug, Clone, Copy)]
+pub struct Bounds {
+    /// How many Events may wait ([`EVENT_QUEUE`]).
+    pub queue: usize,
+    /// How long one publish may take ([`PUBLISH_TIMEOUT`]).
+    pub publish: Duration,
+    /// How long [`EventLane::close`] publishes what is queued ([`FLUSH_GRACE`]).
+    pub flush: Duration,
+}
+
+/// An Event and what it is about.
+type Queued = (Event, ObjectReference);
+
+/// A reconciler's queue of Events and the task publishing them.
+#[derive(Clone)]
+pub struct EventLane {
+    queue: mpsc::Sender<Queued>,
+    closing: Arc<watch::Sender<bool>>,
+    worker: Arc<Mutex<Option<JoinHandle<()>>>>,
+    /// Events queued or in flight.
+    pending: Arc<AtomicUsize>,
+    flush_grace: Duration,
+    reconciler: Arc<str>,
+}
+
+impl std::fmt::Debug for EventLane {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EventLane")
+            .field("reconciler", &self.reconciler)
+            .finish_non_exhaustive()
+    }
+}
+
+impl EventLane {
+    /// A lane publishing through `recorder` for `reconciler`, its task started. Must be called
+    /// within a tokio runtime.
+    pub fn start(recorder: Recorder, reconciler: &str) -> EventLane {
+        let bounds = Bounds {
+            queue: EVENT_QUEUE,
+            publish: PUBLISH_TIMEOUT,
+            flush: FLUSH_GRACE,
+        };
+        EventLane::bounded(recorder, reconciler, bounds)
+    }
+
+    /// [`EventLane::start`] with other bounds.
+    pub fn bounded(recorder: Recorder, reconciler: &str, bounds: Bounds) -> EventLane {
+        let capacity = bounds.queue;
+        let (queue, rx) = mpsc::channel(capacity);
+        let (closing, closed) = watch::channel(false);
+        let reconciler: Arc<str> = reconciler.into();
+        let pending = Arc::new(AtomicUsize::new(0));
+        let publisher = Publisher {
+            recorder,
+            reconciler: reconciler.clone(),
+            pending: pending.clone(),
+            timeout: bounds.publish,
+        };
+        let worker = tokio::spawn(publisher.run(rx, closed));
+        EventLane {
+            queue,
+            closing: Arc::new(closing),
+            worker: Arc::new(Mutex::new(Some(worker))),
+            pending,
+            flush_grace: bounds.flush,
+            reconciler,
+        }
+    }
+
+    /// Queues `event` about `regarding`; false when it was dropped (the queue is full or the
+    /// lane closed). Never waits.
+    pub fn send(&self, event: Event, regarding: ObjectReference) -> bool {
+        // Counted before it is queued, so the publisher never takes it below zero.
+        self.pending.fetch_add(1, Ordering::Relaxed);
+        let queued = self.queue.try_send((event, regarding)).is_ok();
+        if !queued {
+            self.pending.fetch_sub(1, Ordering::Relaxed);
+            counted(&self.reconciler, "dropped");
+        }
+        queued
+    }
+
+    /// Stops taking Events and publishes those queued, within [`FLUSH_GRACE`]; the rest are
+    /// dropped and counted. Later calls return at once.
+    pub async fn close(&self) {
+        self.closing.send_replace(true);
+        let worker = self.worker.lock().ok().and_then(|mut w| w.take());
+        let Some(mut worker) = worker else { return };
+        if tokio::time::timeout(self.flush_grace, &mut worker)
+            .await
+            .is_err()
+        {
+            worker.abort();
+            // Stopped at its next await: it counts nothing more.
+            let _ = worker.await;
+            let left = self.pending.swap(0, Ordering::Relaxed);
+            tracing::warn!(reconciler = %self.reconciler, left, "Events still queued after the flush grace; dropped");
+            for _ in 0..left {
+                counted(&self.reconciler, "dropped");
+            }
+        }
+    }
+}
+
+/// The lane's task: publishes through `recorder`, counting each outcome.
+struct Publisher {
+    recorder: Recorder,
+    reconciler: Arc<str>,
+    pending: Arc<AtomicUsize>,
+    timeout: Duration,
+}
+
+impl Publisher {
+    /// Publishes every Event of `rx`, one at a time, until every lane handle is gone or
+    /// `closed` turns true and the queue is empty.
+    async fn run(self, mut rx: mpsc::Receiver<Queued>, mut closed: watch::Receiver<bool>) {
+        loop {
+            let next = tokio::select! {
+                biased;
+                next = rx.recv() => next,
+                // Closing (or every handle gone): what is queued is still received, then None.
+                _ = closed.changed() => {
+                    rx.close();
+                    continue;
+                }
+            };
+            let Some((event, regarding)) = next else {
+                return;
+            };
+            let result = self.publish(&event, &regarding).await;
+            self.pending.fetch_sub(1, Ordering::Relaxed);
+            counted(&self.reconciler, result);
+        }
+    }
+
+    /// Publishes one Event, bounded by its timeout: `published` or `failed` (logged).
+    async fn publish(&self, event: &Event, regarding: &ObjectReference) -> &'static str {
+        let publish = self.recorder.publish(event, regarding);
+        let error = match tokio::time::timeout(self.timeout, publish).await {
+            Ok(Ok(())) => return "published",
+            Ok(Err(e)) => e.to_string(),
+            Err(_) => format!("no answer within {:?}", self.timeout),
+        };
+        tracing::warn!(
+            reconciler = %self.reconciler,
+            reason = %event.reason,
+            object = regarding.name.as_deref().unwrap_or_default(),
+            namespace = regarding.namespace.as_deref().unwrap_or_default(),
+            error = %error,
+            "cannot publish the module's Event"
+        );
+        "failed"
+    }
+}
+
+fn counted(reconciler: &str, result: &str) {
+    metrics::global().module_event(reconciler, result);
+}
+
+#[cfg(test)]
+mod tests {
+    use http_body_util::BodyExt;
+    use kube::Client;
+    use kube::client::Body;
+    use kube::runtime::events::{EventType, Reporter};
+    use tower::BoxError;
+
+    use super::*;
+
+    /// How the fake API server answers an Event's create.
+    #[derive(Clone, Copy)]
+    enum Answer {
+        /// 201 with the Event.
+        Created,
+        /// 403.
+        Forbidden,
+        /// Never.
+        Never,
+    }
+
+    /// A client whose API server answers every request as `answer`, counting the requests
+    /// received in `seen`.
+    fn client(answer: Answer, seen: watch::Sender<usize>) -> Client {
+        let seen = Arc::new(seen);
+        let service = tower::service_fn(move |req: http::Request<Body>| {
+            let seen = seen.clone();
+            async move {
+                let body = req.into_body().collect().await?.to_bytes().to_vec();
+                seen.send_modify(|n| *n += 1);
+                let (status, body) = match answer {
+                    Answer::Created => (201, body),
+                    Answer::Forbidden => (
+                        403,
+                        serde_json::to_vec(&serde_json::json!({"kind": "Status",
+                            "apiVersion": "v1", "status": "Failure", "reason": "Forbidden",
+                            "code": 403, "message": "events.events.k8s.io is forbidden"}))?,
+                    ),
+                    Answer::Never => std::future::pending().await,
+                };
+                Ok::<_, BoxError>(
+                    http::Response::builder()
+                        .status(status)
+                        .body(Body::from(body))?,
+                )
+            }
+        });
+        Client::new(service, "default")
+    }
+
+    /// Short enough for a test that waits them out; the outcomes do not depend on them.
+    const SHORT: Duration = Duration::from_millis(100);
+
+    fn lane(
+        reconciler: &str,
+        answer: Answer,
+        capacity: usize,
+    ) -> (EventLane, watch::Receiver<usize>) {
+        let (seen, requests) = watch::channel(0);
+        let reporter = Reporter {
+            controller: format!("wasmop/{reconciler}"),
+            instance: None,
+        };
+        let recorder = Recorder::new(client(answer, seen), reporter);
+        let bounds = Bounds {
+            queue: capacity,
+            publish: SHORT,
+            flush: SHORT,
+        };
+        (EventLane::bounded(recorder, reconciler, bounds), requests)
+    }
+
+    fn event(reason: &str) -> (Event, ObjectReference) {
+        let event = Event {
+            type_: EventType::Normal,
+            reason: reason.into(),
+            note: Some("a note".into()),
+            action: "Testing".into(),
+            secondary: None,
+        };
+        let regarding = ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("ConfigMap".into()),
+            namespace: Some("default".into()),
+            name: Some("one".into()),
+            ..ObjectReference::default()
+        };
+        (event, regarding)
+    }
+
+    /// `wasmop_module_events_total` of `reconciler` by result: published, failed, dropped.
+    fn counts(reconciler: &str) -> [u64; 3] {
+        let text = metrics::encode().unwrap_or_default();
+        ["published", "failed", "dropped"].map(|result| {
+            let prefix = format!(
+                "wasmop_module_events_total{{reconciler=\"{reconciler}\",result=\"{result}\"}} "
+            );
+            text.lines()
+                .find_map(|l| l.strip_prefix(&prefix))
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(0)
+        })
+    }
+
+    #[tokio::test]
+    async fn close_publishes_every_event_queued_in_order() {
+        let (lane, mut requests) = lane("emit-close", Answer::Created, 8);
+        for reason in ["First", "Second", "Third"] {
+            let (e, r) = event(reason);
+            assert!(lane.send(e, r));
+        }
+        lane.close().await;
+        assert_eq!(*requests.borrow_and_update(), 3);
+        assert_eq!(counts("emit-close"), [3, 0, 0]);
+        // Closed: nothing more is taken, and the drop is counted.
+        let (e, r) = event("Late");
+        assert!(!lane.send(e, r));
+        assert_eq!(counts("emit-close"), [3, 0, 1]);
+        lane.close().await;
+    }
+
+    #[tokio::test]
+    async fn send_never_waits_and_drops_what_the_queue_cannot_hold() {
+        let (lane, mut requests) = lane("emit-full", Answer::Never, 2);
+        let (e, r) = event("InFlight");
+        assert!(lane.send(e, r));
+        // The first Event is in flight (its request is stuck), so the queue holds two more.
+        requests.wait_for(|n| *n == 1).await.ok();
+        let sent: Vec<bool> = ["Queued", "Queued", "Dropped"]
+            .into_iter()
+            .map(|reason| {
+                let (e, r) = event(reason);
+                lane.send(e, r)
+            })
+            .collect();
+        assert_eq!(sent, [true, true, false]);
+        assert_eq!(counts("emit-full"), [0, 0, 1]);
+    }
+
+    #[tokio::test]
+    async fn close_gives_up_after_the_flush_grace_and_counts_what_is_left() {
+        let (lane, mut requests) = lane("emit-stuck", Answer::Never, 4);
+        for reason in ["InFlight", "Left"] {
+            let (e, r) = event(reason);
+            assert!(lane.send(e, r));
+        }
+        requests.wait_for(|n| *n == 1).await.ok();
+        // The publish timeout is as long as the grace: the first Event may fail before the
+        // grace ends; either way each Event is counted once, and none published.
+        lane.close().await;
+        let [published, failed, dropped] = counts("emit-stuck");
+        assert_eq!((published, failed + dropped), (0, 2));
+    }
+
+    #[tokio::test]
+    async fn a_refused_event_is_counted_as_failed_once_and_not_retried() {
+        let (lane, mut requests) = lane("emit-forbidden", Answer::Forbidden, 4);
+        let (e, r) = event("Refused");
+        assert!(lane.send(e, r));
+        lane.close().await;
+        assert_eq!(*requests.borrow_and_update(), 1);
+        assert_eq!(counts("emit-forbidden"), [0, 1, 0]);
+    }
+
+    #[tokio::test]
+    async fn a_publish_that_gets_no_answer_fails_after_its_timeout_and_the_next_goes_on() {
+        let (lane, mut requests) = lane("emit-timeout", Answer::Never, 4);
+        for reason in ["Unanswered", "Next"] {
+            let (e, r) = event(reason);
+            assert!(lane.send(e, r));
+        }
+        requests.wait_for(|n| *n == 2).await.ok();
+        assert_eq!(counts("emit-timeout")[1], 1);
+    }
+}
