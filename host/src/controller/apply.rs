@@ -989,20 +989,7 @@ pub(super) mod tests {
         });
         let client = counting_client(flight.clone());
         let discovery = Discovery::new(client.clone());
-        let recorder = Recorder::new(
-            client.clone(),
-            Reporter {
-                controller: "test".into(),
-                instance: None,
-            },
-        );
-        let applier = Applier::new(
-            client.clone(),
-            client,
-            "t",
-            discovery.clone(),
-            EventLane::start(recorder, "t"),
-        );
+        let applier = test_applier(&client, &discovery);
         let kind = Gvk::new("v1", "ConfigMap");
         let resolved = match discovery.resolve(&kind).await {
             Ok(r) => r,
@@ -1096,6 +1083,16 @@ pub(super) mod tests {
         Client::new(service, "default")
     }
 
+    /// An applier of reconciler `t` writing and reading through `client`.
+    fn test_applier(client: &Client, discovery: &Discovery) -> Applier {
+        let reporter = Reporter {
+            controller: "test".into(),
+            instance: None,
+        };
+        let lane = EventLane::start(Recorder::new(client.clone(), reporter), "t");
+        Applier::new(client.clone(), client.clone(), "t", discovery.clone(), lane)
+    }
+
     /// A client whose API server never answers an Event's create; `posted` counts them.
     fn events_never_answered(posted: Arc<tokio::sync::watch::Sender<usize>>) -> Client {
         let service = tower::service_fn(move |req: http::Request<Body>| {
@@ -1115,20 +1112,7 @@ pub(super) mod tests {
     async fn an_events_api_that_never_answers_does_not_hold_the_reconcile() {
         let (posted, mut seen) = tokio::sync::watch::channel(0);
         let client = events_never_answered(Arc::new(posted));
-        let recorder = Recorder::new(
-            client.clone(),
-            Reporter {
-                controller: "test".into(),
-                instance: None,
-            },
-        );
-        let applier = Applier::new(
-            client.clone(),
-            client.clone(),
-            "t",
-            Discovery::new(client),
-            EventLane::start(recorder, "t"),
-        );
+        let applier = test_applier(&client, &Discovery::new(client.clone()));
         let primary: DynamicObject = match serde_json::from_value(json!({
             "apiVersion": "v1", "kind": "ConfigMap",
             "metadata": {"name": "primary", "namespace": "ns", "uid": "u-1", "resourceVersion": "1"}
@@ -1179,20 +1163,7 @@ pub(super) mod tests {
             let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
             let client = recording_client(seen.clone());
             let discovery = Discovery::new(client.clone());
-            let recorder = Recorder::new(
-                client.clone(),
-                Reporter {
-                    controller: "test".into(),
-                    instance: None,
-                },
-            );
-            let applier = Applier::new(
-                client.clone(),
-                client,
-                "t",
-                discovery.clone(),
-                EventLane::start(recorder, "t"),
-            );
+            let applier = test_applier(&client, &discovery);
             let kind = Gvk::new("v1", "ConfigMap");
             let resolved = match discovery.resolve(&kind).await {
                 Ok(r) => r,
