@@ -274,6 +274,89 @@ async fn a_forbidden_write_is_a_warning_and_degrades_the_reconciler_while_the_re
     env.passed()
 }
 
+/// Whether RBAC lets ServiceAccount `sa` of `ns` create Events (events.k8s.io) in `ns`, by a
+/// SubjectAccessReview: the authorizer that decides the host's requests.
+async fn may_create_events(client: &kube::Client, ns: &str, sa: &str) -> anyhow::Result<bool> {
+    use k8s_openapi::api::authorization::v1::SubjectAccessReview;
+    let review: SubjectAccessReview = serde_json::from_value(json!({
+        "apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
+        "spec": {
+            "user": format!("system:serviceaccount:{ns}:{sa}"),
+            "groups": ["system:serviceaccounts", format!("system:serviceaccounts:{ns}")],
+            "resourceAttributes": {"namespace": ns, "verb": "create", "group": "events.k8s.io", "resource": "events"}
+        }
+    }))?;
+    let reviewed = Api::<SubjectAccessReview>::all(client.clone())
+        .create(&PostParams::default(), &review)
+        .await?;
+    Ok(reviewed.status.is_some_and(|s| s.allowed))
+}
+
+#[tokio::test]
+async fn refused_module_events_degrade_the_reconciler_until_an_event_is_published()
+-> anyhow::Result<()> {
+    let env = TestEnv::get("host-events").await?;
+    let (ns, sa) = (env.namespace.clone(), "no-events");
+    let (wr, _) = updater(&env, sa).await?;
+    // The same Role without Events (applied by the same manager: the rule is removed).
+    let mut rules = image_updater_rules(true);
+    if let Some(rules) = rules.as_array_mut() {
+        rules.retain(|r| r["apiGroups"][0] != "events.k8s.io");
+    }
+    service_account(&env.client, &ns, sa, rules).await?;
+    eventually("RBAC refusing the Events", WAIT, || async {
+        Ok((!may_create_events(&env.client, &ns, sa).await?).then_some(()))
+    })
+    .await?;
+    let host = start_host(&env, None).await?;
+    let apps = apps(&env.client, &ns);
+    apps.create(&PostParams::default(), &new_app("web", "nginx:1.27", 1))
+        .await?;
+    let services: Api<Service> = env.api();
+    eventually(
+        "the Service, written despite the refused Event",
+        WAIT,
+        || async { Ok(services.get_opt("web").await?) },
+    )
+    .await?;
+    let (_, _, message) = eventually("Degraded=True for the Events", WAIT, || async {
+        Ok(wr_condition(&env.client, &wr, "Degraded")
+            .await?
+            .filter(|(s, r, m)| s == "True" && r == "Forbidden" && m.contains("Events")))
+    })
+    .await?;
+    assert!(
+        message.contains(&format!("system:serviceaccount:{ns}:{sa}")),
+        "{message}"
+    );
+
+    // Granted, the module's next Event (the rollout of a new image) is published and clears it.
+    service_account(&env.client, &ns, sa, image_updater_rules(true)).await?;
+    eventually("RBAC allowing the Events", WAIT, || async {
+        Ok(may_create_events(&env.client, &ns, sa).await?.then_some(()))
+    })
+    .await?;
+    apps.patch(
+        "web",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"image": "nginx:1.28"}})),
+    )
+    .await?;
+    eventually(
+        "Degraded=False once an Event is published",
+        WAIT,
+        || async {
+            Ok(wr_condition(&env.client, &wr, "Degraded")
+                .await?
+                .filter(|(s, r, _)| s == "False" && r == "AllWritesAllowed"))
+        },
+    )
+    .await?;
+    assert!(!events(&env.client, &ns, "RollingOut").await?.is_empty());
+    host.shutdown().await?;
+    env.passed()
+}
+
 #[tokio::test]
 async fn a_trapping_module_backs_off_while_other_objects_and_reconcilers_work() -> anyhow::Result<()>
 {

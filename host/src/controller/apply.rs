@@ -1089,7 +1089,7 @@ pub(super) mod tests {
             controller: "test".into(),
             instance: None,
         };
-        let lane = EventLane::start(Recorder::new(client.clone(), reporter), "t");
+        let lane = EventLane::start(Recorder::new(client.clone(), reporter), "t", Arc::default());
         Applier::new(client.clone(), client.clone(), "t", discovery.clone(), lane)
     }
 

@@ -19,10 +19,15 @@
 //! - [`EventLane::close`] publishes what is queued, within [`FLUSH_GRACE`], when the reconciler
 //!   stops; what is left then is dropped and counted.
 //!
+//! - An Event refused by RBAC (403) is reported to the reconciler's [`Health`] until an Event
+//!   is published again: the WasmReconciler shows `Degraded=True`, reason `Forbidden`.
+//!
 //! # Caveats
-//! - A failed Event does not fail the reconcile, hold the finalizer back or degrade the
-//!   reconciler (before issue 27 it did): Events are reports, not intents. A ServiceAccount
-//!   that may not create Events shows in the log and in `result="failed"`.
+//! - A failed Event does not fail the reconcile or hold the finalizer back (before issue 27 it
+//!   did): Events are reports, not intents. Only a 403 degrades the reconciler; a timeout or
+//!   another error shows in the log and in `result="failed"`.
+//! - A refused Event is not retried: the Events refused before the grant are lost, and the
+//!   condition clears with the module's next Event, not with the grant itself.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -33,6 +38,7 @@ use kube::runtime::events::{Event, Recorder};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
+use super::health::Health;
 use crate::operations::metrics;
 
 /// How many Events may wait per reconciler.
@@ -79,19 +85,24 @@ impl std::fmt::Debug for EventLane {
 }
 
 impl EventLane {
-    /// A lane publishing through `recorder` for `reconciler`, its task started. Must be called
-    /// within a tokio runtime.
-    pub fn start(recorder: Recorder, reconciler: &str) -> EventLane {
+    /// A lane publishing through `recorder` for `reconciler`, its task started, reporting
+    /// Events refused by RBAC to `health`. Must be called within a tokio runtime.
+    pub fn start(recorder: Recorder, reconciler: &str, health: Arc<Health>) -> EventLane {
         let bounds = Bounds {
             queue: EVENT_QUEUE,
             publish: PUBLISH_TIMEOUT,
             flush: FLUSH_GRACE,
         };
-        EventLane::bounded(recorder, reconciler, bounds)
+        EventLane::bounded(recorder, reconciler, health, bounds)
     }
 
     /// [`EventLane::start`] with other bounds.
-    pub fn bounded(recorder: Recorder, reconciler: &str, bounds: Bounds) -> EventLane {
+    pub fn bounded(
+        recorder: Recorder,
+        reconciler: &str,
+        health: Arc<Health>,
+        bounds: Bounds,
+    ) -> EventLane {
         let capacity = bounds.queue;
         let (queue, rx) = mpsc::channel(capacity);
         let (closing, closed) = watch::channel(false);
@@ -99,6 +110,7 @@ impl EventLane {
         let pending = Arc::new(AtomicUsize::new(0));
         let publisher = Publisher {
             recorder,
+            health,
             reconciler: reconciler.clone(),
             pending: pending.clone(),
             timeout: bounds.publish,
@@ -149,9 +161,11 @@ impl EventLane {
     }
 }
 
-/// The lane's task: publishes through `recorder`, counting each outcome.
+/// The lane's task: publishes through `recorder`, counting each outcome and reporting RBAC's
+/// refusals to `health`.
 struct Publisher {
     recorder: Recorder,
+    health: Arc<Health>,
     reconciler: Arc<str>,
     pending: Arc<AtomicUsize>,
     timeout: Duration,
@@ -180,12 +194,23 @@ impl Publisher {
         }
     }
 
-    /// Publishes one Event, bounded by its timeout: `published` or `failed` (logged).
+    /// Publishes one Event, bounded by its timeout: `published` or `failed` (logged; a 403
+    /// reported to the reconciler's health, which the next published Event clears).
     async fn publish(&self, event: &Event, regarding: &ObjectReference) -> &'static str {
         let publish = self.recorder.publish(event, regarding);
         let error = match tokio::time::timeout(self.timeout, publish).await {
-            Ok(Ok(())) => return "published",
-            Ok(Err(e)) => e.to_string(),
+            Ok(Ok(())) => {
+                self.health.record_events(None);
+                return "published";
+            }
+            Ok(Err(e)) => {
+                if let kube::Error::Api(status) = &e
+                    && status.is_forbidden()
+                {
+                    self.health.record_events(Some(status.message.clone()));
+                }
+                e.to_string()
+            }
             Err(_) => format!("no answer within {:?}", self.timeout),
         };
         tracing::warn!(
@@ -221,6 +246,8 @@ mod tests {
         Created,
         /// 403.
         Forbidden,
+        /// 403 to the first request, then 201.
+        ForbiddenOnce,
         /// Never.
         Never,
     }
@@ -234,9 +261,11 @@ mod tests {
             async move {
                 let body = req.into_body().collect().await?.to_bytes().to_vec();
                 seen.send_modify(|n| *n += 1);
+                let first = *seen.borrow() == 1;
                 let (status, body) = match answer {
                     Answer::Created => (201, body),
-                    Answer::Forbidden => (
+                    Answer::ForbiddenOnce if !first => (201, body),
+                    Answer::Forbidden | Answer::ForbiddenOnce => (
                         403,
                         serde_json::to_vec(&serde_json::json!({"kind": "Status",
                             "apiVersion": "v1", "status": "Failure", "reason": "Forbidden",
@@ -262,6 +291,16 @@ mod tests {
         answer: Answer,
         capacity: usize,
     ) -> (EventLane, watch::Receiver<usize>) {
+        reporting(reconciler, answer, capacity, Arc::default())
+    }
+
+    /// [`lane`], reporting to `health`.
+    fn reporting(
+        reconciler: &str,
+        answer: Answer,
+        capacity: usize,
+        health: Arc<Health>,
+    ) -> (EventLane, watch::Receiver<usize>) {
         let (seen, requests) = watch::channel(0);
         let reporter = Reporter {
             controller: format!("wasmop/{reconciler}"),
@@ -273,7 +312,10 @@ mod tests {
             publish: SHORT,
             flush: SHORT,
         };
-        (EventLane::bounded(recorder, reconciler, bounds), requests)
+        (
+            EventLane::bounded(recorder, reconciler, health, bounds),
+            requests,
+        )
     }
 
     fn event(reason: &str) -> (Event, ObjectReference) {
@@ -366,6 +408,37 @@ mod tests {
         lane.close().await;
         assert_eq!(*requests.borrow_and_update(), 1);
         assert_eq!(counts("emit-forbidden"), [0, 1, 0]);
+    }
+
+    #[tokio::test]
+    async fn a_refused_event_degrades_the_reconciler_until_an_event_is_published() {
+        let health = Arc::new(Health::default());
+        let (lane, mut requests) = reporting("emit-rbac", Answer::ForbiddenOnce, 4, health.clone());
+        let refused = |h: &Health| h.events_refused.lock().ok().and_then(|r| r.clone());
+        let (e, r) = event("Refused");
+        assert!(lane.send(e, r));
+        // Told once the refusal is recorded.
+        health.changed.notified().await;
+        let message = refused(&health).unwrap_or_default();
+        assert!(message.contains("forbidden"), "{message}");
+        let (e, r) = event("Published");
+        assert!(lane.send(e, r));
+        lane.close().await;
+        assert_eq!(*requests.borrow_and_update(), 2);
+        assert_eq!(refused(&health), None, "the published Event clears it");
+        assert_eq!(counts("emit-rbac"), [1, 1, 0]);
+    }
+
+    #[tokio::test]
+    async fn an_event_that_fails_otherwise_does_not_degrade_the_reconciler() {
+        let health = Arc::new(Health::default());
+        let (lane, _) = reporting("emit-slow", Answer::Never, 4, health.clone());
+        let (e, r) = event("Unanswered");
+        assert!(lane.send(e, r));
+        lane.close().await;
+        assert_eq!(counts("emit-slow")[0], 0);
+        let refused = health.events_refused.lock().ok().and_then(|r| r.clone());
+        assert_eq!(refused, None);
     }
 
     #[tokio::test]

@@ -1,5 +1,6 @@
-//! What a reconciler's controller reports to the manager ([`Health`]): Forbidden writes, its
-//! crash, and the health of its watches (which watched kinds cannot list or watch, and why).
+//! What a reconciler's controller reports to the manager ([`Health`]): Forbidden writes, the
+//! module's Events refused by RBAC, its crash, and the health of its watches (which watched kinds
+//! cannot list or watch, and why).
 //!
 //! kube-runtime's watchers retry failed lists and watches with a backoff and only hand the
 //! errors down their streams; the controller taps each stream and records the last error per
@@ -70,11 +71,14 @@ impl WatchErrors {
 pub struct Health {
     /// Objects whose last reconcile hit a Forbidden write, with the message.
     pub forbidden: Mutex<BTreeMap<String, String>>,
+    /// The API's message when the module's last Event was refused by RBAC (403); cleared by the
+    /// next Event published (see [`super::emit`]).
+    pub events_refused: Mutex<Option<String>>,
     /// Watched kinds that cannot list or watch, with the API's error.
     pub watches: WatchErrors,
     /// The controller panicked (a host bug), with the panic's message.
     pub crashed: Mutex<Option<String>>,
-    /// Bumped whenever `forbidden`, `watches` or `crashed` changes.
+    /// Bumped whenever `forbidden`, `events_refused`, `watches` or `crashed` changes.
     pub changed: tokio::sync::Notify,
 }
 
@@ -86,6 +90,19 @@ impl Health {
             tracing::debug!(kind = %kind.kind, error = %e, "watch failed; retrying");
         }
         if self.watches.record(kind, event) {
+            self.changed.notify_one();
+        }
+    }
+
+    /// Records that the module's last Event was refused by RBAC (`Some`, the API's message) or
+    /// published (`None`), and tells the manager when that changes.
+    pub(super) fn record_events(&self, refused: Option<String>) {
+        let changed = self.events_refused.lock().is_ok_and(|mut was| {
+            let changed = *was != refused;
+            *was = refused;
+            changed
+        });
+        if changed {
             self.changed.notify_one();
         }
     }

@@ -1078,6 +1078,7 @@ mod tests {
                 module_events: crate::controller::emit::EventLane::start(
                     Recorder::new(client, reporter),
                     name,
+                    Arc::default(),
                 ),
             };
             let gvk = GroupVersionKind::gvk("test.wasmop.dev", "v1", "Widget");

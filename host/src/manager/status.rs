@@ -166,24 +166,9 @@ impl Subject {
             return;
         }
         self.watch_failures(health).await;
-        let forbidden = health
-            .forbidden
-            .lock()
-            .map(|f| f.clone())
-            .unwrap_or_default();
-        if forbidden.is_empty() {
-            self.condition(reasons::DEGRADED, false, reasons::ALL_WRITES_ALLOWED, "");
-        } else {
-            let first = forbidden
-                .iter()
-                .next()
-                .map(|(k, v)| format!("{k}: {v}"))
-                .unwrap_or_default();
-            let message = format!(
-                "{} object(s) have writes refused by RBAC; first: {first}",
-                forbidden.len()
-            );
-            self.condition(reasons::DEGRADED, true, reasons::FORBIDDEN, &message);
+        match refused_by_rbac(health) {
+            Some(message) => self.condition(reasons::DEGRADED, true, reasons::FORBIDDEN, &message),
+            None => self.condition(reasons::DEGRADED, false, reasons::ALL_WRITES_ALLOWED, ""),
         }
         self.write_status().await;
     }
@@ -271,6 +256,37 @@ fn outside_text(text: &str, max: usize) -> String {
     crate::text::cut(crate::text::inert(text).into_owned(), max)
 }
 
+/// The message of `Degraded=True` (reason `Forbidden`) when RBAC refuses some of the reconciler's
+/// writes (by object) or its module's Events; None when it refuses nothing.
+fn refused_by_rbac(health: &Health) -> Option<String> {
+    let forbidden = health
+        .forbidden
+        .lock()
+        .map(|f| f.clone())
+        .unwrap_or_default();
+    let writes = forbidden.iter().next().map(|(key, message)| {
+        format!(
+            "{} object(s) have writes refused by RBAC; first: {key}: {message}",
+            forbidden.len()
+        )
+    });
+    let events = health
+        .events_refused
+        .lock()
+        .ok()
+        .and_then(|refused| refused.clone())
+        .map(|message| {
+            format!(
+                "the module's Events are refused by RBAC and dropped (grant create and patch on \
+                 events.k8s.io events): {message}"
+            )
+        });
+    match (writes, events) {
+        (Some(w), Some(e)) => Some(format!("{w}; {e}")),
+        (w, e) => w.or(e),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -287,6 +303,30 @@ mod tests {
             origin: origin.map(str::to_string),
             verified_by: Vec::new(),
         }
+    }
+
+    #[test]
+    fn refused_writes_and_refused_events_each_degrade_and_both_are_told() {
+        let health = Health::default();
+        assert_eq!(refused_by_rbac(&health), None);
+        if let Ok(mut refused) = health.events_refused.lock() {
+            *refused = Some("events.events.k8s.io is forbidden".into());
+        }
+        let events = refused_by_rbac(&health).unwrap_or_default();
+        assert!(
+            events.starts_with("the module's Events are refused by RBAC")
+                && events.ends_with("events.events.k8s.io is forbidden"),
+            "{events}"
+        );
+        if let Ok(mut forbidden) = health.forbidden.lock() {
+            forbidden.insert("ns/app".into(), "may not create services".into());
+        }
+        let both = refused_by_rbac(&health).unwrap_or_default();
+        assert!(
+            both.starts_with("1 object(s) have writes refused by RBAC; first: ns/app: may not")
+                && both.ends_with(&events),
+            "{both}"
+        );
     }
 
     #[test]

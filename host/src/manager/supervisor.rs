@@ -342,7 +342,8 @@ impl Supervisor {
         })
     }
 
-    fn clients(&self) -> Result<Clients, SetupError> {
+    /// The clients of the reconciler; its module's Events report RBAC's refusals to `health`.
+    fn clients(&self, health: &Arc<Health>) -> Result<Clients, SetupError> {
         let ctx = &self.s.ctx;
         let mut config = ctx.config.clone();
         config.auth_info.impersonate = Some(self.s.wr.spec.service_account.username());
@@ -365,6 +366,7 @@ impl Supervisor {
                     },
                 ),
                 &self.name(),
+                health.clone(),
             ),
         })
     }
@@ -378,7 +380,8 @@ impl Supervisor {
         stop: &mut oneshot::Receiver<()>,
         updates: &mut UpdatesRx,
     ) -> Ended {
-        let clients = match self.clients() {
+        let health = Arc::new(Health::default());
+        let clients = match self.clients(&health) {
             Ok(c) => c,
             Err(e) => {
                 self.s
@@ -388,7 +391,6 @@ impl Supervisor {
             }
         };
         let (changed_tx, changed_rx) = futures::channel::mpsc::unbounded::<()>();
-        let health = Arc::new(Health::default());
         let (slot, running) = self.serve_first(first, &settings, clients, &health, changed_rx);
         self.started(&slot).await;
         let primaries = self.primaries(&settings, &primary.1);
