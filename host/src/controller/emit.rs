@@ -417,8 +417,9 @@ mod tests {
         let refused = |h: &Health| h.events_refused.lock().ok().and_then(|r| r.clone());
         let (e, r) = event("Refused");
         assert!(lane.send(e, r));
-        // Told once the refusal is recorded.
-        health.changed.notified().await;
+        // Told once the refusal is recorded (a generous bound: a missing report fails, not hangs).
+        let told = tokio::time::timeout(Duration::from_secs(60), health.changed.notified()).await;
+        assert!(told.is_ok(), "the refusal was never reported to the health");
         let message = refused(&health).unwrap_or_default();
         assert!(message.contains("forbidden"), "{message}");
         let (e, r) = event("Published");
