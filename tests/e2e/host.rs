@@ -274,20 +274,27 @@ async fn a_forbidden_write_is_a_warning_and_degrades_the_reconciler_while_the_re
     env.passed()
 }
 
-/// Whether RBAC lets ServiceAccount `sa` of `ns` create Events (events.k8s.io) in `ns`, by a
-/// SubjectAccessReview: the authorizer that decides the host's requests.
+/// Whether RBAC lets ServiceAccount `sa` of `ns` create Events (events.k8s.io) in `ns`: the
+/// host's own SubjectAccessReview ([`wasmop::manager::access::review`]), which the authorizer
+/// of the host's requests answers.
 async fn may_create_events(client: &kube::Client, ns: &str, sa: &str) -> anyhow::Result<bool> {
     use k8s_openapi::api::authorization::v1::SubjectAccessReview;
-    let review: SubjectAccessReview = serde_json::from_value(json!({
-        "apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
-        "spec": {
-            "user": format!("system:serviceaccount:{ns}:{sa}"),
-            "groups": ["system:serviceaccounts", format!("system:serviceaccounts:{ns}")],
-            "resourceAttributes": {"namespace": ns, "verb": "create", "group": "events.k8s.io", "resource": "events"}
-        }
-    }))?;
+    use k8s_openapi::api::events::v1::Event;
+    use wasmop::manager::access::{Read, review};
+    let read = Read {
+        kind: wasmop::contract::Gvk::new("events.k8s.io/v1", "Event"),
+        resolved: wasmop::discovery::Resolved {
+            resource: kube::discovery::ApiResource::erase::<Event>(&()),
+            namespaced: true,
+        },
+        namespace: Some(ns.to_string()),
+    };
+    let sa = wasmop::crd::ServiceAccountRef {
+        namespace: ns.to_string(),
+        name: sa.to_string(),
+    };
     let reviewed = Api::<SubjectAccessReview>::all(client.clone())
-        .create(&PostParams::default(), &review)
+        .create(&PostParams::default(), &review(&sa, &read, "create"))
         .await?;
     Ok(reviewed.status.is_some_and(|s| s.allowed))
 }
