@@ -29,8 +29,8 @@ use crate::contract::Gvk;
 use crate::controller::intents::{self, Primary, Rejected};
 use crate::controller::{Settings, call};
 use crate::crd::{
-    ActiveModule, MAX_DEADLINE, SourceKind, VerifiedKey, WasmReconciler, parse_bounded_duration,
-    parse_quantity,
+    ActiveModule, ConfigMapKey, MAX_DEADLINE, SourceKind, VerifiedKey, WasmReconciler,
+    parse_bounded_duration, parse_quantity,
 };
 use crate::engine::{CallError, Compiled, Limits, LoadError, Module};
 use crate::modules::copy;
@@ -205,9 +205,24 @@ pub(super) struct Serving<'a> {
     pub(super) changed: &'a futures::channel::mpsc::UnboundedSender<()>,
 }
 
-/// The bytes and origins of the modules a reconciler activated last (the active and the
-/// previous one), by sha256, for the host's copy of the active module and
-/// `status.activeModule.origin` and `verifiedBy`.
+/// The origins of the modules a reconciler activated last (the active and the previous one),
+/// by sha256, for `status.activeModule.origin` and `verifiedBy`; and the bytes of those the
+/// host's copy may still have to be made to hold.
+///
+/// # Guarantees
+/// - On the replica that writes the copy (a host alone, or the one deciding for its shard
+///   group), a module's bytes are kept from its activation until the copy holds them (or never
+///   can: too large for a ConfigMap), and, once a swap makes it the rollback target, until the
+///   copy holds it again or another swap replaces it: an idle reconciler keeps no bytes.
+/// - A replica that follows the group keeps the active module's and the rollback target's
+///   bytes (at most two), as it would need them to write the copy after a failover.
+///
+/// # Caveats
+/// - The rollback target's bytes are read back from the copy at the swap ([`hold_previous`])
+///   when they are not kept. Where the copy does not hold them then (never written, too
+///   large, or, on a replica that stopped deciding, already holding the new module), a
+///   rollback cannot rewrite the copy: [`save_copy`] says so, and a host restarted after it
+///   refuses to serve the rejected module until a fixed one is pushed.
 #[derive(Default)]
 pub(super) struct Kept {
     bytes: Vec<(String, Arc<Vec<u8>>)>,
@@ -229,6 +244,37 @@ impl Kept {
         while self.origins.len() > 2 {
             self.origins.remove(0);
         }
+    }
+
+    /// Keeps, beside the bytes of module `active` (just swapped in), only those of module
+    /// `previous`, which the swap made the rollback target: as kept already, else `read` (from
+    /// the host's copy), else none.
+    pub fn keep_previous(&mut self, active: &str, previous: &str, read: Option<Arc<Vec<u8>>>) {
+        let held = self.bytes_of(previous).or(read);
+        self.bytes.retain(|(s, _)| s == active);
+        if let Some(bytes) = held {
+            self.bytes.insert(0, (previous.to_string(), bytes));
+        }
+    }
+
+    /// The bytes of module `sha`, if kept.
+    pub fn bytes_of(&self, sha: &str) -> Option<Arc<Vec<u8>>> {
+        self.bytes
+            .iter()
+            .find(|(s, _)| s == sha)
+            .map(|(_, b)| b.clone())
+    }
+
+    /// Records that the host's copy holds module `sha` (or never can): its bytes are not
+    /// kept any longer.
+    pub fn copied(&mut self, sha: &str) {
+        self.bytes.retain(|(s, _)| s != sha);
+    }
+
+    /// The module bytes kept, in bytes.
+    #[cfg(test)]
+    fn bytes_held(&self) -> usize {
+        self.bytes.iter().map(|(_, b)| b.len()).sum()
     }
 
     /// Records that module `sha` was verified again, by `keys`.
@@ -765,6 +811,9 @@ pub(super) async fn follow_activation(
         candidate.bytes.resource_version,
     ));
     let _ = serving.changed.unbounded_send(());
+    if let Some(previous) = serving.slot.previous() {
+        hold_previous(s, kept, sha, previous.module.sha256()).await;
+    }
     state.watching = (s.wr.spec.rollout.watch_reconciles > 0).then(|| sha.to_string());
     if let Some(shards) = &s.ctx.shards {
         shards.serving().serves(&s.name());
@@ -928,6 +977,7 @@ async fn swap(
     // Every primary is reconciled by the new module at once; the status, the host's copy
     // of the module and the Event follow (the copy of a large module takes a while).
     let _ = serving.changed.unbounded_send(());
+    hold_previous(s, kept, &sha, old.module.sha256()).await;
     let ms = |d: Duration| d.as_millis() as u64;
     tracing::info!(
         reconciler = %s.name(),
@@ -1011,29 +1061,69 @@ async fn self_check(
     Ok(())
 }
 
-/// Makes the host's copy hold the active module and records where it is in the status.
-async fn save_copy(s: &mut Subject, kept: &Kept, module: &Module) {
+/// Makes the host's copy hold the active module and records where it is in the status; its
+/// bytes are not kept once it does (see [`Kept`]).
+async fn save_copy(s: &mut Subject, kept: &mut Kept, module: &Module) {
     if s.follower {
         // The deciding replica keeps the copy: one writer.
         return;
     }
     let sha = module.sha256();
-    let Some((_, bytes)) = kept.bytes.iter().find(|(k, _)| k == sha) else {
-        return;
+    let at = copy_location(s);
+    let saved = match kept.bytes_of(sha) {
+        Some(bytes) => {
+            let version = module.metadata().version.clone();
+            copy::save(&s.ctx.client, &at, &s.name(), bytes, sha, &version).await
+        }
+        None => match copy::holds(&s.ctx.client, &at, sha).await {
+            Ok(true) => Ok(()),
+            Ok(false) => {
+                tracing::warn!(reconciler = %s.name(), module = %short(sha), "cannot make the host's copy hold the module serving: its bytes are not held here (the copy did not hold them when it was swapped out); a restart will refuse to serve the rejected module");
+                return;
+            }
+            Err(e) => Err(e),
+        },
     };
-    let fallback = match &s.wr.spec.module.config_map {
-        Some(c) => c.namespace.clone(),
-        None => s.ctx.oci.namespace(),
-    };
-    let at = copy::location(&s.name(), &fallback);
-    let version = module.metadata().version.clone();
-    let bytes = bytes.clone();
-    match copy::save(&s.ctx.client, &at, &s.name(), bytes, sha, &version).await {
-        Ok(()) => s.status.module_copy = Some(at),
+    match saved {
+        Ok(()) => {
+            kept.copied(sha);
+            s.status.module_copy = Some(at);
+        }
+        Err(e @ copy::CopyError::TooLarge { .. }) => {
+            kept.copied(sha);
+            tracing::warn!(reconciler = %s.name(), error = %e, "cannot keep a copy of the active module; a restart after a rollback will refuse to serve")
+        }
         Err(e) => {
             tracing::warn!(reconciler = %s.name(), error = %e, "cannot keep a copy of the active module; a restart after a rollback will refuse to serve")
         }
     }
+}
+
+/// Where the host's copy of `s`'s module goes.
+fn copy_location(s: &Subject) -> ConfigMapKey {
+    let fallback = match &s.wr.spec.module.config_map {
+        Some(c) => c.namespace.clone(),
+        None => s.ctx.oci.namespace(),
+    };
+    copy::location(&s.name(), &fallback)
+}
+
+/// Keeps the bytes of module `previous`, which the swap to module `active` just made the
+/// rollback target, reading them back from the host's copy when they are not kept (see
+/// [`Kept`]): a rollback makes the copy hold it again. Called after the swap, before the copy
+/// is made to hold the new module.
+async fn hold_previous(s: &Subject, kept: &mut Kept, active: &str, previous: &str) {
+    let read = match (&s.status.module_copy, kept.bytes_of(previous)) {
+        (Some(at), None) => match copy::load(&s.ctx.client, at, previous).await {
+            Ok(read) => Some(Arc::new(read.bytes.into_bytes())),
+            Err(e) => {
+                tracing::debug!(reconciler = %s.name(), module = %short(previous), error = %e, "the rollback target's bytes are not in the host's copy");
+                None
+            }
+        },
+        _ => None,
+    };
+    kept.keep_previous(active, previous, read);
 }
 
 /// Records `slot`'s active module in the status and conditions, and tells users with an
@@ -1272,6 +1362,43 @@ mod tests {
         });
         assert!(!busy.is_module_fault());
         assert!(LoadError::Metadata("failed: boom".into()).is_module_fault());
+    }
+
+    #[test]
+    fn a_module_s_bytes_are_kept_only_until_the_copy_holds_them() {
+        let mut kept = Kept::default();
+        kept.keep("a", vec![1; 1 << 20], "cm a", &[]);
+        assert_eq!(kept.bytes_held(), 1 << 20, "kept for the first copy");
+        kept.copied("a");
+        assert_eq!(kept.bytes_held(), 0, "the copy holds it: nothing kept");
+        // A swap: the previous module's bytes (read back from the copy) and the new one's.
+        kept.keep("b", vec![2; 2 << 20], "cm b", &[]);
+        kept.keep_previous("b", "a", Some(Arc::new(vec![1; 1 << 20])));
+        assert_eq!(kept.bytes_held(), 3 << 20, "both, until the copy holds b");
+        kept.copied("b");
+        assert_eq!(
+            kept.bytes_held(),
+            1 << 20,
+            "only the rollback target is kept"
+        );
+        assert!(kept.bytes_of("a").is_some());
+        kept.copied("a");
+        assert_eq!(kept.bytes_held(), 0, "rolled back and copied: nothing kept");
+        assert_eq!(
+            kept.origins
+                .iter()
+                .map(|(s, o, _)| (s.as_str(), o.as_str()))
+                .collect::<Vec<_>>(),
+            [("a", "cm a"), ("b", "cm b")],
+            "the origins stay, for the status"
+        );
+        kept.keep("c", vec![3; 1 << 20], "cm c", &[]);
+        kept.keep_previous("c", "z", None);
+        assert_eq!(
+            kept.bytes_held(),
+            1 << 20,
+            "no rollback target's bytes to be had"
+        );
     }
 
     #[test]

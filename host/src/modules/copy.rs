@@ -126,12 +126,7 @@ pub async fn save(
         name: at.name.clone(),
         source,
     };
-    let existing = api.get_opt(&at.name).await.map_err(write)?;
-    if existing
-        .as_ref()
-        .and_then(|cm| cm.annotations().get(SHA_ANNOTATION))
-        .is_some_and(|s| s == sha)
-    {
+    if holds(client, at, sha).await? {
         return Ok(());
     }
     // Compressing a large module takes a while: off the async threads, and given up as soon as
@@ -163,6 +158,26 @@ pub async fn save(
     .await
     .map_err(write)?;
     Ok(())
+}
+
+/// Whether the copy at `at` holds the module with sha256 `sha`, by its annotation (one GET).
+///
+/// # Errors
+/// [`CopyError::Write`] when it cannot be read.
+pub async fn holds(client: &Client, at: &ConfigMapKey, sha: &str) -> Result<bool, CopyError> {
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), &at.namespace);
+    let existing = api
+        .get_opt(&at.name)
+        .await
+        .map_err(|source| CopyError::Write {
+            namespace: at.namespace.clone(),
+            name: at.name.clone(),
+            source,
+        })?;
+    Ok(existing
+        .as_ref()
+        .and_then(|cm| cm.annotations().get(SHA_ANNOTATION))
+        .is_some_and(|s| s == sha))
 }
 
 /// Reads the copy at `at`, which must hold the module with sha256 `expected`.
