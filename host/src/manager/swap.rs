@@ -220,9 +220,10 @@ pub(super) struct Serving<'a> {
 /// # Caveats
 /// - The rollback target's bytes are read back from the copy at the swap ([`hold_previous`])
 ///   when they are not kept. Where the copy does not hold them then (never written, too
-///   large, or, on a replica that stopped deciding, already holding the new module), a
-///   rollback cannot rewrite the copy: [`save_copy`] says so, and a host restarted after it
-///   refuses to serve the rejected module until a fixed one is pushed.
+///   large, unreadable at that moment, or, on a replica that stopped deciding, already
+///   holding the new module), a rollback cannot rewrite the copy: [`save_copy`] says so, and
+///   a host restarted after it, while the module ConfigMap holds the rejected module, refuses
+///   to serve it until a fixed one is pushed.
 #[derive(Default)]
 pub(super) struct Kept {
     bytes: Vec<(String, Arc<Vec<u8>>)>,
@@ -1116,8 +1117,14 @@ async fn hold_previous(s: &Subject, kept: &mut Kept, active: &str, previous: &st
     let read = match (&s.status.module_copy, kept.bytes_of(previous)) {
         (Some(at), None) => match copy::load(&s.ctx.client, at, previous).await {
             Ok(read) => Some(Arc::new(read.bytes.into_bytes())),
-            Err(e) => {
+            // A follower reads it only in case it decides later: the decider may have made
+            // the copy hold the new module already.
+            Err(e) if s.follower => {
                 tracing::debug!(reconciler = %s.name(), module = %short(previous), error = %e, "the rollback target's bytes are not in the host's copy");
+                None
+            }
+            Err(e) => {
+                tracing::warn!(reconciler = %s.name(), module = %short(previous), error = %e, "cannot read the rollback target back from the host's copy: a rollback will not be able to make the copy hold it");
                 None
             }
         },
