@@ -36,7 +36,6 @@ use std::time::Duration;
 
 use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
 use kube::Client;
-use kube::client::ClientBuilder;
 
 /// The default `--kube-qps` (see docs/operating.md, "Scale", for how it was chosen).
 pub const DEFAULT_QPS: f64 = 500.0;
@@ -110,12 +109,13 @@ impl RateLimit {
     }
 }
 
-/// A client for `config` whose requests are counted against `limit` (None: unlimited).
+/// A client for `config` whose requests are counted against `limit` (None: unlimited), over
+/// HTTP/2 where the API server offers it ([`super::transport`]).
 ///
 /// # Errors
 /// As `kube::Client::try_from`.
 pub fn client(config: kube::Config, limit: Option<&RateLimit>) -> Result<Client, kube::Error> {
-    let builder = ClientBuilder::try_from(config)?;
+    let builder = super::transport::builder(config)?;
     Ok(match limit {
         Some(limit) => builder.with_layer(&limit.layer()).build(),
         None => builder.build(),
