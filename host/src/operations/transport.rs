@@ -42,6 +42,21 @@ pub const PING_EVERY: Duration = Duration::from_secs(30);
 /// How long a ping may go unanswered before the connection is closed.
 pub const PING_TIMEOUT: Duration = Duration::from_secs(15);
 
+/// The keep-alive pings of an HTTP/2 connection.
+#[derive(Clone, Copy, Debug)]
+struct Pings {
+    every: Duration,
+    timeout: Duration,
+}
+
+impl Pings {
+    /// [`PING_EVERY`], [`PING_TIMEOUT`].
+    const DEFAULT: Pings = Pings {
+        every: PING_EVERY,
+        timeout: PING_TIMEOUT,
+    };
+}
+
 /// The service a [`kube::Client`] is built on, as kube-client's own.
 pub type Service = BoxService<http::Request<Body>, http::Response<Box<DynBody>>, BoxError>;
 
@@ -50,14 +65,19 @@ pub type Service = BoxService<http::Request<Body>, http::Response<Box<DynBody>>,
 /// # Errors
 /// As `kube::Client::try_from`: unusable credentials, certificates or headers.
 pub fn builder(config: kube::Config) -> Result<ClientBuilder<Service>, kube::Error> {
+    builder_with(config, Pings::DEFAULT)
+}
+
+/// [`builder`] with `pings`.
+fn builder_with(config: kube::Config, pings: Pings) -> Result<ClientBuilder<Service>, kube::Error> {
     if config.proxy_url.is_some() || config.auth_info.exec.is_some() {
         return ClientBuilder::try_from(config);
     }
     let client: hyper_util::client::legacy::Client<_, Body> =
         hyper_util::client::legacy::Builder::new(TokioExecutor::new())
             .timer(TokioTimer::new())
-            .http2_keep_alive_interval(PING_EVERY)
-            .http2_keep_alive_timeout(PING_TIMEOUT)
+            .http2_keep_alive_interval(pings.every)
+            .http2_keep_alive_timeout(pings.timeout)
             .http2_keep_alive_while_idle(true)
             .build(connector(&config)?);
     let service = ServiceBuilder::new()
@@ -153,9 +173,9 @@ mod tests {
         }
     }
 
-    /// A TLS server on 127.0.0.1 offering `alpn`, answering `{}` to each request once
-    /// [`AT_ONCE`] requests are in; its URL, CA and what it saw.
-    async fn server(alpn: &[&[u8]]) -> (String, String, Arc<Seen>) {
+    /// A TLS listener on 127.0.0.1 (its own CA) choosing among `alpn`: its URL, CA, socket and
+    /// acceptor.
+    async fn listen(alpn: &[&[u8]]) -> (String, String, TcpListener, tokio_rustls::TlsAcceptor) {
         let Ok(cert) = ServingCert::generate(&["127.0.0.1".to_string()]) else {
             panic!("a test certificate")
         };
@@ -168,12 +188,16 @@ mod tests {
         let Ok(listener) = TcpListener::bind("127.0.0.1:0").await else {
             panic!("a listener")
         };
-        let url = format!(
-            "https://{}",
-            listener
-                .local_addr()
-                .map_or(String::new(), |a| a.to_string())
-        );
+        let addr = listener
+            .local_addr()
+            .map_or(String::new(), |a| a.to_string());
+        (format!("https://{addr}"), cert.ca_pem, listener, acceptor)
+    }
+
+    /// A TLS server offering `alpn`, answering `{}` to each request once [`AT_ONCE`] requests
+    /// are in; its URL, CA and what it saw.
+    async fn server(alpn: &[&[u8]]) -> (String, String, Arc<Seen>) {
+        let (url, ca, listener, acceptor) = listen(alpn).await;
         let (seen, barrier) = (Arc::new(Seen::default()), Arc::new(Barrier::new(AT_ONCE)));
         let s = seen.clone();
         tokio::spawn(async move {
@@ -189,7 +213,7 @@ mod tests {
                 tokio::spawn(serving);
             }
         });
-        (url, cert.ca_pem, seen)
+        (url, ca, seen)
     }
 
     /// One connection, in the protocol its TLS handshake chose.
@@ -226,10 +250,9 @@ mod tests {
         };
     }
 
-    /// Sends [`AT_ONCE`] requests at once through a client made by [`builder`]; what the server saw.
-    async fn requests_at_once(alpn: &[&[u8]]) -> Arc<Seen> {
+    /// A config for the server at `url` whose certificate `ca` signed.
+    fn config_for(url: &str, ca: &str) -> kube::Config {
         crate::install_crypto_provider();
-        let (url, ca, seen) = server(alpn).await;
         let Ok(uri) = url.parse() else {
             panic!("a URI")
         };
@@ -240,18 +263,26 @@ mod tests {
                 .map(|c| c.to_vec())
                 .collect(),
         );
-        let client = match builder(config) {
+        config
+    }
+
+    /// `GET /version`.
+    fn version() -> http::Request<Vec<u8>> {
+        let Ok(req) = http::Request::get("/version").body(Vec::new()) else {
+            panic!("a request")
+        };
+        req
+    }
+
+    /// Sends [`AT_ONCE`] requests at once through a client made by [`builder`]; what the server
+    /// saw.
+    async fn requests_at_once(alpn: &[&[u8]]) -> Arc<Seen> {
+        let (url, ca, seen) = server(alpn).await;
+        let client = match builder(config_for(&url, &ca)) {
             Ok(b) => b.build(),
             Err(e) => panic!("a client: {e}"),
         };
-        let calls = (0..AT_ONCE).map(|_| {
-            let client = client.clone();
-            async move {
-                let req = http::Request::get("/version").body(Vec::new());
-                let Ok(req) = req else { panic!("a request") };
-                client.request_text(req).await
-            }
-        });
+        let calls = (0..AT_ONCE).map(|_| client.request_text(version()));
         for answer in futures::future::join_all(calls).await {
             assert_eq!(answer.ok().as_deref(), Some("{}"));
         }
@@ -270,5 +301,37 @@ mod tests {
         let seen = requests_at_once(&[]).await;
         assert_eq!(seen.versions(), vec![http::Version::HTTP_11; AT_ONCE]);
         assert_eq!(seen.connections_used(), AT_ONCE);
+    }
+
+    #[tokio::test]
+    async fn a_request_on_an_http2_connection_whose_peer_went_silent_fails_after_an_unanswered_ping()
+     {
+        // A peer that chose h2, then never reads nor answers: gone without a FIN or RST.
+        let (url, ca, listener, acceptor) = listen(&[b"h2"]).await;
+        let silent = tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((tcp, _)) = listener.accept().await {
+                if let Ok(tls) = acceptor.accept(tcp).await {
+                    held.push(tls);
+                }
+            }
+        });
+        let pings = Pings {
+            every: Duration::from_millis(200),
+            timeout: Duration::from_millis(500),
+        };
+        let client = match builder_with(config_for(&url, &ca), pings) {
+            Ok(b) => b.build(),
+            Err(e) => panic!("a client: {e}"),
+        };
+        // Far above the pings' 0.7 s: a loaded machine's delays must not fail it; without the
+        // pings the request waits forever and this bound is what ends it.
+        let bound = Duration::from_secs(60);
+        let answer = tokio::time::timeout(bound, client.request_text(version())).await;
+        silent.abort();
+        assert!(
+            matches!(answer, Ok(Err(_))),
+            "the request failed when its connection's ping went unanswered: {answer:?}"
+        );
     }
 }
