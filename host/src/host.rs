@@ -20,6 +20,7 @@ use crate::manager::{self, HostContext};
 use crate::operations::leader::{Elector, LeaderConfig};
 use crate::operations::ratelimit::{self, RateLimit};
 use crate::operations::serving::ServerLimits;
+use crate::operations::transport::Traffic;
 use crate::{
     admission, operations::api_health, operations::metrics, operations::probes,
     operations::readiness,
@@ -297,7 +298,7 @@ impl Host {
             None => kube_config(options.kubeconfig.as_ref()).await?,
         };
         let rate_limit = RateLimit::new(options.kube_qps, options.kube_burst)?;
-        let client = ratelimit::client(config.clone(), rate_limit.as_ref())?;
+        let client = ratelimit::client(config.clone(), Traffic::Watches, rate_limit.as_ref())?;
         // Lease renewals, shard membership and the API-server probe never wait behind work.
         let liveness = ratelimit::liveness_client(config.clone())?;
         let reconcile_limit = ReconcileLimit::new(options.max_concurrent_reconciles);

@@ -281,7 +281,11 @@ pub(super) async fn ensure_finalizer(ctx: &HostContext, wr: &WasmReconciler) {
 fn module_client(ctx: &HostContext, wr: &WasmReconciler) -> Result<Client, kube::Error> {
     let mut config = ctx.config.clone();
     config.auth_info.impersonate = Some(wr.spec.service_account.username());
-    crate::operations::ratelimit::client(config, ctx.rate_limit.as_ref())
+    crate::operations::ratelimit::client(
+        config,
+        crate::operations::transport::Traffic::Writes,
+        ctx.rate_limit.as_ref(),
+    )
 }
 
 /// The releaser of `wr`'s finalizers, or None when its primary kind is not served (there is

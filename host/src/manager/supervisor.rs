@@ -347,11 +347,15 @@ impl Supervisor {
         let ctx = &self.s.ctx;
         let mut config = ctx.config.clone();
         config.auth_info.impersonate = Some(self.s.wr.spec.service_account.username());
-        let module = crate::operations::ratelimit::client(config, ctx.rate_limit.as_ref())
-            .map_err(|e| SetupError {
-                reason: reasons::CLIENT_ERROR,
-                message: e.to_string(),
-            })?;
+        let module = crate::operations::ratelimit::client(
+            config,
+            crate::operations::transport::Traffic::Writes,
+            ctx.rate_limit.as_ref(),
+        )
+        .map_err(|e| SetupError {
+            reason: reasons::CLIENT_ERROR,
+            message: e.to_string(),
+        })?;
         Ok(Clients {
             host: ctx.client.clone(),
             module: module.clone(),

@@ -37,6 +37,8 @@ use std::time::Duration;
 use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
 use kube::Client;
 
+use super::transport::Traffic;
+
 /// The default `--kube-qps` (see docs/operating.md, "Scale", for how it was chosen).
 pub const DEFAULT_QPS: f64 = 500.0;
 /// The default `--kube-burst`.
@@ -109,13 +111,17 @@ impl RateLimit {
     }
 }
 
-/// A client for `config` whose requests are counted against `limit` (None: unlimited), over
-/// HTTP/2 where the API server offers it ([`super::transport`]).
+/// A client for `config` carrying `traffic` ([`super::transport`]) whose requests are counted
+/// against `limit` (None: unlimited).
 ///
 /// # Errors
 /// As `kube::Client::try_from`.
-pub fn client(config: kube::Config, limit: Option<&RateLimit>) -> Result<Client, kube::Error> {
-    let builder = super::transport::builder(config)?;
+pub fn client(
+    config: kube::Config,
+    traffic: Traffic,
+    limit: Option<&RateLimit>,
+) -> Result<Client, kube::Error> {
+    let builder = super::transport::builder(config, traffic)?;
     Ok(match limit {
         Some(limit) => builder.with_layer(&limit.layer()).build(),
         None => builder.build(),
@@ -131,7 +137,7 @@ pub fn client(config: kube::Config, limit: Option<&RateLimit>) -> Result<Client,
 pub fn liveness_client(config: kube::Config) -> Result<Client, kube::Error> {
     // Valid constants (`the_liveness_budget_is_valid`): the `None` arm is never taken.
     let limit = RateLimit::new(LIVENESS_QPS, LIVENESS_BURST).ok().flatten();
-    client(config, limit.as_ref())
+    client(config, Traffic::Watches, limit.as_ref())
 }
 
 /// Makes a service take a token of a shared [`RateLimit`] before each request.
