@@ -1,7 +1,7 @@
 //! Running the host in production: leader election, Prometheus metrics, health and readiness
 //! probes, the API server's health as a readiness component, the connection limits of the
-//! host's servers, the client-side rate limit of its API requests, its HTTP/2 connections to the API server,
-//! and traces over OTLP.
+//! host's servers, the client-side rate limit of its API requests, the transport of its watches
+//! (HTTP/2) and writes (HTTP/1.1) to the API server, and traces over OTLP.
 
 pub mod api_health;
 pub mod fields;
