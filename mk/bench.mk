@@ -67,3 +67,11 @@ bench-scale: prereqs-bench prereqs-js provision
 bench-idle-host: prereqs-bench provision
 	$(CARGO) build --profile bench --workspace --bin wasmop
 	$(CARGO) bench --workspace --bench idle
+
+.PHONY: bench-idle-image
+## bench-idle-host with the release image's binary (`make image`: static musl, the release
+## profile with LTO) instead of the bench profile's glibc build: the memory a deployed host holds.
+## Any other build can be measured the same way: WASMOP_BENCH_BINARY=<path> (also for bench-scale).
+bench-idle-image: prereqs-bench provision image
+	WASMOP_BENCH_BINARY=$(TARGET_DIR)/x86_64-unknown-linux-musl/$(IMAGE_PROFILE)/wasmop \
+		$(CARGO) bench --workspace --bench idle

@@ -209,11 +209,26 @@ async fn optimized(host: &HostProcess) {
 
 /// The `wasmop` binary of the same build profile as the running benchmark or test (`cargo build`
 /// into the same target directory; a no-op when it is fresh): `--profile bench` for `cargo
-/// bench`, the dev profile for `cargo test`.
+/// bench`, the dev profile for `cargo test`. `WASMOP_BENCH_BINARY` names another build instead
+/// (the release image's static musl binary, say), used as it is: nothing is built.
 ///
 /// # Errors
-/// If cargo cannot be run or the build fails.
+/// If cargo cannot be run or the build fails, or `WASMOP_BENCH_BINARY` names no file.
 pub async fn binary() -> Result<std::path::PathBuf> {
+    if let Some(named) = std::env::var_os("WASMOP_BENCH_BINARY") {
+        let named = std::path::PathBuf::from(named);
+        if !named.is_file() {
+            return Err(Error::Other(format!(
+                "WASMOP_BENCH_BINARY={} is not a file",
+                named.display()
+            )));
+        }
+        eprintln!(
+            "[bench] wasmop: the binary named by WASMOP_BENCH_BINARY, {}",
+            named.display()
+        );
+        return Ok(named);
+    }
     // <target>/<profile dir>/deps/<binary>
     let exe = std::env::current_exe().map_err(Error::io("finding", "the running binary"))?;
     let (Some(profile_dir), Some(target)) = (exe.ancestors().nth(2), exe.ancestors().nth(3)) else {
