@@ -120,6 +120,18 @@ impl std::fmt::Debug for HostContext {
 }
 
 impl HostContext {
+    /// The client impersonating `wr`'s ServiceAccount: the modules' writes and finalizer
+    /// releases go through it (HTTP/1.1, the host's shared request budget).
+    fn module_client(&self, wr: &WasmReconciler) -> Result<Client, kube::Error> {
+        let mut config = self.config.clone();
+        config.auth_info.impersonate = Some(wr.spec.service_account.username());
+        crate::operations::ratelimit::client(
+            config,
+            crate::operations::transport::Traffic::Writes,
+            self.rate_limit.as_ref(),
+        )
+    }
+
     fn host_events(&self) -> Recorder {
         Recorder::new(
             self.client.clone(),

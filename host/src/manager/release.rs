@@ -277,17 +277,6 @@ pub(super) async fn ensure_finalizer(ctx: &HostContext, wr: &WasmReconciler) {
     }
 }
 
-/// The client impersonating `wr`'s ServiceAccount.
-fn module_client(ctx: &HostContext, wr: &WasmReconciler) -> Result<Client, kube::Error> {
-    let mut config = ctx.config.clone();
-    config.auth_info.impersonate = Some(wr.spec.service_account.username());
-    crate::operations::ratelimit::client(
-        config,
-        crate::operations::transport::Traffic::Writes,
-        ctx.rate_limit.as_ref(),
-    )
-}
-
 /// The releaser of `wr`'s finalizers, or None when its primary kind is not served (there is
 /// then nothing to release).
 pub(super) async fn releaser(
@@ -298,7 +287,7 @@ pub(super) async fn releaser(
     let Ok(resolved) = ctx.discovery.resolve(&kind).await else {
         return Ok(None);
     };
-    let module = module_client(ctx, wr).map_err(|e| e.to_string())?;
+    let module = ctx.module_client(wr).map_err(|e| e.to_string())?;
     Ok(Some(Releaser {
         reconciler: wr.name_any(),
         primary: (kind, resolved),

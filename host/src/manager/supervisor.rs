@@ -345,14 +345,7 @@ impl Supervisor {
     /// The clients of the reconciler; its module's Events report RBAC's refusals to `health`.
     fn clients(&self, health: &Arc<Health>) -> Result<Clients, SetupError> {
         let ctx = &self.s.ctx;
-        let mut config = ctx.config.clone();
-        config.auth_info.impersonate = Some(self.s.wr.spec.service_account.username());
-        let module = crate::operations::ratelimit::client(
-            config,
-            crate::operations::transport::Traffic::Writes,
-            ctx.rate_limit.as_ref(),
-        )
-        .map_err(|e| SetupError {
+        let module = ctx.module_client(&self.s.wr).map_err(|e| SetupError {
             reason: reasons::CLIENT_ERROR,
             message: e.to_string(),
         })?;
