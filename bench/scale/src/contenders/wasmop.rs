@@ -210,13 +210,14 @@ async fn optimized(host: &HostProcess) {
 /// The `wasmop` binary of the same build profile as the running benchmark or test (`cargo build`
 /// into the same target directory; a no-op when it is fresh): `--profile bench` for `cargo
 /// bench`, the dev profile for `cargo test`. `WASMOP_BENCH_BINARY` names another build instead
-/// (the release image's static musl binary, say), used as it is: nothing is built.
+/// (the release image's static musl binary, say), used as it is: nothing is built. A relative
+/// path is read from the repository's root (cargo runs a bench in its package's directory).
 ///
 /// # Errors
 /// If cargo cannot be run or the build fails, or `WASMOP_BENCH_BINARY` names no file.
 pub async fn binary() -> Result<std::path::PathBuf> {
     if let Some(named) = std::env::var_os("WASMOP_BENCH_BINARY") {
-        let named = std::path::PathBuf::from(named);
+        let named = repo().join(named);
         if !named.is_file() {
             return Err(Error::Other(format!(
                 "WASMOP_BENCH_BINARY={} is not a file",
