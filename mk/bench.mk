@@ -73,5 +73,5 @@ bench-idle-host: prereqs-bench provision
 ## profile with LTO) instead of the bench profile's glibc build: the memory a deployed host holds.
 ## Any other build can be measured the same way: WASMOP_BENCH_BINARY=<path> (also for bench-scale).
 bench-idle-image: prereqs-bench provision image
-	WASMOP_BENCH_BINARY=$(TARGET_DIR)/x86_64-unknown-linux-musl/$(IMAGE_PROFILE)/wasmop \
+	WASMOP_BENCH_BINARY=$(IMAGE_BINARY) \
 		$(CARGO) bench --workspace --bench idle

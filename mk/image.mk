@@ -12,6 +12,8 @@ IMAGE_PROFILE ?= release
 IMAGE_PUSH ?=
 IMAGE_TAR ?= $(TARGET_DIR)/image/wasmop.tar
 IMAGE_NAME ?=
+# Where cargo puts the image's binary: the dev profile's directory is named debug.
+IMAGE_BINARY = $(TARGET_DIR)/x86_64-unknown-linux-musl/$(if $(filter dev,$(IMAGE_PROFILE)),debug,$(IMAGE_PROFILE))/wasmop
 
 ## The host's container image (a static musl build on an empty base, assembled by crane):
 ## $(TARGET_DIR)/image/wasmop.tar, or pushed with IMAGE_PUSH=REGISTRY/REPO:TAG.
