@@ -219,6 +219,15 @@ pub struct Cache {
 /// One object as the cache holds it: its key and its JSON text.
 pub type Text = (ObjectKey, Arc<str>);
 
+/// One kind's objects of a group (a primary's children of that kind), as a cache holds them.
+#[derive(Debug, Clone)]
+pub struct KindTexts {
+    /// The objects' kind.
+    pub kind: crate::contract::Gvk,
+    /// The objects, sorted by key.
+    pub objects: Vec<Text>,
+}
+
 impl Cache {
     /// An empty cache grouping by `by`.
     pub fn new(by: GroupBy) -> Arc<Self> {

@@ -47,6 +47,12 @@ impl Compact {
         crate::object::parse(&self.json)
     }
 
+    /// The object's JSON text: what [`Compact::object`] parses, and what serializing that
+    /// object gives back.
+    pub fn json(&self) -> &Arc<str> {
+        &self.json
+    }
+
     /// [`Changes::fingerprint`] of the object, computed once.
     pub fn fingerprint(&self) -> Option<u64> {
         self.fingerprint
@@ -108,7 +114,8 @@ mod tests {
             "apiVersion": "example.wasmop.dev/v1", "kind": "App",
             "metadata": {"name": "a", "namespace": "ns", "uid": "u1", "resourceVersion": "7",
                          "generation": 2, "finalizers": ["wasmop.dev/x"]},
-            "spec": {"image": "i:1", "replicas": 1},
+            "spec": {"image": "i:1", "replicas": 1, "ratio": 0.1, "big": 12345678901234_u64,
+                     "note": "é \"q\"\n", "labels": {"z": "1", "a": "2"}, "empty": {}},
             "status": {"conditions": [{"type": "Available", "status": "True"}]}
         });
         let o: DynamicObject =
@@ -135,6 +142,11 @@ mod tests {
         assert_eq!(
             serde_json::to_value(&back).unwrap_or_else(|e| panic!("value: {e}")),
             sent
+        );
+        assert_eq!(
+            serde_json::to_string(&back).unwrap_or_else(|e| panic!("text: {e}")),
+            &**c.json(),
+            "the text a module is sent is the parsed object's, serialized again"
         );
         let via_serde: Compact =
             serde_json::from_value(sent).unwrap_or_else(|e| panic!("deserialize: {e}"));

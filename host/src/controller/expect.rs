@@ -21,7 +21,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::apply::Observed;
+use super::cache::KindTexts;
 use super::noop::Target;
 
 /// The longest a reconcile waits for the children the previous one created.
@@ -43,47 +43,40 @@ impl Expected {
         })
     }
 
-    /// How much longer a reconcile at `now` should wait: None when `observed` (the primary's
+    /// How much longer a reconcile at `now` should wait: None when `cached` (the primary's
     /// children in the caches) holds every expected child, or the wait is over.
-    pub fn wait(&self, observed: &[Observed], now: Instant) -> Option<Duration> {
+    pub fn wait(&self, cached: &[KindTexts], now: Instant) -> Option<Duration> {
         let left = EXPECT_FOR.checked_sub(now.saturating_duration_since(self.since))?;
-        let missing = self.children.iter().any(|child| !holds(observed, child));
+        let missing = self.children.iter().any(|child| !holds(cached, child));
         (missing && !left.is_zero()).then_some(left)
     }
 }
 
-/// Whether `observed` holds `child`.
-fn holds(observed: &[Observed], (kind, namespace, name): &Target) -> bool {
-    observed
+/// Whether `cached` holds `child`.
+fn holds(cached: &[KindTexts], (kind, namespace, name): &Target) -> bool {
+    cached
         .iter()
-        .filter(|o| &o.kind == kind)
-        .flat_map(|o| &o.objects)
-        .any(|o| o.metadata.name.as_ref() == Some(name) && &o.metadata.namespace == namespace)
+        .filter(|c| &c.kind == kind)
+        .flat_map(|c| &c.objects)
+        .any(|(key, _)| &key.name == name && &key.namespace == namespace)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::contract::Gvk;
-    use kube::api::DynamicObject;
+    use crate::object::ObjectKey;
 
     fn target(kind: &str, name: &str) -> Target {
         (Gvk::new("v1", kind), Some("ns".into()), name.into())
     }
 
-    fn observed(children: &[(&str, &str)]) -> Vec<Observed> {
+    fn observed(children: &[(&str, &str)]) -> Vec<KindTexts> {
         children
             .iter()
-            .map(|(kind, name)| {
-                let mut o = DynamicObject::new(
-                    name,
-                    &kube::api::ApiResource::erase::<k8s_openapi::api::core::v1::Service>(&()),
-                );
-                o.metadata.namespace = Some("ns".into());
-                Observed {
-                    kind: Gvk::new("v1", *kind),
-                    objects: vec![o],
-                }
+            .map(|(kind, name)| KindTexts {
+                kind: Gvk::new("v1", *kind),
+                objects: vec![(ObjectKey::new(Some("ns".into()), *name), "{}".into())],
             })
             .collect()
     }

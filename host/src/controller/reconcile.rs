@@ -14,23 +14,25 @@
 //!   debounce (see [`super::hold`]); the next reconcile is then due by its end at the latest.
 //! - A `reconcile` whose inputs are those of the last call, which succeeded, asked for no
 //!   requeue, wrote everything and held nothing back, does not call the module
-//!   (see [`super::inputs`]); it is counted in `wasmop_reconcile_skipped_total`.
+//!   (see [`super::inputs`]); it is counted in `wasmop_reconcile_skipped_total`. Such a
+//!   reconcile parses nothing: the request is built from the caches' texts (the primary's as
+//!   [`Compact`] holds it), which the host parses only once the module is to be called.
 //! - A `reconcile` whose caches do not show yet every child the last one created waits for
 //!   them, at most [`super::expect::EXPECT_FOR`] (see [`super::expect`]).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use kube::ResourceExt;
 use kube::api::DynamicObject;
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event as KubeEvent, EventType as KubeEventType, Recorder};
 use kube::runtime::reflector::Store;
+use kube::{Resource, ResourceExt};
 use tracing::field::Empty;
 use tracing::{Instrument, info_span};
 
 use super::apply::{Applier, ApplyReport, FailureKind, Observed, object_reference};
-use super::cache::{self, Cache};
+use super::cache::{self, Cache, KindTexts};
 use super::call::{self, Check, Export};
 use super::compact::Compact;
 use super::expect::Expected;
@@ -157,46 +159,23 @@ impl Shared {
         self.priority.forget(key);
     }
 
-    /// How many children of `primary` the owned caches hold.
-    fn cached_children(&self, primary: &DynamicObject) -> usize {
-        let uid = primary.uid().unwrap_or_default();
-        self.owned.iter().map(|c| c.cache.group(&uid).len()).sum()
+    /// How many children of the primary of uid `uid` the owned caches hold.
+    fn cached_children(&self, uid: &str) -> usize {
+        self.owned.iter().map(|c| c.cache.group(uid).len()).sum()
     }
 
-    /// The observed children controlled by `uid`, of every owned kind the module may own
-    /// (through the index: the cost is the primary's children, not the cache's size): parsed
-    /// for the host, and as the JSON text the module receives, both in a stable order.
-    fn observed(&self, uid: &str, grant: &Grant) -> (Vec<Observed>, Vec<KindObjects>) {
+    /// The children controlled by `uid`, of every owned kind the module may own, as the caches
+    /// hold them (through the index: the cost is the primary's children, not the cache's
+    /// size), in a stable order: read once per reconcile, unparsed.
+    fn children(&self, uid: &str, grant: &Grant) -> Vec<KindTexts> {
         self.owned
             .iter()
             .filter(|c| grant.owned.contains(&c.kind))
-            .map(|c| {
-                let (objects, texts): (Vec<DynamicObject>, Vec<String>) = c
-                    .cache
-                    .group(uid)
-                    .into_iter()
-                    .filter_map(|(key, json)| match object::parse(&json) {
-                        Ok(o) => Some((o, json.to_string())),
-                        // The cache wrote this text from an object: it parses.
-                        Err(e) => {
-                            tracing::warn!(kind = %c.kind, object = %key, error = %e, "a cached object does not parse");
-                            None
-                        }
-                    })
-                    .unzip();
-                let kind = c.kind.clone();
-                (
-                    Observed {
-                        kind: kind.clone(),
-                        objects,
-                    },
-                    KindObjects {
-                        kind,
-                        objects: texts,
-                    },
-                )
+            .map(|c| KindTexts {
+                kind: c.kind.clone(),
+                objects: c.cache.group(uid),
             })
-            .unzip()
+            .collect()
     }
 
     /// The related objects the module asked for that the primary may see (in its namespace when
@@ -308,10 +287,6 @@ pub(super) async fn reconcile(
         shared.forget(&key);
         return Ok(Action::await_change());
     };
-    // The one primary this reconcile reads, parsed from its cached text.
-    let primary = Arc::new(primary.object().map_err(|e| {
-        ReconcileError::Apply(format!("cannot read the cached primary {key}: {e}"))
-    })?);
     // Boxed: what waits above stays small (see `sized`).
     Box::pin(admitted(primary, shared, permit)).await
 }
@@ -356,7 +331,7 @@ fn reconcile_span(
 
 /// A reconcile that has its permit of the reconciler's priority gate (held until it returns).
 async fn admitted(
-    primary: Arc<DynamicObject>,
+    primary: Arc<Compact>,
     shared: Arc<Shared>,
     _slot: priority::Permit,
 ) -> Result<Action, ReconcileError> {
@@ -407,7 +382,7 @@ async fn admitted(
     let children = admitted
         .as_ref()
         .filter(|_| tracing::enabled!(target: "wasmop::sharding", tracing::Level::DEBUG))
-        .map(|_| shared.cached_children(&primary));
+        .map(|_| shared.cached_children(&primary.uid().unwrap_or_default()));
     let m = metrics::global();
     shared.states.queue().started(&key.to_string());
     m.active(&shared.settings.name, 1);
@@ -500,24 +475,28 @@ pub(super) fn next_schedule(
     }
 }
 
-/// The module's request for `current` (with its children and related objects from the
-/// caches), and the children as the host parsed them.
+/// The module's request: the primary's text, its `children` and the related objects from the
+/// caches, unparsed (a reconcile whose inputs did not change ends before anything is parsed).
 fn request(
     shared: &Shared,
     active: &Active,
-    current: &DynamicObject,
+    (primary, children): (String, &[KindTexts]),
     key: &ObjectKey,
     (trigger, attempt): (Trigger, u32),
-) -> Result<(ReconcileRequest, Vec<Observed>), ReconcileError> {
-    let uid = current.uid().unwrap_or_default();
-    let (observed, owned) = shared.observed(&uid, &active.fit.grant);
+) -> ReconcileRequest {
     let namespace = key
         .namespace
         .as_deref()
         .filter(|_| shared.settings.primary.resolved.namespaced);
-    let request = ReconcileRequest {
-        primary: serde_json::to_string(current)
-            .map_err(|e| ReconcileError::Apply(format!("cannot serialize the primary: {e}")))?,
+    let owned = children
+        .iter()
+        .map(|c| KindObjects {
+            kind: c.kind.clone(),
+            objects: c.objects.iter().map(|(_, json)| json.to_string()).collect(),
+        })
+        .collect();
+    ReconcileRequest {
+        primary,
         owned,
         related: shared.related_of(&active.fit.related, namespace),
         context: Context {
@@ -527,8 +506,27 @@ fn request(
             config: shared.settings.config.clone(),
             now_unix_ms: now_unix_ms(),
         },
-    };
-    Ok((request, observed))
+    }
+}
+
+/// The children parsed for the host (the module is sent their texts). A text that does not
+/// parse is left out, with a warning; the cache wrote every text from an object, so it parses.
+fn parsed(children: &[KindTexts]) -> Vec<Observed> {
+    children
+        .iter()
+        .map(|c| Observed {
+            kind: c.kind.clone(),
+            objects: c
+                .objects
+                .iter()
+                .filter_map(|(key, json)| {
+                    object::parse(json)
+                        .inspect_err(|e| tracing::warn!(kind = %c.kind, object = %key, error = %e, "a cached object does not parse"))
+                        .ok()
+                })
+                .collect(),
+        })
+        .collect()
 }
 
 /// Where a failed call's request is recorded (`--record-failures`), if anywhere.
@@ -743,15 +741,16 @@ async fn write_failures(
     Ok(())
 }
 
-/// The finalizer step before the call: the primary to call the module with and whether to
-/// call `finalize`, or None when the reconcile is over (the primary let go).
+/// The finalizer step before the call, read from the cached primary's metadata: whether to
+/// call `finalize`, with the primary as the finalizer's write left it when it wrote one
+/// (`Some(object)`), or None when the reconcile is over (the primary let go).
 async fn finalizer_first(
     shared: &Shared,
-    primary: &DynamicObject,
+    primary: &Compact,
     key: &ObjectKey,
     module: &crate::engine::Module,
-) -> Result<Option<(DynamicObject, Export)>, ReconcileError> {
-    let deleting = primary.metadata.deletion_timestamp.is_some();
+) -> Result<Option<(Option<DynamicObject>, Export)>, ReconcileError> {
+    let deleting = primary.meta().deletion_timestamp.is_some();
     match finalizer::before_call(
         &shared.settings.name,
         primary.finalizers(),
@@ -764,39 +763,68 @@ async fn finalizer_first(
             Ok(None)
         }
         Before::Release => {
-            finalizer::set(&shared.settings, &shared.impersonated, primary, false).await?;
+            finalizer::set(
+                &shared.settings,
+                &shared.impersonated,
+                &parse(primary, key)?,
+                false,
+            )
+            .await?;
             shared.forget(key);
             Ok(None)
         }
         Before::Set(present) => Ok(Some((
-            finalizer::set(&shared.settings, &shared.impersonated, primary, present).await?,
+            Some(
+                finalizer::set(
+                    &shared.settings,
+                    &shared.impersonated,
+                    &parse(primary, key)?,
+                    present,
+                )
+                .await?,
+            ),
             Export::of(deleting),
         ))),
-        Before::Call => Ok(Some((primary.clone(), Export::of(deleting)))),
-        Before::OptOut => Ok(Some((primary.clone(), Export::Finalize))),
+        Before::Call => Ok(Some((None, Export::of(deleting)))),
+        Before::OptOut => Ok(Some((None, Export::Finalize))),
     }
 }
 
+/// The cached primary `key`, parsed from its text.
+fn parse(primary: &Compact, key: &ObjectKey) -> Result<DynamicObject, ReconcileError> {
+    primary
+        .object()
+        .map_err(|e| ReconcileError::Apply(format!("cannot read the cached primary {key}: {e}")))
+}
+
 /// One reconcile (or finalize) of `primary` with module `active`: the finalizer, the
-/// request, the call and its validation, the writes, and the next schedule.
+/// request, the call and its validation, the writes, and the next schedule. Nothing is parsed
+/// before the inputs are known to have changed: the module is sent the cached texts.
 async fn run_once(
-    primary: &Arc<DynamicObject>,
+    primary: &Arc<Compact>,
     shared: &Arc<Shared>,
     active: &Active,
     trigger: Trigger,
     attempt: u32,
 ) -> Result<Action, ReconcileError> {
     let key = ObjectKey::of(&**primary);
-    let Some((current, export)) = finalizer_first(shared, primary, &key, &active.module).await?
+    let Some((written, export)) = finalizer_first(shared, primary, &key, &active.module).await?
     else {
         return Ok(Action::await_change());
     };
-    let (request, observed) = request(shared, active, &current, &key, (trigger, attempt))?;
+    let children = shared.children(&primary.uid().unwrap_or_default(), &active.fit.grant);
     if export == Export::Reconcile
-        && let Some(wait) = shared.states.awaiting(&key, &observed, Instant::now())
+        && let Some(wait) = shared.states.awaiting(&key, &children, Instant::now())
     {
         return Ok(awaiting_children(shared, &key, wait));
     }
+    // The primary the module sees: as cached, or as the finalizer's write left it.
+    let text = match &written {
+        None => primary.json().to_string(),
+        Some(o) => serde_json::to_string(o)
+            .map_err(|e| ReconcileError::Apply(format!("cannot serialize the primary: {e}")))?,
+    };
+    let request = request(shared, active, (text, &children), &key, (trigger, attempt));
     let inputs = (export == Export::Reconcile)
         .then(|| inputs::fingerprint(&request, active.module.sha256()));
     if let Some(fingerprint) = inputs
@@ -804,6 +832,9 @@ async fn run_once(
     {
         return Ok(unchanged_inputs(shared, &key));
     }
+    let cached = parse(primary, &key)?;
+    let current = written.as_ref().unwrap_or(&cached);
+    let observed = parsed(&children);
     let recorder = shared.settings.recorder.as_deref();
     let failures = Failures {
         recorder,
@@ -815,15 +846,15 @@ async fn run_once(
     let (done, validated) = answer(
         shared,
         active,
-        (primary, &current),
+        (&cached, current),
         &observed,
         called,
         &failures,
     )
     .await?;
     let requeue = validated.requeue_after;
-    let report = apply(shared, (&key, export), &current, &observed, validated).await;
-    write_failures(shared, primary, &key, &report).await?;
+    let report = apply(shared, (&key, export), current, &observed, validated).await;
+    write_failures(shared, &cached, &key, &report).await?;
     match finalizer::after_finalize(done, report.failures.len()) {
         After::Incomplete => {
             // The module's cleanup did not all happen: the finalizer keeps protecting what is
@@ -831,12 +862,12 @@ async fn run_once(
             let failed: Vec<String> = report.failures.iter().map(ToString::to_string).collect();
             let message = finalizer::incomplete(&shared.settings.name, &failed);
             shared
-                .warn(primary, reasons::FINALIZE_INCOMPLETE, message.clone())
+                .warn(&cached, reasons::FINALIZE_INCOMPLETE, message.clone())
                 .await;
             Err(ReconcileError::Apply(message))
         }
         After::Release => {
-            finalizer::set(&shared.settings, &shared.impersonated, &current, false).await?;
+            finalizer::set(&shared.settings, &shared.impersonated, current, false).await?;
             shared.forget(&key);
             Ok(Action::await_change())
         }
@@ -1010,6 +1041,12 @@ mod tests {
 
         pub const NAME: &str = "unit-inputs";
 
+        /// `o` as the primaries' store holds it.
+        pub fn compact(o: &DynamicObject) -> Compact {
+            Compact::new(o, crate::controller::predicate::Changes::OutsideStatus)
+                .unwrap_or_else(|e| panic!("compact: {e}"))
+        }
+
         pub fn primary() -> DynamicObject {
             serde_json::from_value(json!({
                 "apiVersion": "test.wasmop.dev/v1", "kind": "Widget",
@@ -1159,7 +1196,7 @@ mod tests {
     async fn a_reconcile_whose_inputs_did_not_change_does_not_call_the_module() {
         let first = harness::child("7");
         let (shared, cache, seen) = harness::shared(&first).await;
-        let primary = Arc::new(harness::primary());
+        let primary = Arc::new(harness::compact(&harness::primary()));
         let reconcile = |trigger: Trigger| {
             let (primary, shared) = (primary.clone(), shared.clone());
             async move {
@@ -1215,7 +1252,7 @@ mod tests {
         let reconcile = |primary: DynamicObject| {
             let shared = shared.clone();
             async move {
-                let primary = Arc::new(primary);
+                let primary = Arc::new(harness::compact(&primary));
                 let active = shared.slot.active();
                 let key = ObjectKey::of(&*primary);
                 let rv = primary.resource_version();

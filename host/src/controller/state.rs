@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use kube::runtime::reflector::Store;
 use kube::runtime::watcher;
 
-use super::apply::Observed;
+use super::cache::KindTexts;
 use super::compact::Compact;
 use super::expect::Expected;
 use super::health::Health;
@@ -220,12 +220,12 @@ impl States {
     pub(super) fn awaiting(
         &self,
         key: &ObjectKey,
-        observed: &[Observed],
+        cached: &[KindTexts],
         now: Instant,
     ) -> Option<Duration> {
         let mut objects = self.objects.lock().ok()?;
         let st = objects.get_mut(key)?;
-        let wait = st.expected.as_ref()?.wait(observed, now);
+        let wait = st.expected.as_ref()?.wait(cached, now);
         if wait.is_none() {
             st.expected = None;
         }
