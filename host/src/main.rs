@@ -69,11 +69,26 @@ fn main() -> ExitCode {
 /// Whether the logs take `meta`: not kube-runtime's span around each reconcile ("reconciling
 /// object"), whose fields the log layer would format for every reconcile (7% of an idle host's
 /// CPU with 1,000 primaries) to say what the host's own `reconcile` span says (it is a root
-/// span, not that one's child). Traces, when exported, still see it.
+/// span, not that one's child). Exported traces never had it (they take only the host's
+/// spans), so no layer wants it and kube-runtime's span is not even made.
 fn not_kube_runtimes_reconcile_span(meta: &tracing::Metadata<'_>) -> bool {
     !(meta.is_span()
         && meta.name() == "reconciling object"
         && meta.target().starts_with("kube_runtime::controller"))
+}
+
+/// The log layer's filter: `env`'s (`RUST_LOG`), less kube-runtime's reconcile span. Its level
+/// hint stays `env`'s, so that what is above that level stays off at the callsite (without a
+/// hint of its own, the span's filter would lift the hint to `TRACE`: every `debug!` of every
+/// crate, and every `log` record of those using `log`, would be weighed, and dropped, each
+/// time).
+fn log_filter<S>(env: tracing_subscriber::EnvFilter) -> impl tracing_subscriber::layer::Filter<S>
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+{
+    let span = tracing_subscriber::filter::filter_fn(not_kube_runtimes_reconcile_span)
+        .with_max_level_hint(tracing_subscriber::filter::LevelFilter::TRACE);
+    tracing_subscriber::filter::FilterExt::and(env, span)
 }
 
 /// Logs to stderr (text or JSON, filtered by `RUST_LOG`, default `info`) and, when `exporting`
@@ -94,11 +109,7 @@ fn init_logs(
         logs.with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
             .boxed()
     };
-    let filter = tracing_subscriber::filter::FilterExt::and(
-        filter,
-        tracing_subscriber::filter::filter_fn(not_kube_runtimes_reconcile_span),
-    );
-    let subscriber = tracing_subscriber::registry().with(logs.with_filter(filter));
+    let subscriber = tracing_subscriber::registry().with(logs.with_filter(log_filter(filter)));
     let otlp = if exporting { traces::layer()? } else { None };
     let (layer, settings) = match otlp {
         Some((layer, settings)) => (Some(layer), Some(settings)),
@@ -143,15 +154,16 @@ mod tests {
             .with_current_span(true)
             .with_span_list(false)
             .with_writer(move || writer.clone())
-            .with_filter(tracing_subscriber::filter::filter_fn(
-                super::not_kube_runtimes_reconcile_span,
-            ));
+            .with_filter(super::log_filter(tracing_subscriber::EnvFilter::new(
+                "info",
+            )));
         let subscriber = tracing_subscriber::registry().with(logs);
         tracing::subscriber::with_default(subscriber, || {
             let kube = tracing::info_span!(target: "kube_runtime::controller", "reconciling object", kube_field = 1);
             kube.in_scope(|| tracing::info!("event in kube-runtime's span"));
             let ours = tracing::info_span!("reconcile", our_field = 2);
             ours.in_scope(|| tracing::info!("event in the host's span"));
+            tracing::debug!("a debug event");
         });
         let text = String::from_utf8(lines.0.lock().map(|l| l.clone()).unwrap_or_default())
             .unwrap_or_else(|e| panic!("utf-8: {e}"));
@@ -169,5 +181,18 @@ mod tests {
             line("event in the host's span").contains("\"our_field\":2"),
             "{text}"
         );
+        assert!(!text.contains("a debug event"), "{text}");
+    }
+
+    #[test]
+    fn the_log_filter_keeps_the_level_hint_of_rust_log() {
+        use tracing_subscriber::filter::LevelFilter;
+        use tracing_subscriber::layer::Filter;
+        for (env, hint) in [("info", LevelFilter::INFO), ("warn", LevelFilter::WARN)] {
+            let filter = super::log_filter::<tracing_subscriber::Registry>(
+                tracing_subscriber::EnvFilter::new(env),
+            );
+            assert_eq!(filter.max_level_hint(), Some(hint), "RUST_LOG={env}");
+        }
     }
 }
