@@ -67,7 +67,7 @@ fn main() -> ExitCode {
 }
 
 /// Whether the logs take `meta`: not kube-runtime's span around each reconcile ("reconciling
-/// object"), whose fields the log layer would format for every reconcile (7% of an idle host's
+/// object"), whose fields the log layer would format for every reconcile (5-7% of an idle host's
 /// CPU with 1,000 primaries) to say what the host's own `reconcile` span says (it is a root
 /// span, not that one's child). Exported traces never had it (they take only the host's
 /// spans), so no layer wants it and kube-runtime's span is not even made.
