@@ -358,7 +358,7 @@ impl Host {
         let (leading_tx, leading_rx) = watch::channel(false);
         let mut webhook_addr = None;
         if let Some(w) = &options.webhook {
-            let bound = admission::bind(w.addr).await?;
+            let bound = admission::bind(w.addr, &w.limits)?;
             let addr = bound.addr;
             let target = w.target.clone().or_else(|| {
                 (!addr.ip().is_unspecified()).then(|| WebhookTarget::Url(format!("https://{addr}")))

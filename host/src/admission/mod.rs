@@ -574,14 +574,14 @@ impl std::fmt::Debug for Bound {
     }
 }
 
-/// Binds the webhook's address (before the certificate is made: it may name the bound IP).
+/// Binds the webhook's address (before the certificate is made: it may name the bound IP), with
+/// a backlog of `limits.max_connections`.
 ///
 /// # Errors
 /// [`AdmissionError::Bind`].
-pub async fn bind(addr: SocketAddr) -> Result<Bound, AdmissionError> {
-    let listener = TcpListener::bind(addr)
-        .await
-        .map_err(|source| AdmissionError::Bind { addr, source })?;
+pub fn bind(addr: SocketAddr, limits: &ServerLimits) -> Result<Bound, AdmissionError> {
+    let listener =
+        serving::listen(addr, limits).map_err(|source| AdmissionError::Bind { addr, source })?;
     let addr = listener
         .local_addr()
         .map_err(|source| AdmissionError::Bind { addr, source })?;

@@ -51,7 +51,8 @@ pub struct Args {
     /// Where to serve /metrics, /healthz and /readyz (`:8080` is every address; `off`: none).
     #[arg(long, env = "WASMOP_METRICS_ADDR", default_value = ":8080")]
     pub metrics_addr: String,
-    /// Open connections the metrics server accepts at most; more are closed at once.
+    /// Open connections the metrics server accepts at most; more are closed at once. Also the
+    /// listen backlog, at least 1024 (capped by `net.core.somaxconn`).
     #[arg(long, env = "WASMOP_METRICS_MAX_CONNECTIONS", default_value_t = ServerLimits::PROBES.max_connections)]
     pub metrics_max_connections: usize,
     /// How long a metrics client may take to send a request head; idle connections close after it.
@@ -60,7 +61,8 @@ pub struct Args {
     /// Where to serve the admission webhook over HTTPS (`off`: no admission).
     #[arg(long, env = "WASMOP_WEBHOOK_ADDR", default_value = ":9443")]
     pub webhook_addr: String,
-    /// Open connections the webhook server accepts at most; more are closed at once.
+    /// Open connections the webhook server accepts at most; more are closed at once. Also the
+    /// listen backlog, at least 1024 (capped by `net.core.somaxconn`).
     #[arg(long, env = "WASMOP_WEBHOOK_MAX_CONNECTIONS", default_value_t = ServerLimits::ADMISSION.max_connections)]
     pub webhook_max_connections: usize,
     /// Admission reviews read, parsed and judged at once; more wait up to 1 s, then get 429.

@@ -23,7 +23,6 @@ use http_body_util::Full;
 use hyper::body::{Bytes, Incoming};
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
-use tokio::net::TcpListener;
 use tracing::Instrument;
 
 use crate::operations::serving::{self, ServerLimits};
@@ -98,9 +97,8 @@ pub async fn bind(
     limits: ServerLimits,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(SocketAddr, impl std::future::Future<Output = ()> + Send), ServeError> {
-    let listener = TcpListener::bind(addr)
-        .await
-        .map_err(|source| ServeError::Bind { addr, source })?;
+    let listener =
+        serving::listen(addr, &limits).map_err(|source| ServeError::Bind { addr, source })?;
     let local = listener.local_addr().map_err(ServeError::Local)?;
     let http = serving::http1(&limits);
     let serve = serving::accept_loop("probes", listener, limits, shutdown, move |stream, peer| {

@@ -17,6 +17,8 @@
 //! - Request heads larger than [`MAX_HEAD`] bytes are refused by hyper (431).
 //! - A failing `accept` (e.g. out of file descriptors) pauses the loop briefly instead of
 //!   spinning.
+//! - The kernel queues up to [`ServerLimits::max_connections`] new connections (at least 1024,
+//!   capped by `net.core.somaxconn`) while the accept loop waits for a core ([`listen`]).
 //!
 //! # Errors
 //! [`LimitsError`] when a limit is unusable (a zero cap or timeout).
@@ -28,7 +30,7 @@ use std::time::Duration;
 
 use hyper::server::conn::http1;
 use hyper_util::rt::TokioTimer;
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 /// The largest request head (request line and headers) a server buffers.
@@ -95,6 +97,35 @@ impl ServerLimits {
         }
         Ok(self)
     }
+}
+
+/// The smallest listen backlog: connections over the cap must reach the accept loop to be closed.
+const MIN_BACKLOG: usize = 1024;
+
+/// Binds `addr` and listens with a backlog of `limits.max_connections`, at least [`MIN_BACKLOG`].
+///
+/// # Guarantees
+/// A burst of up to that many new connections is queued by the kernel until the accept loop
+/// takes them. tokio's (and the standard library's) `bind` listen with a backlog of 128: a burst
+/// over it on a busy machine overflows the kernel's queues, and a connection whose handshake
+/// the kernel finished with a SYN cookie and whose last ACK it then dropped exists only on the
+/// client's side; a client that sends nothing on it is never closed.
+///
+/// # Caveats
+/// The kernel caps the backlog at `net.core.somaxconn` (4096 on current kernels).
+///
+/// # Errors
+/// The socket's, `bind`'s or `listen`'s error.
+pub(crate) fn listen(addr: SocketAddr, limits: &ServerLimits) -> std::io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() {
+        TcpSocket::new_v4()?
+    } else {
+        TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    let backlog = limits.max_connections.max(MIN_BACKLOG);
+    socket.listen(u32::try_from(backlog).unwrap_or(u32::MAX))
 }
 
 /// hyper's HTTP/1 server with the head timeout and buffer cap of `limits`.
@@ -190,5 +221,55 @@ mod tests {
             Some("--metrics-read-timeout must be longer than 0s")
         );
         assert!(ServerLimits::ADMISSION.checked("webhook").is_ok());
+    }
+
+    /// How many of `burst` connections to a listener of `limits` that accepts none the kernel
+    /// queued, or which one it did not.
+    async fn queued(limits: ServerLimits, burst: usize) -> Result<usize, String> {
+        let listener =
+            listen(SocketAddr::from(([127, 0, 0, 1], 0)), &limits).map_err(|e| e.to_string())?;
+        let addr = listener.local_addr().map_err(|e| e.to_string())?;
+        let queued = tokio::task::spawn_blocking(move || {
+            let mut open = Vec::with_capacity(burst);
+            for i in 0..burst {
+                // Generous: a queued connect finishes in the kernel at once; one over the
+                // backlog has its SYN dropped and fails at the timeout.
+                match std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(30)) {
+                    Ok(s) => open.push(s),
+                    Err(e) => return Err(format!("connection {i} was not queued: {e}")),
+                }
+            }
+            Ok(open.len())
+        })
+        .await
+        .map_err(|e| e.to_string())?;
+        drop(listener);
+        queued
+    }
+
+    /// CI saw a silent client never closed after a burst of 270 connections to the admission
+    /// server, listening then with a backlog of 128 (the kernel had counted listen overflows).
+    /// Nothing accepts here: every connection must wait in the kernel's queue.
+    #[tokio::test]
+    async fn a_burst_of_max_connections_is_queued_before_any_accept() {
+        const BURST: usize = 1500;
+        let somaxconn = std::fs::read_to_string("/proc/sys/net/core/somaxconn")
+            .ok()
+            .and_then(|s| s.trim().parse::<usize>().ok());
+        assert!(
+            somaxconn.is_none_or(|m| m >= BURST),
+            "net.core.somaxconn ({somaxconn:?}) caps the backlog below {BURST}"
+        );
+        let over_the_minimum = ServerLimits {
+            max_connections: BURST,
+            ..ServerLimits::ADMISSION
+        };
+        assert_eq!(queued(over_the_minimum, BURST).await, Ok(BURST));
+        // A small cap still queues a burst (those over the cap are closed once accepted).
+        let small = ServerLimits {
+            max_connections: 1,
+            ..ServerLimits::ADMISSION
+        };
+        assert_eq!(queued(small, 300).await, Ok(300));
     }
 }
