@@ -386,9 +386,11 @@ async fn admitted(
     let m = metrics::global();
     shared.states.queue().started(&key.to_string());
     m.active(&shared.settings.name, 1);
-    let result = run_once(&primary, &shared, &active, trigger, attempt)
+    let ran = run_once(&primary, &shared, &active, trigger, attempt)
         .instrument(span.clone())
         .await;
+    let unchanged = ran.as_ref().is_ok_and(|r| r.unchanged);
+    let result = ran.map(|r| r.action);
     let elapsed = started.elapsed();
     if admitted.is_some() {
         // The record of which replica reconciled which primary when (read by the e2e tests).
@@ -397,18 +399,22 @@ async fn admitted(
     drop(admitted);
     m.active(&shared.settings.name, -1);
     m.reconciled(&shared.settings.name, result.is_ok(), elapsed);
-    finished(&shared, &key, &active, &span, elapsed, &result);
+    finished(&shared, &key, &active, &span, (elapsed, unchanged), &result);
     result
 }
 
 /// Reports a finished reconcile: the queue, its span and log line, the module's record for
 /// rollback; forgets a primary deleted while it ran.
+///
+/// The span's outcome (and `inputs.unchanged` when the inputs were unchanged) is recorded in
+/// one `record_all`: the JSON log re-encodes the span's fields on each (see
+/// [`crate::operations::fields`]), and an idle host records one per primary and resync.
 fn finished(
     shared: &Shared,
     key: &ObjectKey,
     active: &Active,
     span: &tracing::Span,
-    elapsed: Duration,
+    (elapsed, unchanged): (Duration, bool),
     result: &Result<Action, ReconcileError>,
 ) {
     if let Ok(action) = result
@@ -426,6 +432,7 @@ fn finished(
             ("outcome", &outcome(result)),
             ("otel.status_code", &code),
             ("otel.status_description", &description.as_deref()),
+            ("inputs.unchanged", &unchanged.then_some(true)),
         ],
     );
     let _enter = span.enter();
@@ -806,17 +813,17 @@ async fn run_once(
     active: &Active,
     trigger: Trigger,
     attempt: u32,
-) -> Result<Action, ReconcileError> {
+) -> Result<Ran, ReconcileError> {
     let key = ObjectKey::of(&**primary);
     let Some((written, export)) = finalizer_first(shared, primary, &key, &active.module).await?
     else {
-        return Ok(Action::await_change());
+        return Ok(Action::await_change().into());
     };
     let children = shared.children(&primary.uid().unwrap_or_default(), &active.fit.grant);
     if export == Export::Reconcile
         && let Some(wait) = shared.states.awaiting(&key, &children, Instant::now())
     {
-        return Ok(awaiting_children(shared, &key, wait));
+        return Ok(awaiting_children(shared, &key, wait).into());
     }
     // The primary the module sees: as cached, or as the finalizer's write left it.
     let text = match &written {
@@ -830,7 +837,10 @@ async fn run_once(
     if let Some(fingerprint) = inputs
         && shared.states.settled(&key, fingerprint)
     {
-        return Ok(unchanged_inputs(shared, &key));
+        return Ok(Ran {
+            action: unchanged_inputs(shared, &key),
+            unchanged: true,
+        });
     }
     let cached = parse(primary, &key)?;
     let current = written.as_ref().unwrap_or(&cached);
@@ -855,7 +865,7 @@ async fn run_once(
     let requeue = validated.requeue_after;
     let report = apply(shared, (&key, export), current, &observed, validated).await;
     write_failures(shared, &cached, &key, &report).await?;
-    match finalizer::after_finalize(done, report.failures.len()) {
+    let after = match finalizer::after_finalize(done, report.failures.len()) {
         After::Incomplete => {
             // The module's cleanup did not all happen: the finalizer keeps protecting what is
             // left.
@@ -885,13 +895,29 @@ async fn run_once(
             shared.states.succeeded(&key, next.clone());
             Ok(Action::requeue(next.0))
         }
+    };
+    after.map(Ran::from)
+}
+
+/// What [`run_once`] did: the next action, and whether it ended before the call because its
+/// inputs were those of a call that left nothing to do.
+struct Ran {
+    action: Action,
+    unchanged: bool,
+}
+
+impl From<Action> for Ran {
+    fn from(action: Action) -> Self {
+        Ran {
+            action,
+            unchanged: false,
+        }
     }
 }
 
 /// A reconcile whose inputs did not change since a call that left nothing to do: no call, no
 /// write; the next one is due at the resync.
 fn unchanged_inputs(shared: &Shared, key: &ObjectKey) -> Action {
-    tracing::Span::current().record("inputs.unchanged", true);
     metrics::global().reconcile_skipped(&shared.settings.name);
     let next = (resync::jittered(shared.settings.resync), Trigger::Resync);
     shared.states.succeeded(key, next.clone());
@@ -1210,6 +1236,7 @@ mod tests {
                 run_once(&primary, &shared, &active, trigger, 1)
                     .await
                     .unwrap_or_else(|e| panic!("reconcile: {e}"))
+                    .action
             }
         };
         let requests = || seen.lock().map(|s| s.len()).unwrap_or_default();
@@ -1241,6 +1268,41 @@ mod tests {
         );
     }
 
+    /// A reconcile's span gets its outcome in one `record_all` (the JSON log re-encodes the
+    /// span's fields on each); one that ended on unchanged inputs says so in the same record.
+    #[tokio::test]
+    async fn a_finished_reconcile_records_its_outcome_once() {
+        use crate::operations::fields::recorded::Records;
+        use tracing_subscriber::layer::SubscriberExt as _;
+        let (shared, _, _, _) = harness::named("unit-one-record", &harness::child("7")).await;
+        let active = shared.slot.active();
+        let key = ObjectKey::of(&harness::primary());
+        let records = Records::default();
+        let subscriber = tracing_subscriber::registry().with(records.clone());
+        tracing::subscriber::with_default(subscriber, || {
+            for unchanged in [true, false] {
+                let span = reconcile_span(&shared.settings, &key, &active, &Trigger::Resync, 1);
+                let done = Ok(Action::await_change());
+                finished(
+                    &shared,
+                    &key,
+                    &active,
+                    &span,
+                    (Duration::ZERO, unchanged),
+                    &done,
+                );
+            }
+        });
+        let field = |name: &str, value: &str| (name.to_string(), value.to_string());
+        let ok = [
+            field("outcome", "\"ok\""),
+            field("otel.status_code", "\"OK\""),
+        ];
+        let mut skipped = ok.to_vec();
+        skipped.push(field("inputs.unchanged", "true"));
+        assert_eq!(records.seen(), [skipped, ok.to_vec()]);
+    }
+
     /// The loop guard of a Metacontroller hook synced on status changes
     /// ([`crate::controller::predicate::Changes::WithStatus`]): the host's own status write calls for one more
     /// reconcile; it calls the module (the primary changed), which answers the same status, and
@@ -1262,6 +1324,7 @@ mod tests {
                 run_once(&primary, &shared, &active, Trigger::PrimaryChanged, 1)
                     .await
                     .unwrap_or_else(|e| panic!("reconcile: {e}"))
+                    .action
             }
         };
         let requests = || seen.lock().map(|s| s.len()).unwrap_or_default();

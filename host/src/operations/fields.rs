@@ -32,20 +32,27 @@ pub fn record<const N: usize>(span: &tracing::Span, values: [(&str, &dyn Value);
     span.record_all(&fields.value_set(&pairs));
 }
 
+/// A layer that keeps every `on_record` it sees, for tests of what a span records.
 #[cfg(test)]
-mod tests {
-    use super::*;
+pub(crate) mod recorded {
     use std::sync::{Arc, Mutex};
-    use tracing::field::{Empty, Visit};
+    use tracing::field::{Field, Visit};
     use tracing::span::{Attributes, Id, Record};
-    use tracing_subscriber::layer::{Context, SubscriberExt as _};
+    use tracing_subscriber::layer::Context;
 
     /// The fields of one `on_record`, as (name, value) pairs.
-    type Recorded = Vec<(String, String)>;
+    pub(crate) type Recorded = Vec<(String, String)>;
 
     /// Every `on_record` the layer saw.
     #[derive(Clone, Default)]
-    struct Records(Arc<Mutex<Vec<Recorded>>>);
+    pub(crate) struct Records(Arc<Mutex<Vec<Recorded>>>);
+
+    impl Records {
+        /// What was recorded so far, one entry per `on_record`.
+        pub(crate) fn seen(&self) -> Vec<Recorded> {
+            self.0.lock().map(|r| r.clone()).unwrap_or_default()
+        }
+    }
 
     struct Fields(Recorded);
     impl Visit for Fields {
@@ -65,6 +72,14 @@ mod tests {
             }
         }
     }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::recorded::Records;
+    use super::*;
+    use tracing::field::Empty;
+    use tracing_subscriber::layer::SubscriberExt as _;
 
     #[test]
     fn every_value_arrives_in_one_record_and_unknown_names_are_skipped() {
@@ -74,7 +89,7 @@ mod tests {
             let span = tracing::info_span!("s", a = Empty, b = Empty, c = Empty);
             record(&span, [("a", &1_i64), ("nope", &"x"), ("c", &true)]);
         });
-        let seen = records.0.lock().map(|r| r.clone()).unwrap_or_default();
+        let seen = records.seen();
         assert_eq!(
             seen,
             [vec![("a".into(), "1".into()), ("c".into(), "true".into())]]
@@ -90,6 +105,6 @@ mod tests {
             record(&span, [("nope", &1_i64)]);
             record(&tracing::Span::none(), [("a", &1_i64)]);
         });
-        assert!(records.0.lock().map(|r| r.is_empty()).unwrap_or(false));
+        assert!(records.seen().is_empty());
     }
 }
