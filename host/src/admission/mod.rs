@@ -575,7 +575,7 @@ impl std::fmt::Debug for Bound {
 }
 
 /// Binds the webhook's address (before the certificate is made: it may name the bound IP), with
-/// a backlog of `limits.max_connections`.
+/// a backlog of `limits.max_connections`, at least 1024 ([`serving::listen`]).
 ///
 /// # Errors
 /// [`AdmissionError::Bind`].

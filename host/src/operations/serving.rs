@@ -124,8 +124,12 @@ pub(crate) fn listen(addr: SocketAddr, limits: &ServerLimits) -> std::io::Result
     };
     socket.set_reuseaddr(true)?;
     socket.bind(addr)?;
-    let backlog = limits.max_connections.max(MIN_BACKLOG);
-    socket.listen(u32::try_from(backlog).unwrap_or(u32::MAX))
+    socket.listen(backlog(limits))
+}
+
+/// The listen backlog for `limits`: the connection cap, at least [`MIN_BACKLOG`].
+fn backlog(limits: &ServerLimits) -> u32 {
+    u32::try_from(limits.max_connections.max(MIN_BACKLOG)).unwrap_or(u32::MAX)
 }
 
 /// hyper's HTTP/1 server with the head timeout and buffer cap of `limits`.
@@ -249,10 +253,12 @@ mod tests {
 
     /// CI saw a silent client never closed after a burst of 270 connections to the admission
     /// server, listening then with a backlog of 128 (the kernel had counted listen overflows).
-    /// Nothing accepts here: every connection must wait in the kernel's queue.
+    /// Nothing accepts here: every connection must wait in the kernel's queue. A small cap
+    /// still queues a burst (those over the cap are closed once accepted). 300 connections
+    /// stay under the usual limit of 1024 open files.
     #[tokio::test]
-    async fn a_burst_of_max_connections_is_queued_before_any_accept() {
-        const BURST: usize = 1500;
+    async fn a_burst_over_128_connections_is_queued_before_any_accept() {
+        const BURST: usize = 300;
         let somaxconn = std::fs::read_to_string("/proc/sys/net/core/somaxconn")
             .ok()
             .and_then(|s| s.trim().parse::<usize>().ok());
@@ -260,16 +266,22 @@ mod tests {
             somaxconn.is_none_or(|m| m >= BURST),
             "net.core.somaxconn ({somaxconn:?}) caps the backlog below {BURST}"
         );
-        let over_the_minimum = ServerLimits {
-            max_connections: BURST,
-            ..ServerLimits::ADMISSION
-        };
-        assert_eq!(queued(over_the_minimum, BURST).await, Ok(BURST));
-        // A small cap still queues a burst (those over the cap are closed once accepted).
         let small = ServerLimits {
             max_connections: 1,
             ..ServerLimits::ADMISSION
         };
-        assert_eq!(queued(small, 300).await, Ok(300));
+        assert_eq!(queued(small, BURST).await, Ok(BURST));
+    }
+
+    #[test]
+    fn the_backlog_is_the_connection_cap_at_least_1024() {
+        let cap = |max_connections| ServerLimits {
+            max_connections,
+            ..ServerLimits::ADMISSION
+        };
+        assert_eq!(backlog(&cap(1)), 1024);
+        assert_eq!(backlog(&ServerLimits::ADMISSION), 1024);
+        assert_eq!(backlog(&ServerLimits::PROBES), 4096);
+        assert_eq!(backlog(&cap(usize::MAX)), u32::MAX);
     }
 }
