@@ -381,7 +381,7 @@ async fn bluegreen_rolls_from_blue_to_green_and_back_with_its_javascript_hook() 
         2,
         "only nginx-blue and nginx-green exist: {names:?}"
     );
-    Ok(())
+    env.passed()
 }
 
 fn indexedjob_api(env: &TestEnv) -> Api<DynamicObject> {
@@ -465,7 +465,7 @@ async fn indexedjob_runs_ten_indexes_two_at_a_time_with_its_python_hook() -> any
     let expected: std::collections::BTreeSet<String> =
         (0..10).map(|i| format!("print-index-{i}")).collect();
     assert_eq!(names, expected, "exactly one Pod per index");
-    Ok(())
+    env.passed()
 }
 
 fn catset_api(env: &TestEnv) -> Api<DynamicObject> {
@@ -607,7 +607,7 @@ async fn catset_scales_in_order_and_finalizes_to_zero_with_its_javascript_hook()
             .then_some(()))
     })
     .await?;
-    Ok(())
+    env.passed()
 }
 
 /// Metacontroller's examples/configmappropagation/test.sh: a cluster-scoped ConfigMapPropagation
@@ -704,7 +704,7 @@ async fn configmappropagation_copies_into_the_selected_parents_namespaces_with_i
         "the v2 parent has no status: {:?}",
         unmanaged.data.get("status")
     );
-    Ok(())
+    env.passed()
 }
 
 fn daemonjob_api(env: &TestEnv) -> Api<DynamicObject> {
@@ -874,7 +874,7 @@ async fn daemonjob_runs_once_on_every_node_then_deletes_its_daemonset_with_its_p
         .map(|c| (c["type"].clone(), c["status"].clone()))
         .collect();
     assert_eq!(kept, [(json!("Complete"), json!("True"))], "{conditions:?}");
-    Ok(())
+    env.passed()
 }
 
 /// `name`'s Services in the test's namespace: whether it exists and, if so, its `pod-name`
@@ -1052,7 +1052,7 @@ async fn service_per_pod_decorates_a_statefulset_and_cleans_up_on_opt_out_and_de
     let release = json!({"metadata": {"finalizers": null}});
     sets.patch("nginx", &Default::default(), &Patch::Merge(release))
         .await?;
-    Ok(())
+    env.passed()
 }
 
 /// A WasmReconciler of the name wasmop gives a CompositeController, made by hand and not owned
@@ -1149,5 +1149,5 @@ async fn a_composite_controller_whose_reconciler_name_is_taken_is_name_taken_and
         .filter_map(|m| m.manager)
         .collect();
     assert_eq!(managers, ["wasmop-e2e"], "written by its own manager only");
-    Ok(())
+    env.passed()
 }
