@@ -117,17 +117,22 @@ mod tests {
     use std::sync::mpsc;
     use std::time::Instant;
 
-    /// A ticker whose ticks are sent to the returned receiver.
-    fn counting() -> (Ticker, mpsc::Receiver<()>) {
+    /// A ticker whose ticks are sent to the returned receiver and counted.
+    fn counting() -> (Ticker, mpsc::Receiver<()>, Arc<AtomicUsize>) {
         let (send, ticks) = mpsc::channel();
-        let ticker = Ticker::start(Duration::from_millis(1), move || send.send(()).is_ok())
-            .unwrap_or_else(|e| panic!("thread: {e}"));
-        (ticker, ticks)
+        let count = Arc::new(AtomicUsize::new(0));
+        let counted = count.clone();
+        let ticker = Ticker::start(Duration::from_millis(1), move || {
+            counted.fetch_add(1, Ordering::SeqCst);
+            send.send(()).is_ok()
+        })
+        .unwrap_or_else(|e| panic!("thread: {e}"));
+        (ticker, ticks, count)
     }
 
     #[test]
     fn it_ticks_while_a_guard_lives_and_not_before() {
-        let (ticker, ticks) = counting();
+        let (ticker, ticks, count) = counting();
         // Not one tick without a call (generous: 50 ticks' worth of waiting).
         assert!(ticks.recv_timeout(Duration::from_millis(50)).is_err());
         let guard = ticker.running();
@@ -135,21 +140,22 @@ mod tests {
             assert!(ticks.recv_timeout(Duration::from_secs(60)).is_ok());
         }
         drop(guard);
-        // At most the tick in progress when the guard went, then none (a ticker that kept
-        // going would send ~200 in this window).
+        // Ticks sent before the guard went are not "after": on a busy machine the ticker
+        // may have sent several while this thread waited for a core (CI saw 2 counted from
+        // the channel). At most the tick in progress when the guard went follows, then none
+        // (a ticker that kept going would tick ~200 times in this window).
+        let sent = count.load(Ordering::SeqCst);
         let window = Instant::now() + Duration::from_millis(200);
-        let mut after = 0;
         while let Some(left) = window.checked_duration_since(Instant::now()) {
-            if ticks.recv_timeout(left).is_ok() {
-                after += 1;
-            }
+            let _ = ticks.recv_timeout(left);
         }
+        let after = count.load(Ordering::SeqCst) - sent;
         assert!(after <= 1, "{after} ticks after the last guard went");
     }
 
     #[test]
     fn dropping_the_ticker_ends_the_thread_even_while_a_guard_lives() {
-        let (ticker, ticks) = counting();
+        let (ticker, ticks, _) = counting();
         let _guard = ticker.running();
         assert!(ticks.recv_timeout(Duration::from_secs(60)).is_ok());
         drop(ticker);
