@@ -12,15 +12,19 @@
 //! - [`Digested::sha256`] is the sha256 of [`Digested::bytes`]: [`Digested::new`] hashes the
 //!   bytes it takes, [`Hashing`] hashes every chunk it appends, and the bytes cannot be changed
 //!   afterwards (only read, or taken back whole with [`Digested::into_bytes`]).
+//! - The bytes are held once: a clone, [`Digested::shared`] and [`Digested::into_shared`] share
+//!   them (an 18 MB Python module is not copied for the background compile or the rollback
+//!   target the host keeps).
 
 use std::ops::Deref;
+use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
 
 /// Module bytes and their sha256 (see the module docs).
 #[derive(Clone, PartialEq, Eq)]
 pub struct Digested {
-    bytes: Vec<u8>,
+    bytes: Arc<Vec<u8>>,
     sha256: String,
 }
 
@@ -28,7 +32,10 @@ impl Digested {
     /// Hashes `bytes` and keeps them with their digest.
     pub fn new(bytes: Vec<u8>) -> Self {
         let sha256 = crate::sha256_hex(&bytes);
-        Digested { bytes, sha256 }
+        Digested {
+            bytes: Arc::new(bytes),
+            sha256,
+        }
     }
 
     /// The bytes.
@@ -41,9 +48,19 @@ impl Digested {
         &self.sha256
     }
 
-    /// The bytes, given back.
-    pub fn into_bytes(self) -> Vec<u8> {
+    /// The bytes, shared (not copied).
+    pub fn shared(&self) -> Arc<Vec<u8>> {
+        self.bytes.clone()
+    }
+
+    /// The bytes, shared (not copied), without the digest.
+    pub fn into_shared(self) -> Arc<Vec<u8>> {
         self.bytes
+    }
+
+    /// The bytes, given back: copied only if a clone still shares them.
+    pub fn into_bytes(self) -> Vec<u8> {
+        Arc::unwrap_or_clone(self.bytes)
     }
 }
 
@@ -82,7 +99,7 @@ impl Hashing {
     /// The bytes appended, with their digest.
     pub fn finish(self) -> Digested {
         Digested {
-            bytes: self.bytes,
+            bytes: Arc::new(self.bytes),
             sha256: hex::encode(self.hasher.finalize()),
         }
     }
@@ -137,6 +154,18 @@ mod tests {
             "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
         );
         assert_eq!(d.into_bytes(), b"abc".to_vec());
+    }
+
+    #[test]
+    fn clones_and_shares_hold_the_bytes_once() {
+        let d = Digested::new(vec![7; 1 << 20]);
+        let held = d.bytes().as_ptr();
+        let clone = d.clone();
+        assert_eq!(clone.bytes().as_ptr(), held, "a clone copied the bytes");
+        assert_eq!(d.shared().as_ptr(), held, "shared() copied the bytes");
+        assert_eq!(clone.into_shared().as_ptr(), held, "into_shared() copied");
+        let last = d.into_bytes();
+        assert_eq!(last.as_ptr(), held, "the last holder's bytes were copied");
     }
 
     #[test]

@@ -439,7 +439,7 @@ impl Supervisor {
         ));
         self.kept.keep(
             first.module.sha256(),
-            first.bytes.bytes.into_bytes(),
+            first.bytes.bytes.into_shared(),
             &first.origin,
             &first.verified_by,
         );

@@ -233,9 +233,15 @@ pub(super) struct Kept {
 impl Kept {
     /// Keeps `bytes` (module `sha`, from `origin`, verified by `verified_by`) for the copy;
     /// only the last two activated are kept.
-    pub fn keep(&mut self, sha: &str, bytes: Vec<u8>, origin: &str, verified_by: &[VerifiedKey]) {
+    pub fn keep(
+        &mut self,
+        sha: &str,
+        bytes: Arc<Vec<u8>>,
+        origin: &str,
+        verified_by: &[VerifiedKey],
+    ) {
         self.bytes.retain(|(s, _)| s != sha);
-        self.bytes.push((sha.to_string(), Arc::new(bytes)));
+        self.bytes.push((sha.to_string(), bytes));
         while self.bytes.len() > 2 {
             self.bytes.remove(0);
         }
@@ -802,7 +808,7 @@ pub(super) async fn follow_activation(
     };
     kept.keep(
         sha,
-        candidate.bytes.bytes.into_bytes(),
+        candidate.bytes.bytes.into_shared(),
         &candidate.origin,
         &candidate.verified_by,
     );
@@ -966,7 +972,7 @@ async fn swap(
     let tier = candidate.module.tier();
     kept.keep(
         &sha,
-        candidate.bytes.bytes.into_bytes(),
+        candidate.bytes.bytes.into_shared(),
         &candidate.origin,
         &candidate.verified_by,
     );
@@ -1116,7 +1122,7 @@ fn copy_location(s: &Subject) -> ConfigMapKey {
 async fn hold_previous(s: &Subject, kept: &mut Kept, active: &str, previous: &str) {
     let read = match (&s.status.module_copy, kept.bytes_of(previous)) {
         (Some(at), None) => match copy::load(&s.ctx.client, at, previous).await {
-            Ok(read) => Some(Arc::new(read.bytes.into_bytes())),
+            Ok(read) => Some(read.bytes.into_shared()),
             // A follower reads it only in case it decides later: the decider may have made
             // the copy hold the new module already.
             Err(e) if s.follower => {
@@ -1374,12 +1380,12 @@ mod tests {
     #[test]
     fn a_module_s_bytes_are_kept_only_until_the_copy_holds_them() {
         let mut kept = Kept::default();
-        kept.keep("a", vec![1; 1 << 20], "cm a", &[]);
+        kept.keep("a", Arc::new(vec![1; 1 << 20]), "cm a", &[]);
         assert_eq!(kept.bytes_held(), 1 << 20, "kept for the first copy");
         kept.copied("a");
         assert_eq!(kept.bytes_held(), 0, "the copy holds it: nothing kept");
         // A swap: the previous module's bytes (read back from the copy) and the new one's.
-        kept.keep("b", vec![2; 2 << 20], "cm b", &[]);
+        kept.keep("b", Arc::new(vec![2; 2 << 20]), "cm b", &[]);
         kept.keep_previous("b", "a", Some(Arc::new(vec![1; 1 << 20])));
         assert_eq!(kept.bytes_held(), 3 << 20, "both, until the copy holds b");
         kept.copied("b");
@@ -1399,7 +1405,7 @@ mod tests {
             [("a", "cm a"), ("b", "cm b")],
             "the origins stay, for the status"
         );
-        kept.keep("c", vec![3; 1 << 20], "cm c", &[]);
+        kept.keep("c", Arc::new(vec![3; 1 << 20]), "cm c", &[]);
         kept.keep_previous("c", "z", None);
         assert_eq!(
             kept.bytes_held(),

@@ -90,7 +90,8 @@ pub struct ModuleBytes {
 /// # Errors
 /// [`SourceError::MissingKey`] or [`SourceError::Decompress`].
 pub fn from_config_map(cm: &ConfigMap, source: &ConfigMapKey) -> Result<ModuleBytes, SourceError> {
-    let binary = cm.binary_data.clone().unwrap_or_default();
+    let empty = BTreeMap::new();
+    let binary = cm.binary_data.as_ref().unwrap_or(&empty);
     let key = match &source.key {
         Some(k) => k.clone(),
         None if binary.contains_key(PLAIN_KEY) => PLAIN_KEY.to_string(),
