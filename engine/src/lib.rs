@@ -51,7 +51,7 @@ mod tier;
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU8, Ordering};
-use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::sync::{Arc, Mutex, PoisonError, RwLock, Weak};
 use std::time::{Duration, Instant};
 
 use sha2::{Digest, Sha256};
@@ -724,9 +724,9 @@ impl Engine {
         let spawned = std::thread::Builder::new()
             .name("wasmop-optimize".into())
             .spawn(move || {
-                let fast_cache = engine.fast.as_ref().and_then(|f| f.cache.as_ref());
-                store(fast_cache, &sha256, fast.as_ref());
-                drop(fast);
+                if let (Some(fast_tier), Some(fast)) = (&engine.fast, fast) {
+                    serve_from_cache(fast_tier, &pre, &sha256, fast);
+                }
                 let _permit = engine.compiles.acquire();
                 if pre.strong_count() == 0 {
                     return;
@@ -755,6 +755,31 @@ impl Engine {
             });
         if let Err(e) = spawned {
             tracing::warn!(target: "wasmop::engine", module = %module.name, error = %e, "cannot start the optimizing compile; the fast build keeps serving");
+        }
+    }
+}
+
+/// Writes `fast`, the fast build just compiled (held in anonymous memory, a copy of the whole
+/// artifact), to the fast tier's cache, and serves the cached entry instead, mapped from its file:
+/// only the pages calls touch are resident, and the kernel can drop them. Until the optimized build
+/// replaces it the fast build serves for a background compile's wait: with 20 modules loaded at
+/// once and one compile permit, the last waits for 19 optimizing compiles, and each fast build of
+/// the image-updater example held 3.8 MB. Nothing changes when the cache cannot be written or
+/// read (the next load compiles again, as before), or when nobody holds the module any more.
+fn serve_from_cache(fast_tier: &FastTier, pre: &Weak<RwLock<Pre>>, sha256: &str, fast: Component) {
+    let Some(cache) = &fast_tier.cache else {
+        return;
+    };
+    store(Some(cache), sha256, Some(&fast));
+    drop(fast);
+    let Some(pre) = pre.upgrade() else { return };
+    let Some(mapped) = cache.get(&fast_tier.inner, sha256) else {
+        return;
+    };
+    match link(&fast_tier.inner, &fast_tier.linker, &mapped) {
+        Ok(mapped) => *pre.write().unwrap_or_else(PoisonError::into_inner) = mapped,
+        Err(e) => {
+            tracing::warn!(target: "wasmop::engine", sha256 = %sha256, error = %e, "the cached fast build does not link; the compiled one keeps serving")
         }
     }
 }
@@ -1663,6 +1688,52 @@ mod tests {
             3,
             "held by the digested module, this count's handle and the optimizing thread"
         );
+        drop(module);
+        drop(permit);
+    }
+
+    /// While the optimized build waits for a compile permit, the fast build serves mapped from
+    /// the compiled cache, not from the anonymous copy the compile made.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_waiting_fast_build_serves_mapped_from_the_cache() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let engine = Engine::new(&EngineConfig {
+            max_instances: 2,
+            max_calls: 2,
+            tiered: true,
+            cache_dir: Some(dir.path().to_path_buf()),
+            ..EngineConfig::default()
+        })
+        .expect("engine");
+        let permit = engine.compiles.acquire();
+        let bytes = wasmop_test_modules::bytes(wasmop_test_modules::MISBEHAVE);
+        let module = engine.load(&bytes, &Limits::default()).expect("loads");
+        assert_eq!(module.compiled(), Compiled::Fresh);
+        let entry = format!("{}/{}-", dir.path().display(), module.sha256());
+        let mapped = || {
+            std::fs::read_to_string("/proc/self/maps")
+                .expect("/proc/self/maps")
+                .lines()
+                .any(|l| l.contains(&entry) && l.ends_with(".cwasm"))
+        };
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while !mapped() {
+            assert!(
+                Instant::now() < deadline,
+                "the fast build was never mapped from {entry}*.cwasm"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let response = module
+            .reconcile(widget("good"), &Limits::default())
+            .result
+            .expect("the mapped fast build reconciles");
+        assert_eq!(
+            response.children[0].objects[0]["metadata"]["name"],
+            "w-good-out"
+        );
+        assert_eq!(module.tier(), Tier::Fast, "the optimized build waited");
         drop(module);
         drop(permit);
     }
