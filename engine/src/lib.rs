@@ -585,11 +585,11 @@ impl Engine {
         self.load_hashed(bytes, None, sha256_hex(bytes), limits)
     }
 
-    /// As [`Engine::load`], for bytes already hashed where they were read.
+    /// As [`Engine::load`], for bytes already hashed where they were read. The background
+    /// compile of the optimized build shares `module`'s bytes (no copy).
     ///
     /// # Errors
     /// See [`LoadError`].
-    /// The background compile of the optimized build shares `module`'s bytes (no copy).
     pub fn load_digested(&self, module: &Digested, limits: &Limits) -> Result<Module, LoadError> {
         let (bytes, sha256) = (module.bytes(), module.sha256().to_string());
         self.load_hashed(bytes, Some(module.shared()), sha256, limits)
@@ -709,9 +709,10 @@ impl Engine {
         Ok(module)
     }
 
-    /// Caches `fast` (the fast build just compiled, if any), then compiles the optimized build
-    /// of `module` on a background thread (one compile permit) and swaps it in. The compile is
-    /// skipped when nobody holds the module any more.
+    /// On a background thread: caches `fast` (the fast build just compiled, if any) and serves
+    /// it from there ([`serve_from_cache`]), then compiles the optimized build of `module` (one
+    /// compile permit) and swaps it in. The compile is skipped when nobody holds the module any
+    /// more.
     fn optimize_in_background(
         &self,
         module: &Module,

@@ -5,7 +5,9 @@
 //!
 //! # Guarantees
 //! - Both builds are in the compiled cache by digest (separate entries per tier); a module whose
-//!   optimized build is cached loads optimized at once.
+//!   optimized build is cached loads optimized at once. A fresh fast build, once written there
+//!   (off the path to the first call), serves mapped from its entry while the optimized build
+//!   waits for its turn.
 //! - The swap is atomic for calls: a call uses the build that was current when it started; every
 //!   clone of a [`super::Module`] sees the swap.
 //! - Background compiles hold a [`CompileGate`] permit: at most `max_background_compiles` run at
