@@ -1611,17 +1611,23 @@ mod tests {
         }
     }
 
+    /// A tiered engine for two calls at once, compiling into `cache_dir` if given.
+    fn tiered_engine(cache_dir: Option<PathBuf>) -> Engine {
+        Engine::new(&EngineConfig {
+            max_instances: 2,
+            max_calls: 2,
+            tiered: true,
+            cache_dir,
+            ..EngineConfig::default()
+        })
+        .expect("engine")
+    }
+
     /// The fast tier's builds carry no native unwind info: a guest's trap, panic, endless loop
     /// and memory grab must still end as the optimized build's do (host/tests/engine.rs).
     #[test]
     fn a_fast_build_stops_misbehaving_guests_as_the_optimized_build_does() {
-        let engine = Engine::new(&EngineConfig {
-            max_instances: 2,
-            max_calls: 2,
-            tiered: true,
-            ..EngineConfig::default()
-        })
-        .expect("engine");
+        let engine = tiered_engine(None);
         // The only background permit: the optimized build waits, the fast one serves throughout.
         let permit = engine.compiles.acquire();
         let bytes = wasmop_test_modules::bytes(wasmop_test_modules::MISBEHAVE);
@@ -1670,13 +1676,7 @@ mod tests {
     /// module's bytes: a digested module's, shared, not a copy (18 MB for a Python module).
     #[test]
     fn the_background_compile_shares_a_digested_module_s_bytes() {
-        let engine = Engine::new(&EngineConfig {
-            max_instances: 2,
-            max_calls: 2,
-            tiered: true,
-            ..EngineConfig::default()
-        })
-        .expect("engine");
+        let engine = tiered_engine(None);
         // The only background permit: the optimizing thread waits for it, holding the bytes.
         let permit = engine.compiles.acquire();
         let digested = Digested::new(wasmop_test_modules::bytes(wasmop_test_modules::MISBEHAVE));
@@ -1699,14 +1699,7 @@ mod tests {
     #[test]
     fn a_waiting_fast_build_serves_mapped_from_the_cache() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let engine = Engine::new(&EngineConfig {
-            max_instances: 2,
-            max_calls: 2,
-            tiered: true,
-            cache_dir: Some(dir.path().to_path_buf()),
-            ..EngineConfig::default()
-        })
-        .expect("engine");
+        let engine = tiered_engine(Some(dir.path().to_path_buf()));
         let permit = engine.compiles.acquire();
         let bytes = wasmop_test_modules::bytes(wasmop_test_modules::MISBEHAVE);
         let module = engine.load(&bytes, &Limits::default()).expect("loads");
