@@ -322,9 +322,9 @@ impl Verdict {
 #[cfg(test)]
 mod tests {
     /// Every e2e test that takes a [`super::TestEnv`] calls `env.passed()`: one that ends in
-    /// `Ok(())` without it reports a failure when its env drops (to a stderr libtest captures and drops when
-    /// the test passes) and keeps the shared control plane's directory, ~114 MB in /tmp per
-    /// `make test` (the seven Metacontroller tests did until b6b6505).
+    /// `Ok(())` without it reports a failure when its env drops (to a stderr libtest captures
+    /// and drops when the test passes) and keeps the shared control plane's directory, ~114 MB
+    /// in /tmp per `make test` (the seven Metacontroller tests did until b6b6505).
     #[test]
     fn every_e2e_test_with_a_test_env_records_that_it_passed() {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("e2e");
