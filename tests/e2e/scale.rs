@@ -97,6 +97,16 @@ fn host_counter(metric: &str, reconciler: &str) -> anyhow::Result<f64> {
 }
 
 /// The host's calls of `reconciler`'s module `reconcile`.
+/// Waits until no Event of `reconciler`'s module waits to be published: the lane publishes
+/// them after the reconciles that asked for them, so requests counted before could miss them.
+async fn events_published(reconciler: &str) -> anyhow::Result<()> {
+    eventually("the module's Events published", WAIT, || async {
+        let queued = host_counter("wasmop_module_events_queued{", reconciler)?;
+        Ok((queued == 0.0).then_some(()))
+    })
+    .await
+}
+
 fn module_calls(reconciler: &str) -> anyhow::Result<f64> {
     host_counter("wasmop_module_call_duration_seconds_count{", reconciler)
 }
@@ -160,6 +170,7 @@ async fn a_converged_host_writes_nothing_over_two_resync_periods() -> anyhow::Re
     )
     .await?;
 
+    events_published(&wr).await?;
     let before = api_writes(&env.client).await?;
     let start = reconciles(&wr)?;
     let calls = module_calls(&wr)?;
@@ -438,6 +449,7 @@ async fn converging_apps_reads_nothing_and_writes_each_child_once() -> anyhow::R
         },
     )
     .await?;
+    events_published(&reconciler).await?;
     let after = api_requests(&env.client).await?;
     let reads = host_reads(env.cp.child_reads()?.split_off(reads_before));
     // The audit log is live (else "no reads" would hold vacuously): this read shows in it.

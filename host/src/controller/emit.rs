@@ -13,9 +13,17 @@
 //! - Bounded: at most [`EVENT_QUEUE`] Events wait per reconciler (each note at most
 //!   `intents::MAX_EVENT_NOTE` bytes), one is in flight at a time, and each publish is given
 //!   [`PUBLISH_TIMEOUT`].
+//! - An Event the API server could not take (no connection, no answer within the timeout, 429 or
+//!   5xx) is tried again, up to [`PUBLISH_TRIES`] times in all, after [`RETRY_AFTER`], doubled
+//!   after each try (about a minute in all): an API server that restarts or goes away for a
+//!   while loses none of them. The lane waits meanwhile, so the order is kept; what arrives
+//!   meanwhile waits in the queue, within its bound. client-go's recorder retries such an
+//!   Event too (12 tries, 10 s apart).
+//! - `wasmop_module_events_queued` says how many wait or are in flight, per reconciler.
 //! - Every Event handed over is counted once in `wasmop_module_events_total{result}`:
-//!   `published`, `failed` (refused, failed or timed out; logged at warn with the reason), or
-//!   `dropped` (the queue was full, or the reconciler stopped before it was sent).
+//!   `published`, `failed` (refused, or not taken in [`PUBLISH_TRIES`] tries; logged at warn
+//!   with the reason), or `dropped` (the queue was full, or the reconciler stopped before it
+//!   was sent).
 //! - [`EventLane::close`] publishes what is queued, within [`FLUSH_GRACE`], when the reconciler
 //!   stops; what is left then is dropped and counted.
 //!
@@ -26,8 +34,11 @@
 //! - A failed Event does not fail the reconcile or hold the finalizer back (before issue 27 it
 //!   did): Events are reports, not intents. Only a 403 degrades the reconciler; a timeout or
 //!   another error shows in the log and in `result="failed"`.
-//! - A refused Event is not retried: the Events refused before the grant are lost, and the
-//!   condition clears with the module's next Event, not with the grant itself.
+//! - A refused Event (403, 422 and any other answer but 429 and 5xx) is not retried, as
+//!   client-go's recorder does not retry it: the Events refused before the grant are lost, and
+//!   the condition clears with the module's next Event, not with the grant itself.
+//! - A try that timed out may have been stored all the same: its retry may then record the
+//!   Event twice. A report twice beats a report lost.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -50,6 +61,13 @@ pub const PUBLISH_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long [`EventLane::close`] publishes what is queued.
 pub const FLUSH_GRACE: Duration = Duration::from_secs(5);
 
+/// How many times one Event is tried when the API server could not take it.
+pub const PUBLISH_TRIES: u32 = 6;
+
+/// The wait after the first try that the API server could not take; doubled after each later
+/// one (2 + 4 + 8 + 16 + 32 s).
+pub const RETRY_AFTER: Duration = Duration::from_secs(2);
+
 /// The bounds of a lane.
 #[derive(Debug, Clone, Copy)]
 pub struct Bounds {
@@ -59,6 +77,10 @@ pub struct Bounds {
     pub publish: Duration,
     /// How long [`EventLane::close`] publishes what is queued ([`FLUSH_GRACE`]).
     pub flush: Duration,
+    /// How many times one Event is tried ([`PUBLISH_TRIES`]; 1: never again).
+    pub tries: u32,
+    /// The wait after the first failed try, doubled after each later one ([`RETRY_AFTER`]).
+    pub retry_after: Duration,
 }
 
 /// An Event and what it is about.
@@ -92,6 +114,8 @@ impl EventLane {
             queue: EVENT_QUEUE,
             publish: PUBLISH_TIMEOUT,
             flush: FLUSH_GRACE,
+            tries: PUBLISH_TRIES,
+            retry_after: RETRY_AFTER,
         };
         EventLane::bounded(recorder, reconciler, health, bounds)
     }
@@ -114,6 +138,8 @@ impl EventLane {
             reconciler: reconciler.clone(),
             pending: pending.clone(),
             timeout: bounds.publish,
+            tries: bounds.tries.max(1),
+            retry_after: bounds.retry_after,
         };
         let worker = tokio::spawn(publisher.run(rx, closed));
         EventLane {
@@ -136,6 +162,7 @@ impl EventLane {
             self.pending.fetch_sub(1, Ordering::Relaxed);
             counted(&self.reconciler, "dropped");
         }
+        waiting(&self.reconciler, &self.pending);
         queued
     }
 
@@ -153,6 +180,7 @@ impl EventLane {
             // Stopped at its next await: it counts nothing more.
             let _ = worker.await;
             let left = self.pending.swap(0, Ordering::Relaxed);
+            waiting(&self.reconciler, &self.pending);
             tracing::warn!(reconciler = %self.reconciler, left, "Events still queued after the flush grace; dropped");
             for _ in 0..left {
                 counted(&self.reconciler, "dropped");
@@ -169,6 +197,15 @@ struct Publisher {
     reconciler: Arc<str>,
     pending: Arc<AtomicUsize>,
     timeout: Duration,
+    tries: u32,
+    retry_after: Duration,
+}
+
+/// A try that did not publish its Event.
+struct Failed {
+    error: String,
+    /// Whether another try may succeed.
+    transient: bool,
 }
 
 impl Publisher {
@@ -190,43 +227,86 @@ impl Publisher {
             };
             let result = self.publish(&event, &regarding).await;
             self.pending.fetch_sub(1, Ordering::Relaxed);
+            waiting(&self.reconciler, &self.pending);
             counted(&self.reconciler, result);
         }
     }
 
-    /// Publishes one Event, bounded by its timeout: `published` or `failed` (logged; a 403
-    /// reported to the reconciler's health, which the next published Event clears).
+    /// Publishes one Event, trying it again while the API server could not take it:
+    /// `published` or `failed` (logged; a 403 reported to the reconciler's health, which the
+    /// next published Event clears).
     async fn publish(&self, event: &Event, regarding: &ObjectReference) -> &'static str {
-        let publish = self.recorder.publish(event, regarding);
-        let error = match tokio::time::timeout(self.timeout, publish).await {
-            Ok(Ok(())) => {
-                self.health.record_events(None);
-                return "published";
-            }
-            Ok(Err(e)) => {
-                if let kube::Error::Api(status) = &e
-                    && status.is_forbidden()
-                {
-                    self.health.record_events(Some(status.message.clone()));
+        let mut wait = self.retry_after;
+        let mut tries = 1;
+        let failed = loop {
+            match self.try_publish(event, regarding).await {
+                Ok(()) => {
+                    self.health.record_events(None);
+                    return "published";
                 }
-                e.to_string()
+                Err(failed) if failed.transient && tries < self.tries => {
+                    tracing::debug!(reconciler = %self.reconciler, reason = %event.reason,
+                        tries, error = %failed.error, "the module's Event is tried again");
+                    tokio::time::sleep(wait).await;
+                    wait = wait.saturating_mul(2);
+                    tries += 1;
+                }
+                Err(failed) => break failed,
             }
-            Err(_) => format!("no answer within {:?}", self.timeout),
         };
         tracing::warn!(
             reconciler = %self.reconciler,
             reason = %event.reason,
             object = regarding.name.as_deref().unwrap_or_default(),
             namespace = regarding.namespace.as_deref().unwrap_or_default(),
-            error = %error,
+            tries,
+            error = %failed.error,
             "cannot publish the module's Event"
         );
         "failed"
+    }
+
+    /// One try, bounded by its timeout; a 403 is reported to the reconciler's health.
+    async fn try_publish(&self, event: &Event, regarding: &ObjectReference) -> Result<(), Failed> {
+        let publish = self.recorder.publish(event, regarding);
+        match tokio::time::timeout(self.timeout, publish).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => {
+                if let kube::Error::Api(status) = &e
+                    && status.is_forbidden()
+                {
+                    self.health.record_events(Some(status.message.clone()));
+                }
+                Err(Failed {
+                    transient: not_taken(&e),
+                    error: e.to_string(),
+                })
+            }
+            Err(_) => Err(Failed {
+                error: format!("no answer within {:?}", self.timeout),
+                transient: true,
+            }),
+        }
+    }
+}
+
+/// Whether `error` says the API server did not take the request, rather than refused it: no
+/// connection or a broken one, 429 or 5xx.
+fn not_taken(error: &kube::Error) -> bool {
+    match error {
+        kube::Error::Api(status) => status.code == 429 || status.code >= 500,
+        kube::Error::HyperError(_) | kube::Error::Service(_) => true,
+        _ => false,
     }
 }
 
 fn counted(reconciler: &str, result: &str) {
     metrics::global().module_event(reconciler, result);
+}
+
+/// Sets `wasmop_module_events_queued` of `reconciler` to `pending`'s count now.
+fn waiting(reconciler: &str, pending: &AtomicUsize) {
+    metrics::global().module_events_queued(reconciler, pending.load(Ordering::Relaxed));
 }
 
 #[cfg(test)]
@@ -248,6 +328,10 @@ mod tests {
         Forbidden,
         /// 403 to the first request, then 201.
         ForbiddenOnce,
+        /// No connection for the first request, then 201.
+        UnreachableOnce,
+        /// 503 to the first request, then 201.
+        UnavailableOnce,
         /// Never.
         Never,
     }
@@ -264,7 +348,18 @@ mod tests {
                 let first = *seen.borrow() == 1;
                 let (status, body) = match answer {
                     Answer::Created => (201, body),
-                    Answer::ForbiddenOnce if !first => (201, body),
+                    Answer::ForbiddenOnce | Answer::UnreachableOnce | Answer::UnavailableOnce
+                        if !first =>
+                    {
+                        (201, body)
+                    }
+                    Answer::UnreachableOnce => return Err("connection refused".into()),
+                    Answer::UnavailableOnce => (
+                        503,
+                        serde_json::to_vec(&serde_json::json!({"kind": "Status",
+                            "apiVersion": "v1", "status": "Failure", "reason": "ServiceUnavailable",
+                            "code": 503, "message": "the server is shutting down"}))?,
+                    ),
                     Answer::Forbidden | Answer::ForbiddenOnce => (
                         403,
                         serde_json::to_vec(&serde_json::json!({"kind": "Status",
@@ -285,6 +380,9 @@ mod tests {
 
     /// Short enough for a test that waits them out; the outcomes do not depend on them.
     const SHORT: Duration = Duration::from_millis(100);
+
+    /// Tries per Event in these tests: more than one, so that "not tried again" can fail.
+    const TRIES: u32 = 3;
 
     fn lane(
         reconciler: &str,
@@ -311,6 +409,8 @@ mod tests {
             queue: capacity,
             publish: SHORT,
             flush: SHORT,
+            tries: TRIES,
+            retry_after: SHORT,
         };
         (
             EventLane::bounded(recorder, reconciler, health, bounds),
@@ -350,6 +450,15 @@ mod tests {
         })
     }
 
+    /// `wasmop_module_events_queued` of `reconciler`.
+    fn queued(reconciler: &str) -> Option<u64> {
+        let text = metrics::encode().unwrap_or_default();
+        let prefix = format!("wasmop_module_events_queued{{reconciler=\"{reconciler}\"}} ");
+        text.lines()
+            .find_map(|l| l.strip_prefix(&prefix))
+            .and_then(|v| v.trim().parse().ok())
+    }
+
     #[tokio::test]
     async fn close_publishes_every_event_queued_in_order() {
         let (lane, mut requests) = lane("emit-close", Answer::Created, 8);
@@ -360,6 +469,11 @@ mod tests {
         lane.close().await;
         assert_eq!(*requests.borrow_and_update(), 3);
         assert_eq!(counts("emit-close"), [3, 0, 0]);
+        assert_eq!(
+            queued("emit-close"),
+            Some(0),
+            "none waits once they are published"
+        );
         // Closed: nothing more is taken, and the drop is counted.
         let (e, r) = event("Late");
         assert!(!lane.send(e, r));
@@ -383,6 +497,7 @@ mod tests {
             .collect();
         assert_eq!(sent, [true, true, false]);
         assert_eq!(counts("emit-full"), [0, 0, 1]);
+        assert_eq!(queued("emit-full"), Some(3), "one in flight, two queued");
     }
 
     #[tokio::test]
@@ -408,6 +523,28 @@ mod tests {
         lane.close().await;
         assert_eq!(*requests.borrow_and_update(), 1);
         assert_eq!(counts("emit-forbidden"), [0, 1, 0]);
+    }
+
+    #[tokio::test]
+    async fn an_event_the_api_server_could_not_take_is_tried_again_and_published() {
+        for (reconciler, answer) in [
+            ("emit-unreachable", Answer::UnreachableOnce),
+            ("emit-unavailable", Answer::UnavailableOnce),
+        ] {
+            let (lane, mut requests) = lane(reconciler, answer, 4);
+            let (e, r) = event("Kept");
+            assert!(lane.send(e, r));
+            // The second try is the one that succeeds (a generous bound: a missing try fails,
+            // not hangs).
+            let second = requests.wait_for(|n| *n == 2);
+            let tried = tokio::time::timeout(Duration::from_secs(60), second)
+                .await
+                .is_ok();
+            assert!(tried, "{reconciler}: the Event was not tried again");
+            lane.close().await;
+            assert_eq!(*requests.borrow_and_update(), 2, "{reconciler}");
+            assert_eq!(counts(reconciler), [1, 0, 0], "{reconciler}");
+        }
     }
 
     #[tokio::test]
@@ -443,13 +580,14 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_publish_that_gets_no_answer_fails_after_its_timeout_and_the_next_goes_on() {
+    async fn a_publish_that_gets_no_answer_fails_after_its_tries_and_the_next_goes_on() {
         let (lane, mut requests) = lane("emit-timeout", Answer::Never, 4);
         for reason in ["Unanswered", "Next"] {
             let (e, r) = event(reason);
             assert!(lane.send(e, r));
         }
-        requests.wait_for(|n| *n == 2).await.ok();
+        // Each try of the first Event times out; the next Event's request follows its last.
+        requests.wait_for(|n| *n == TRIES as usize + 1).await.ok();
         assert_eq!(counts("emit-timeout")[1], 1);
     }
 }

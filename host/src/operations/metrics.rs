@@ -153,6 +153,7 @@ pub struct Metrics {
     admission_errors: Family<ReconcilerLabel, Counter>,
     finalizers_added: Family<ReconcilerLabel, Counter>,
     module_events: Family<ResultLabels, Counter>,
+    module_events_queued: Family<ReconcilerLabel, Gauge>,
     module_info: Family<ModuleLabels, Gauge>,
     leader: Gauge,
     server_connections: Family<ServerLabel, Gauge>,
@@ -192,6 +193,7 @@ impl Metrics {
             admission_errors: Family::default(),
             finalizers_added: Family::default(),
             module_events: Family::default(),
+            module_events_queued: Family::default(),
             module_info: Family::default(),
             leader: Gauge::default(),
             server_connections: Family::default(),
@@ -290,6 +292,11 @@ impl Metrics {
             "wasmop_module_events",
             "Events the modules asked for, by result (published, failed, dropped)",
             m.module_events.clone(),
+        );
+        registry.register(
+            "wasmop_module_events_queued",
+            "Events the modules asked for that wait to be published or are being published",
+            m.module_events_queued.clone(),
         );
         registry.register(
             "wasmop_module_info",
@@ -469,6 +476,16 @@ impl Metrics {
                 result: result.to_string(),
             })
             .inc();
+    }
+
+    /// `queued` Events of `reconciler`'s module wait or are in flight (see
+    /// [`crate::controller::emit`]).
+    pub fn module_events_queued(&self, reconciler: &str, queued: usize) {
+        self.module_events_queued
+            .get_or_create(&ReconcilerLabel {
+                reconciler: reconciler.to_string(),
+            })
+            .set(i64::try_from(queued).unwrap_or(i64::MAX));
     }
 
     /// `sha256` now serves `reconciler` (None: the reconciler stopped).
