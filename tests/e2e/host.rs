@@ -461,8 +461,12 @@ async fn a_trapping_module_backs_off_while_other_objects_and_reconcilers_work() 
         attempts <= most,
         "retried with backoff: {attempts} attempts within {span:?} (at most {most})"
     );
-    let good = widgets.get("good").await?;
-    assert_eq!(good.data["status"]["conditions"][0]["status"], "True");
+    // The reconcile that created good's child held its status back; the next one writes it.
+    eventually("good Ready", WAIT, || async {
+        let good = widgets.get("good").await?;
+        Ok((good.data["status"]["conditions"][0]["status"] == "True").then_some(()))
+    })
+    .await?;
     host.shutdown().await?;
     env.passed()
 }

@@ -190,13 +190,24 @@ async fn the_python_tenant_from_the_registry_converges_refuses_a_shrink_below_us
             ("requests.memory".into(), "16Gi".into())
         ]
     );
-    assert_eq!(default_memory(&limits).await?.as_deref(), Some("128Mi"));
-    let policy = policies.get("tenant-isolation").await?;
+    // Each child is written on its own (a failed write does not stop the others): waited for.
+    let memory = eventually("the LimitRange", WAIT, || async {
+        default_memory(&limits).await
+    })
+    .await?;
+    assert_eq!(memory, "128Mi");
+    let policy = eventually("the NetworkPolicy", WAIT, || async {
+        Ok(policies.get_opt("tenant-isolation").await?)
+    })
+    .await?;
     let allowed = serde_json::to_value(&policy.spec)?["ingress"][0]["from"][0]["namespaceSelector"]
         ["matchExpressions"][0]["values"]
         .clone();
     assert_eq!(allowed, json!([name, "ingress-nginx"]));
-    let binding = bindings.get("tenant-admins").await?;
+    let binding = eventually("the RoleBinding", WAIT, || async {
+        Ok(bindings.get_opt("tenant-admins").await?)
+    })
+    .await?;
     assert_eq!(binding.role_ref.name, "admin");
     let subjects: Vec<(String, String)> = binding
         .subjects

@@ -456,12 +456,20 @@ async fn converging_apps_reads_nothing_and_writes_each_child_once() -> anyhow::R
     let services: Api<k8s_openapi::api::core::v1::Service> =
         Api::namespaced(env.client.clone(), &env.namespace);
     services.get("app-0").await?;
-    let logged = env.cp.child_reads()?.iter().any(|r| {
-        r.uri.starts_with(&format!(
-            "/api/v1/namespaces/{}/services/app-0",
-            env.namespace
-        ))
-    });
+    // The API server logs a request once it has answered: waited for (a bounded wait; a log
+    // that never shows it fails below).
+    let read_logged = || async {
+        let logged = env.cp.child_reads()?.iter().any(|r| {
+            r.uri.starts_with(&format!(
+                "/api/v1/namespaces/{}/services/app-0",
+                env.namespace
+            ))
+        });
+        Ok(logged.then_some(()))
+    };
+    let logged = eventually("the test's own read in the audit log", WAIT, read_logged)
+        .await
+        .is_ok();
     host.shutdown().await?;
     watch.abort();
     let requests: BTreeMap<String, f64> = after

@@ -701,7 +701,10 @@ impl ControlPlane {
     pub fn child_reads(&self) -> Result<Vec<ChildRead>> {
         let path = self.logs.join(AUDIT_LOG);
         let text = std::fs::read_to_string(&path).map_err(Error::io("reading", &path))?;
-        text.lines()
+        // A line the API server is still writing (no newline yet) is read next time.
+        let complete = text.rfind('\n').map_or("", |end| &text[..end]);
+        complete
+            .lines()
             .filter(|l| !l.trim().is_empty())
             .map(|line| {
                 let event: serde_json::Value = serde_json::from_str(line).map_err(|e| {
