@@ -46,6 +46,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::runtime::events::{Event, Recorder};
+use prometheus_client::metrics::gauge::Gauge;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
@@ -94,6 +95,8 @@ pub struct EventLane {
     worker: Arc<Mutex<Option<JoinHandle<()>>>>,
     /// Events queued or in flight.
     pending: Arc<AtomicUsize>,
+    /// `wasmop_module_events_queued`: raised and lowered with `pending`.
+    queued: Gauge,
     flush_grace: Duration,
     reconciler: Arc<str>,
 }
@@ -132,11 +135,13 @@ impl EventLane {
         let (closing, closed) = watch::channel(false);
         let reconciler: Arc<str> = reconciler.into();
         let pending = Arc::new(AtomicUsize::new(0));
+        let queued = metrics::global().module_events_queued(&reconciler);
         let publisher = Publisher {
             recorder,
             health,
             reconciler: reconciler.clone(),
             pending: pending.clone(),
+            queued: queued.clone(),
             timeout: bounds.publish,
             tries: bounds.tries.max(1),
             retry_after: bounds.retry_after,
@@ -147,6 +152,7 @@ impl EventLane {
             closing: Arc::new(closing),
             worker: Arc::new(Mutex::new(Some(worker))),
             pending,
+            queued,
             flush_grace: bounds.flush,
             reconciler,
         }
@@ -157,12 +163,13 @@ impl EventLane {
     pub fn send(&self, event: Event, regarding: ObjectReference) -> bool {
         // Counted before it is queued, so the publisher never takes it below zero.
         self.pending.fetch_add(1, Ordering::Relaxed);
+        self.queued.inc();
         let queued = self.queue.try_send((event, regarding)).is_ok();
         if !queued {
             self.pending.fetch_sub(1, Ordering::Relaxed);
+            self.queued.dec();
             counted(&self.reconciler, "dropped");
         }
-        waiting(&self.reconciler, &self.pending);
         queued
     }
 
@@ -180,7 +187,7 @@ impl EventLane {
             // Stopped at its next await: it counts nothing more.
             let _ = worker.await;
             let left = self.pending.swap(0, Ordering::Relaxed);
-            waiting(&self.reconciler, &self.pending);
+            self.queued.dec_by(i64::try_from(left).unwrap_or(i64::MAX));
             tracing::warn!(reconciler = %self.reconciler, left, "Events still queued after the flush grace; dropped");
             for _ in 0..left {
                 counted(&self.reconciler, "dropped");
@@ -196,6 +203,7 @@ struct Publisher {
     health: Arc<Health>,
     reconciler: Arc<str>,
     pending: Arc<AtomicUsize>,
+    queued: Gauge,
     timeout: Duration,
     tries: u32,
     retry_after: Duration,
@@ -227,7 +235,7 @@ impl Publisher {
             };
             let result = self.publish(&event, &regarding).await;
             self.pending.fetch_sub(1, Ordering::Relaxed);
-            waiting(&self.reconciler, &self.pending);
+            self.queued.dec();
             counted(&self.reconciler, result);
         }
     }
@@ -302,11 +310,6 @@ fn not_taken(error: &kube::Error) -> bool {
 
 fn counted(reconciler: &str, result: &str) {
     metrics::global().module_event(reconciler, result);
-}
-
-/// Sets `wasmop_module_events_queued` of `reconciler` to `pending`'s count now.
-fn waiting(reconciler: &str, pending: &AtomicUsize) {
-    metrics::global().module_events_queued(reconciler, pending.load(Ordering::Relaxed));
 }
 
 #[cfg(test)]
@@ -479,6 +482,34 @@ mod tests {
         assert!(!lane.send(e, r));
         assert_eq!(counts("emit-close"), [3, 0, 1]);
         lane.close().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn the_queued_gauge_ends_at_zero_however_sends_and_publishes_interleave() {
+        let (lane, _) = lane("emit-gauge", Answer::Created, 4096);
+        let senders: Vec<_> = (0..4)
+            .map(|_| {
+                let lane = lane.clone();
+                tokio::spawn(async move {
+                    for _ in 0..500 {
+                        let (e, r) = event("Many");
+                        lane.send(e, r);
+                        tokio::task::yield_now().await;
+                    }
+                })
+            })
+            .collect();
+        for sender in senders {
+            sender.await.ok();
+        }
+        lane.close().await;
+        let [published, failed, dropped] = counts("emit-gauge");
+        assert_eq!(published + failed + dropped, 2000);
+        assert_eq!(
+            queued("emit-gauge"),
+            Some(0),
+            "every Event counted out again"
+        );
     }
 
     #[tokio::test]

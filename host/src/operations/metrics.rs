@@ -478,14 +478,14 @@ impl Metrics {
             .inc();
     }
 
-    /// `queued` Events of `reconciler`'s module wait or are in flight (see
-    /// [`crate::controller::emit`]).
-    pub fn module_events_queued(&self, reconciler: &str, queued: usize) {
+    /// The count of `reconciler`'s module's Events that wait or are in flight, to raise and
+    /// lower as they come and go (see [`crate::controller::emit`]); clones share it.
+    pub fn module_events_queued(&self, reconciler: &str) -> Gauge {
         self.module_events_queued
             .get_or_create(&ReconcilerLabel {
                 reconciler: reconciler.to_string(),
             })
-            .set(i64::try_from(queued).unwrap_or(i64::MAX));
+            .clone()
     }
 
     /// `sha256` now serves `reconciler` (None: the reconciler stopped).
