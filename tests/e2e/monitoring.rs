@@ -84,7 +84,7 @@ fn record_every_metric() -> wasmop::operations::metrics::Queue {
     m.server_connection(r, 0);
     m.server_rejected(r, r);
     m.reconciled(r, false, Duration::from_millis(1));
-    m.active(r, 0);
+    drop(m.active(r));
     m.module_call(r, "validate", &wasmop::engine::CallStats::default());
     m.hotswap(r, "refused");
     m.module_active(r, Some("0000"));

@@ -385,7 +385,7 @@ async fn admitted(
         .map(|_| shared.cached_children(&primary.uid().unwrap_or_default()));
     let m = metrics::global();
     shared.states.queue().started(&key.to_string());
-    m.active(&shared.settings.name, 1);
+    let active_now = m.active(&shared.settings.name);
     let ran = run_once(&primary, &shared, &active, trigger, attempt)
         .instrument(span.clone())
         .await;
@@ -397,8 +397,8 @@ async fn admitted(
         tracing::debug!(target: "wasmop::sharding", reconciler = %shared.settings.name, primary = %key, started_ms, finished_ms = now_unix_ms(), children, "sharded reconcile");
     }
     drop(admitted);
-    m.active(&shared.settings.name, -1);
     m.reconciled(&shared.settings.name, result.is_ok(), elapsed);
+    drop(active_now);
     finished(&shared, &key, &active, &span, (elapsed, unchanged), &result);
     result
 }

@@ -132,6 +132,17 @@ fn seconds_buckets() -> Histogram {
     Histogram::new(exponential_buckets(0.0005, 2.0, 16))
 }
 
+/// One running reconcile in `wasmop_reconcile_active` (see [`Metrics::active`]).
+#[derive(Debug)]
+#[must_use = "the reconcile counts as active only while the guard lives"]
+pub struct ActiveGuard(Gauge);
+
+impl Drop for ActiveGuard {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
 /// Every metric of the host.
 #[derive(Debug)]
 pub struct Metrics {
@@ -408,11 +419,19 @@ impl Metrics {
             .inc();
     }
 
-    /// A reconcile starts (`+1`) or ends (`-1`).
-    pub fn active(&self, reconciler: &str, delta: i64) {
-        self.reconcile_active
+    /// A reconcile of `reconciler` starts: `wasmop_reconcile_active` is raised now and lowered
+    /// when the guard drops.
+    ///
+    /// Guarantees: lowered however the reconcile ends, a future dropped mid-call included (a
+    /// controller aborted, a host dropped); drop it after [`Metrics::reconciled`], so a gauge at
+    /// 0 means every finished reconcile is counted.
+    pub fn active(&self, reconciler: &str) -> ActiveGuard {
+        let gauge = self
+            .reconcile_active
             .get_or_create(&label(reconciler))
-            .inc_by(delta);
+            .clone();
+        gauge.inc();
+        ActiveGuard(gauge)
     }
 
     /// One module call's cost.
@@ -681,6 +700,27 @@ mod tests {
         assert!(text.contains(r#"wasmop_workqueue_waiting{reconciler="unit-a",lane="timed"} 5"#));
         q.started("ns/x");
         assert!(encode()?.contains(r#"wasmop_workqueue_depth{reconciler="unit-a"} 0"#));
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn a_reconcile_dropped_mid_call_is_no_longer_counted_active() -> Result<(), MetricsError>
+    {
+        let active = r#"wasmop_reconcile_active{reconciler="unit-dropped"}"#;
+        let (started_tx, started) = tokio::sync::oneshot::channel();
+        let reconcile = tokio::spawn(async move {
+            let _active = global().active("unit-dropped");
+            let _ = started_tx.send(());
+            std::future::pending::<()>().await;
+        });
+        let _ = started.await;
+        assert!(encode()?.contains(&format!("{active} 1")));
+        reconcile.abort();
+        let _ = reconcile.await;
+        assert!(
+            encode()?.contains(&format!("{active} 0")),
+            "an aborted reconcile left the gauge raised"
+        );
         Ok(())
     }
 }
