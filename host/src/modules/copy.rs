@@ -108,6 +108,30 @@ pub fn location(reconciler: &str, fallback_namespace: &str) -> ConfigMapKey {
     }
 }
 
+/// The copy at `at` of `bytes` (whose sha256 is `sha`), as [`save`] writes it, without the
+/// reconciler's annotation and label.
+///
+/// # Errors
+/// [`CopyError::TooLarge`] when it does not fit a ConfigMap even compressed (given up as soon as
+/// it cannot fit); [`CopyError::Encode`].
+pub fn encode(
+    at: &ConfigMapKey,
+    bytes: &[u8],
+    sha: &str,
+    version: &str,
+) -> Result<ConfigMap, CopyError> {
+    crate::modules::source::to_config_map_within(
+        &at.name,
+        &at.namespace,
+        bytes,
+        "copy",
+        version,
+        sha,
+        MAX_STORED,
+    )?
+    .ok_or(CopyError::TooLarge { bytes: bytes.len() })
+}
+
 /// Makes `at` hold `bytes` (whose sha256 is `sha`), unless it does already.
 ///
 /// # Errors
@@ -131,21 +155,11 @@ pub async fn save(
     }
     // Compressing a large module takes a while: off the async threads, and given up as soon as
     // it cannot fit.
-    let size = bytes.len();
-    let (name, namespace, sha_owned, version) = (
-        at.name.clone(),
-        at.namespace.clone(),
-        sha.to_string(),
-        version.to_string(),
-    );
-    let encoded = tokio::task::spawn_blocking(move || {
-        crate::modules::source::to_config_map_within(
-            &name, &namespace, &bytes, "copy", &version, &sha_owned, MAX_STORED,
-        )
-    })
-    .await
-    .map_err(std::io::Error::other)??;
-    let mut cm = encoded.ok_or(CopyError::TooLarge { bytes: size })?;
+    let (at_owned, sha_owned, version) = (at.clone(), sha.to_string(), version.to_string());
+    let mut cm =
+        tokio::task::spawn_blocking(move || encode(&at_owned, &bytes, &sha_owned, &version))
+            .await
+            .map_err(std::io::Error::other)??;
     cm.annotations_mut()
         .insert(RECONCILER_ANNOTATION.into(), reconciler.into());
     cm.labels_mut()
