@@ -653,6 +653,17 @@ pub async fn install_upgrade_uninstall(built: &Built<'_>) -> anyhow::Result<()> 
     if let Err(e) = crate::deploy::converge(&env, built.module, "from-helm").await {
         anyhow::bail!("{e}\nthe chart's host logged:\n{}", process.log_text());
     }
+    // The host's copy of the module, which the uninstall below must leave, is written after the
+    // module serves: recorded in the status once it is.
+    let reconcilers = kube::Api::<wasmop::crd::WasmReconciler>::all(env.client.clone());
+    let name = built.reconciler["metadata"]["name"]
+        .as_str()
+        .ok_or_else(|| anyhow::anyhow!("the WasmReconciler has no name"))?;
+    eventually("the host's module copy recorded", WAIT, || async {
+        let wr = reconcilers.get(name).await?;
+        Ok(wr.status.and_then(|s| s.module_copy))
+    })
+    .await?;
     let status = process
         .terminate(std::time::Duration::from_secs(40))
         .await?;

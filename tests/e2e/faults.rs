@@ -615,16 +615,30 @@ async fn host_sigkilled_mid_apply_of_60_children_leaves_each_exactly_once_none_d
     }
 
     let copies: Api<ConfigMap> = Api::all(env.client.clone());
-    let now: BTreeSet<String> = copies
+    let listed = copies
         .list(&ListParams::default().labels(&selector))
         .await?
-        .items
+        .items;
+    let now: BTreeSet<String> = listed
         .iter()
         .map(|c| format!("{}/{}", c.namespace().unwrap_or_default(), c.name_any()))
         .collect();
     let expected: BTreeSet<String> = targets.iter().map(|t| format!("{t}/settings")).collect();
     assert_eq!(now, expected, "one copy in each target namespace");
-    let history = history.lock().map(|h| h.clone()).unwrap_or_default();
+    // The watch has delivered every event up to the copies listed once it holds each one's
+    // creation: a copy deleted and made again would be listed with the uid of its second
+    // creation, which comes after the deletion.
+    let listed: BTreeSet<String> = listed.iter().filter_map(|c| c.uid()).collect();
+    let history = eventually(
+        "the watch caught up with the copies listed",
+        WAIT,
+        || async {
+            let history = history.lock().map(|h| h.clone()).unwrap_or_default();
+            let uids: BTreeSet<&String> = history.iter().map(|e| &e.2).collect();
+            Ok(listed.iter().all(|u| uids.contains(u)).then_some(history))
+        },
+    )
+    .await?;
     let bad: Vec<_> = history
         .iter()
         .filter(|e| e.0 == "DELETED" || e.0 == "ERROR")

@@ -145,6 +145,8 @@ async fn v1_to_v2_swaps_without_failures_garbage_is_refused_and_v2_keeps_serving
     .await?;
     editor.await?;
     wait_active(&env.client, &wr, &v2).await?;
+    // The lane publishes a failure's Event after its reconcile: read once it is empty.
+    events_published(&wr).await?;
     let failures = module_failures(&env).await?;
     assert!(
         failures.is_empty(),

@@ -742,22 +742,30 @@ async fn daemonjob_runs_once_on_every_node_then_deletes_its_daemonset_with_its_p
 -> anyhow::Result<()> {
     use k8s_openapi::api::apps::v1::DaemonSet;
     use k8s_openapi::api::core::v1::Pod;
-    use kube::runtime::{WatchStreamExt, watcher};
+    use kube::api::{ListParams, WatchEvent, WatchParams};
 
     let env = TestEnv::get("mc-daemonjob").await?;
     let _served = serve(&env, "daemonjob", Lang::Python, true).await?;
     let jobs = daemonjob_api(&env);
     let daemonsets: Api<DaemonSet> = env.api();
     // kwok completes the job at once: the DaemonSet may come and go between two polls, so
-    // what it was is watched from before it exists.
+    // what it was is watched from a resourceVersion taken before it can exist.
+    let from = daemonsets
+        .list_metadata(&ListParams::default().limit(1))
+        .await?
+        .metadata
+        .resource_version
+        .unwrap_or_default();
+    let mut events =
+        futures::StreamExt::boxed(daemonsets.watch(&WatchParams::default(), &from).await?);
     let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::<DaemonSet>::new()));
     let watching = tokio::spawn({
-        let (daemonsets, seen) = (daemonsets.clone(), seen.clone());
+        let seen = seen.clone();
         async move {
-            let mut applied =
-                std::pin::pin!(watcher(daemonsets, watcher::Config::default()).applied_objects());
-            while let Some(ds) = futures::StreamExt::next(&mut applied).await {
-                if let (Ok(ds), Ok(mut seen)) = (ds, seen.lock()) {
+            while let Some(event) = futures::StreamExt::next(&mut events).await {
+                if let (Ok(WatchEvent::Added(ds) | WatchEvent::Modified(ds)), Ok(mut seen)) =
+                    (event, seen.lock())
+                {
                     seen.push(ds);
                 }
             }
@@ -793,15 +801,22 @@ async fn daemonjob_runs_once_on_every_node_then_deletes_its_daemonset_with_its_p
     .await?;
 
     // Not in upstream: the DaemonSet the hook made, owned by the DaemonJob, with the job's
-    // container as an init container and the pause container.
+    // container as an init container and the pause container (its creation reaches the watch
+    // after its deletion reached the reads above, or not yet: waited for).
+    let first = eventually(
+        "the DaemonSet hello-world-dj seen by the watch",
+        WAIT,
+        || async {
+            Ok(seen
+                .lock()
+                .map_err(|e| anyhow::anyhow!("{e}"))?
+                .iter()
+                .find(|d| d.metadata.name.as_deref() == Some("hello-world-dj"))
+                .cloned())
+        },
+    )
+    .await?;
     watching.abort();
-    let first = seen
-        .lock()
-        .map_err(|e| anyhow::anyhow!("{e}"))?
-        .iter()
-        .find(|d| d.metadata.name.as_deref() == Some("hello-world-dj"))
-        .cloned()
-        .ok_or_else(|| anyhow::anyhow!("the DaemonSet hello-world-dj was never seen"))?;
     let owner = first
         .metadata
         .owner_references

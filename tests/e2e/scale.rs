@@ -97,16 +97,6 @@ fn host_counter(metric: &str, reconciler: &str) -> anyhow::Result<f64> {
 }
 
 /// The host's calls of `reconciler`'s module `reconcile`.
-/// Waits until no Event of `reconciler`'s module waits to be published: the lane publishes
-/// them after the reconciles that asked for them, so requests counted before could miss them.
-async fn events_published(reconciler: &str) -> anyhow::Result<()> {
-    eventually("the module's Events published", WAIT, || async {
-        let queued = host_counter("wasmop_module_events_queued{", reconciler)?;
-        Ok((queued == 0.0).then_some(()))
-    })
-    .await
-}
-
 fn module_calls(reconciler: &str) -> anyhow::Result<f64> {
     host_counter("wasmop_module_call_duration_seconds_count{", reconciler)
 }

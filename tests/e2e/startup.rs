@@ -74,17 +74,6 @@ async fn copies(client: &Client, prop: &str) -> anyhow::Result<BTreeMap<String, 
         .collect())
 }
 
-/// The sum of a metric's samples for `reconciler` in the in-process hosts' registry.
-fn metric(name: &str, reconciler: &str) -> anyhow::Result<f64> {
-    let text = wasmop::operations::metrics::encode()?;
-    let label = format!("reconciler=\"{reconciler}\"");
-    Ok(text
-        .lines()
-        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with('{') && l.contains(&label))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum())
-}
-
 /// The copies' DELETED events, recorded by a watch from now on.
 fn record_deletions(client: &Client, prop: &str) -> Arc<Mutex<Vec<String>>> {
     let deleted = Arc::new(Mutex::new(Vec::new()));
@@ -182,14 +171,29 @@ async fn copies_survive_abrupt_host_restarts() -> anyhow::Result<()> {
         // Abruptly: dropping the host aborts its manager (no graceful hand-over), and the next
         // host starts with empty caches.
         drop(host.take());
-        let reconciles = metric("wasmop_reconcile_total", &wr)?;
+        // The dropped host's supervisor ends on its own (its stop channel closed), after its
+        // running reconciles: the series it removes as it ends says no reconcile of that host
+        // can start or finish any more, so the count taken then grows only by the next host's.
+        eventually(
+            &format!("the host dropped in round {round} stopped reconciling"),
+            WAIT,
+            || async {
+                let serving = reconciler_metric("wasmop_module_info", &wr)?;
+                let active = reconciler_metric("wasmop_reconcile_active", &wr)?;
+                Ok((serving == 0.0 && active == 0.0).then_some(()))
+            },
+        )
+        .await?;
+        let reconciles = reconciler_metric("wasmop_reconcile_total", &wr)?;
         host = Some(start_host(&env, Some(cache.path())).await?);
         // The new host reconciled the propagation (its first reconcile is where an empty cache
         // would have pruned every copy).
         eventually(
             &format!("a reconcile after restart {round}"),
             WAIT * 2,
-            || async { Ok((metric("wasmop_reconcile_total", &wr)? > reconciles).then_some(())) },
+            || async {
+                Ok((reconciler_metric("wasmop_reconcile_total", &wr)? > reconciles).then_some(()))
+            },
         )
         .await?;
     }
@@ -280,7 +284,7 @@ async fn a_host_that_may_not_list_namespaces_says_so_and_prunes_nothing() -> any
     grant_host(&env, &user, false).await?;
     let kubeconfig = std::env::temp_dir().join(format!("wasmop-e2e-{user}.kubeconfig"));
     impersonating_kubeconfig(&env, &user, &kubeconfig)?;
-    let reconciles = metric("wasmop_reconcile_total", &wr)?;
+    let reconciles = reconciler_metric("wasmop_reconcile_total", &wr)?;
     let host = Host::start(HostOptions {
         kubeconfig: Some(kubeconfig.clone()),
         selector: Some(format!("wasmop.dev/test={}", env.namespace)),
@@ -310,7 +314,7 @@ async fn a_host_that_may_not_list_namespaces_says_so_and_prunes_nothing() -> any
     .await?;
     // The owned ConfigMaps and the primaries are listed by now, yet no reconcile ran.
     assert_eq!(
-        metric("wasmop_reconcile_total", &wr)?,
+        reconciler_metric("wasmop_reconcile_total", &wr)?,
         reconciles,
         "no reconcile while the Namespace watch cannot list"
     );
@@ -319,7 +323,7 @@ async fn a_host_that_may_not_list_namespaces_says_so_and_prunes_nothing() -> any
     grant_host(&env, &user, true).await?;
     wait_wr_ready(&env.client, &wr).await?;
     eventually("a reconcile once the watch recovered", WAIT, || async {
-        Ok((metric("wasmop_reconcile_total", &wr)? > reconciles).then_some(()))
+        Ok((reconciler_metric("wasmop_reconcile_total", &wr)? > reconciles).then_some(()))
     })
     .await?;
     assert_eq!(
@@ -375,7 +379,7 @@ async fn requests_for_deleted_primaries_finish_and_free_their_state() -> anyhow:
     })
     .await?;
     eventually("the work queue empty", WAIT, || async {
-        Ok((metric("wasmop_workqueue_depth", &wr)? == 0.0).then_some(()))
+        Ok((reconciler_metric("wasmop_workqueue_depth", &wr)? == 0.0).then_some(()))
     })
     .await?;
     eventually("no per-object state left", WAIT, || async {

@@ -224,6 +224,28 @@ pub async fn start_host(env: &TestEnv, cache: Option<&Path>) -> anyhow::Result<H
     .await?)
 }
 
+/// The sum of metric `name`'s samples labelled `reconciler` in the in-process hosts' registry.
+pub fn reconciler_metric(name: &str, reconciler: &str) -> anyhow::Result<f64> {
+    let text = wasmop::operations::metrics::encode()?;
+    let label = format!("reconciler=\"{reconciler}\"");
+    Ok(text
+        .lines()
+        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with('{') && l.contains(&label))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum())
+}
+
+/// Waits until no Event of `reconciler`'s module waits to be published by an in-process host:
+/// the lane publishes them after the reconciles that asked for them, so Events or requests
+/// counted before could miss them.
+pub async fn events_published(reconciler: &str) -> anyhow::Result<()> {
+    eventually("the module's Events published", WAIT, || async {
+        let queued = reconciler_metric("wasmop_module_events_queued", reconciler)?;
+        Ok((queued == 0.0).then_some(()))
+    })
+    .await
+}
+
 /// Events in the test's namespace with this reason (events.k8s.io/v1).
 pub async fn events(client: &Client, ns: &str, reason: &str) -> anyhow::Result<Vec<Event>> {
     let api: Api<Event> = Api::namespaced(client.clone(), ns);

@@ -319,11 +319,10 @@ async fn reconcile_spans_go_over_otlp_grpc_too() -> anyhow::Result<()> {
 #[tokio::test]
 async fn without_the_otlp_settings_a_host_reconciles_and_exports_nothing() -> anyhow::Result<()> {
     let env = TestEnv::get("trace-off").await?;
-    let collector = Collector::start().await?;
     let dir = env.log_dir("host")?;
     // A service name of its own, but no endpoint.
     let service = format!("wasmop-{}", env.namespace);
-    let mut host = host(&env, &dir, &[("OTEL_SERVICE_NAME", service.clone())]).await?;
+    let mut host = host(&env, &dir, &[("OTEL_SERVICE_NAME", service)]).await?;
     let threads = host.thread_names();
     assert!(
         !threads.is_empty() && !threads.iter().any(|n| n == EXPORTER_THREAD),
@@ -343,12 +342,9 @@ async fn without_the_otlp_settings_a_host_reconciles_and_exports_nothing() -> an
         "still no exporter thread after reconciling: {:?}",
         host.thread_names()
     );
+    // No collector listens here: one on ports of its own would receive nothing from a host
+    // without an endpoint whatever the host did, and the OTLP defaults (4317, 4318) are not
+    // this test's to take. The absent exporter thread is what shows nothing is exported.
     stop(&mut host).await?;
-    // The host has exited: whatever it could have sent has been sent.
-    let spans = collector.spans()?;
-    assert!(
-        spans.iter().all(|s| s.service != service),
-        "the collector received spans from a host without OTLP settings: {spans:#?}"
-    );
     env.passed()
 }
