@@ -89,6 +89,7 @@ fn record_every_metric() -> wasmop::operations::metrics::Queue {
     m.hotswap(r, "refused");
     m.module_active(r, Some("0000"));
     m.admission(r, true);
+    m.admission_review(r, "validate", Duration::from_millis(1));
     m.admission_error(r);
     m.cache_objects(r, "v1/ConfigMap", 0);
     m.shards().primaries(r, 0);

@@ -713,6 +713,7 @@ where
     B: hyper::body::Body<Data = Bytes>,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
+    let started = std::time::Instant::now();
     let path = req.uri().path().to_string();
     let Some((hook, name)) = route(&path) else {
         return refuse(StatusCode::NOT_FOUND, "unknown", "not found\n".into());
@@ -815,14 +816,16 @@ where
         }
         Hook::Finalizer => webhook.finalizer(name, parsed),
     };
-    match serde_json::to_string(&response.into_review()) {
+    let answer = match serde_json::to_string(&response.into_review()) {
         Ok(json) => text(StatusCode::OK, "application/json", json),
         Err(e) => text(
             StatusCode::INTERNAL_SERVER_ERROR,
             "text/plain",
             format!("{e}\n"),
         ),
-    }
+    };
+    metrics::global().admission_review(name, hook.as_str(), started.elapsed());
+    answer
 }
 
 /// Which webhook a request is for.
@@ -832,6 +835,16 @@ enum Hook {
     Validate,
     /// `/finalize/<name>`: the reconciler's finalizer on a created primary ([`finalizer`]).
     Finalizer,
+}
+
+impl Hook {
+    /// Its name in metrics: `validate` or `finalizer`.
+    fn as_str(self) -> &'static str {
+        match self {
+            Hook::Validate => "validate",
+            Hook::Finalizer => "finalizer",
+        }
+    }
 }
 
 /// The webhook and WasmReconciler name `path` is for, if any.

@@ -362,3 +362,26 @@ fn only_the_two_webhook_paths_route() {
         assert_eq!(route(path), None, "{path}");
     }
 }
+
+/// `wasmop_admission_review_duration_seconds_count` of `webhook` for [`RECONCILER`].
+fn reviews_timed(webhook: &str) -> f64 {
+    let series = format!(
+        "wasmop_admission_review_duration_seconds_count{{reconciler=\"{RECONCILER}\",webhook=\"{webhook}\"}} "
+    );
+    crate::operations::metrics::encode()
+        .unwrap_or_else(|e| panic!("{e}"))
+        .lines()
+        .find_map(|l| l.strip_prefix(&series)?.parse().ok())
+        .unwrap_or(0.0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_answered_review_is_timed_by_its_webhook() {
+    let (validated, finalized) = (reviews_timed("validate"), reviews_timed("finalizer"));
+    let server = server(webhook().await);
+    assert_eq!(verdict(&server, "good").await["response"]["allowed"], true);
+    finalizer_answer(wasmop_test_modules::IMAGE_UPDATER).await;
+    // Other tests answer reviews of the same reconciler meanwhile: at least these two.
+    assert!(reviews_timed("validate") >= validated + 1.0);
+    assert!(reviews_timed("finalizer") >= finalized + 1.0);
+}

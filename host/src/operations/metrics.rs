@@ -71,6 +71,15 @@ pub struct AdmissionLabels {
     pub allowed: String,
 }
 
+/// `{reconciler, webhook}`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WebhookLabels {
+    /// The WasmReconciler's name.
+    pub reconciler: String,
+    /// `validate` or `finalizer`.
+    pub webhook: String,
+}
+
 /// `{reconciler, sha256}`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ModuleLabels {
@@ -162,6 +171,7 @@ pub struct Metrics {
     hotswap: Family<ResultLabels, Counter>,
     admission: Family<AdmissionLabels, Counter>,
     admission_errors: Family<ReconcilerLabel, Counter>,
+    admission_duration: Hist<WebhookLabels>,
     finalizers_added: Family<ReconcilerLabel, Counter>,
     module_events: Family<ResultLabels, Counter>,
     module_events_queued: Family<ReconcilerLabel, Gauge>,
@@ -202,6 +212,7 @@ impl Metrics {
             hotswap: Family::default(),
             admission: Family::default(),
             admission_errors: Family::default(),
+            admission_duration: Family::new_with_constructor(seconds_buckets),
             finalizers_added: Family::default(),
             module_events: Family::default(),
             module_events_queued: Family::default(),
@@ -288,6 +299,11 @@ impl Metrics {
             "wasmop_admission_reviews",
             "Admission reviews answered, by verdict",
             m.admission.clone(),
+        );
+        registry.register(
+            "wasmop_admission_review_duration_seconds",
+            "Time from a review's request head to its answer, by webhook (validate, finalizer); the body's read and parse included",
+            m.admission_duration.clone(),
         );
         registry.register(
             "wasmop_admission_errors",
@@ -470,6 +486,16 @@ impl Metrics {
                 allowed: allowed.to_string(),
             })
             .inc();
+    }
+
+    /// One review of `webhook` (`validate`, `finalizer`) answered, `elapsed` after its head.
+    pub fn admission_review(&self, reconciler: &str, webhook: &str, elapsed: Duration) {
+        self.admission_duration
+            .get_or_create(&WebhookLabels {
+                reconciler: reconciler.to_string(),
+                webhook: webhook.to_string(),
+            })
+            .observe(elapsed.as_secs_f64());
     }
 
     /// One admission review whose module call failed.
