@@ -12,6 +12,9 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use crate::support::*;
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingAdmissionPolicy, MutatingAdmissionPolicyBinding, MutatingWebhookConfiguration,
+};
 use kube::Client;
 use kube::api::{Api, DynamicObject, ListParams, PostParams};
 use serde_json::json;
@@ -405,14 +408,33 @@ async fn converging_apps_reads_nothing_and_writes_each_child_once() -> anyhow::R
     let (seen, watch) = watch_statuses(apps.clone());
     // A debounce longer than any rollout here, so that the count does not depend on how fast
     // this machine rolls out (with the default 5 s, a rollout slower than that writes a step).
-    // The webhook serves the finalizer webhook: the image-updater finalizes.
+    // The image-updater finalizes: the host serving webhooks makes the API server add its
+    // finalizer in the create.
     let host = start_host_with(&env, |o| {
         o.status_debounce = Duration::from_secs(120);
         o.webhook = Some(WebhookOptions::new(([127, 0, 0, 1], 0).into()));
     })
     .await?;
     let finalizer = finalizer_for(&reconciler);
-    finalizer_webhook_serves(&apps, &finalizer).await?;
+    finalizer_added_on_create(&apps, &finalizer).await?;
+    // The API server adds it itself (Kubernetes 1.37 serves MutatingAdmissionPolicies): the
+    // finalizer policy and its binding are there, the finalizer webhook is not.
+    let config = format!("wasmop-{reconciler}");
+    let policies: Api<MutatingAdmissionPolicy> = Api::all(env.client.clone());
+    let bindings: Api<MutatingAdmissionPolicyBinding> = Api::all(env.client.clone());
+    let webhooks: Api<MutatingWebhookConfiguration> = Api::all(env.client.clone());
+    assert!(
+        policies.get_opt(&config).await?.is_some(),
+        "no finalizer policy"
+    );
+    assert!(
+        bindings.get_opt(&config).await?.is_some(),
+        "no finalizer policy binding"
+    );
+    assert!(
+        webhooks.get_opt(&config).await?.is_none(),
+        "a finalizer webhook beside the policy"
+    );
     let before = api_requests(&env.client).await?;
     let reads_before = env.cp.child_reads()?.len();
     for i in 0..N {
@@ -522,7 +544,7 @@ async fn converging_apps_reads_nothing_and_writes_each_child_once() -> anyhow::R
     for (key, what, per_app) in [
         ("APPLY deployments/", "Deployment applies", 1.0),
         ("APPLY services/", "Service applies", 1.0),
-        // The finalizer webhook added it as each App was created.
+        // The finalizer policy added it as each App was created.
         ("PATCH apps/", "finalizer writes", 0.0),
         ("APPLY apps/status", "status writes", 1.0),
     ] {
@@ -559,14 +581,59 @@ async fn converging_apps_reads_nothing_and_writes_each_child_once() -> anyhow::R
         ));
     }
     assert!(problems.is_empty(), "{problems:#?}\nrequests: {requests:?}");
+    without_the_host(&env, &apps, &reconciler, &finalizer).await?;
     env.passed()
 }
 
-/// Waits until the API server calls the finalizer webhook on creates of Apps: a server-side
-/// dry-run create (mutating webhooks with `sideEffects: None` are called on those) comes back
+/// With no host running (the one above has shut down): an App created now still gets
+/// `reconciler`'s finalizer, which the API server adds by itself; once the WasmReconciler is
+/// being deleted (nothing removes its own finalizer without a host), a created App does not.
+async fn without_the_host(
+    env: &TestEnv,
+    apps: &Api<DynamicObject>,
+    reconciler: &str,
+    finalizer: &str,
+) -> anyhow::Result<()> {
+    let holds = |o: &DynamicObject| {
+        o.metadata
+            .finalizers
+            .iter()
+            .flatten()
+            .any(|f| f == finalizer)
+    };
+    let down = apps
+        .create(&PostParams::default(), &app("created-while-no-host-runs")?)
+        .await?;
+    assert!(
+        holds(&down),
+        "an App created while no host runs lacks {finalizer}: {:?}",
+        down.metadata.finalizers
+    );
+    let reconcilers: Api<wasmop::crd::WasmReconciler> = Api::all(env.client.clone());
+    reconcilers
+        .delete(reconciler, &kube::api::DeleteParams::default())
+        .await?;
+    let dry_run = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    // The API server's view of its parameter follows the deletion within moments.
+    eventually(
+        "a created App without the finalizer of a WasmReconciler being deleted",
+        WAIT,
+        || async {
+            let probe = apps.create(&dry_run, &app("after-the-reconciler")?).await?;
+            Ok((!holds(&probe)).then_some(()))
+        },
+    )
+    .await
+}
+
+/// Waits until the API server adds the finalizer on creates of Apps: a server-side dry-run
+/// create (admission policies run on those, as mutating webhooks with `sideEffects: None`) comes back
 /// holding `finalizer`. The host applies the configuration once its module is active; the API
 /// server then picks it up from its watch.
-async fn finalizer_webhook_serves(
+async fn finalizer_added_on_create(
     apps: &Api<DynamicObject>,
     finalizer: &str,
 ) -> anyhow::Result<()> {

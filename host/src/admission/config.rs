@@ -22,7 +22,8 @@
 //! [`WebhookConfigError`] when the kind cannot be resolved or the API refuses a write.
 
 use k8s_openapi::api::admissionregistration::v1::{
-    MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
+    MutatingAdmissionPolicy, MutatingAdmissionPolicyBinding, MutatingWebhookConfiguration,
+    ValidatingWebhookConfiguration,
 };
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::{Client, ResourceExt};
@@ -261,6 +262,14 @@ pub(super) fn namespace_selector(
 /// The webhook configuration of `kind` (validating or mutating) named after `wr`, owned by it,
 /// holding `webhook`.
 pub(super) fn configuration(wr: &WasmReconciler, kind: &str, webhook: Value) -> Value {
+    let mut value = owned(wr, kind);
+    value["webhooks"] = json!([webhook]);
+    value
+}
+
+/// An admissionregistration.k8s.io/v1 object of `kind` named after `wr` and owned by it (the
+/// garbage collector deletes it with the WasmReconciler), without its body.
+pub(super) fn owned(wr: &WasmReconciler, kind: &str) -> Value {
     let name = wr.name_any();
     json!({
         "apiVersion": "admissionregistration.k8s.io/v1",
@@ -273,7 +282,6 @@ pub(super) fn configuration(wr: &WasmReconciler, kind: &str, webhook: Value) -> 
                 "name": name, "uid": wr.uid().unwrap_or_default(),
             }],
         },
-        "webhooks": [webhook],
     })
 }
 
@@ -282,6 +290,9 @@ pub(super) fn configuration(wr: &WasmReconciler, kind: &str, webhook: Value) -> 
 pub struct WebhookConfigs {
     api: Api<ValidatingWebhookConfiguration>,
     pub(super) mutating: Api<MutatingWebhookConfiguration>,
+    /// The finalizer's policy and binding, where the API server serves them.
+    pub(super) policies: Api<MutatingAdmissionPolicy>,
+    pub(super) bindings: Api<MutatingAdmissionPolicyBinding>,
     /// The host's configuration, for asking as a module's ServiceAccount.
     pub(super) config: kube::Config,
     pub(super) discovery: Discovery,
@@ -313,7 +324,9 @@ impl WebhookConfigs {
     ) -> Self {
         WebhookConfigs {
             api: Api::all(client.clone()),
-            mutating: Api::all(client),
+            mutating: Api::all(client.clone()),
+            policies: Api::all(client.clone()),
+            bindings: Api::all(client),
             config,
             discovery,
             target,

@@ -1,6 +1,9 @@
-//! The finalizer webhook: a mutating webhook that adds a reconciler's finalizer to its primaries
-//! as the API server creates them, so that the host does not spend a request of its own on it
-//! (one write per primary less: issue 27's request budget).
+//! The finalizer policy and the finalizer webhook: they make the API server add a reconciler's
+//! finalizer to its primaries as it creates them, so that the host does not spend a request of
+//! its own on it (one write per primary less: issue 27's request budget). Where the API server
+//! serves MutatingAdmissionPolicies (Kubernetes 1.36 and later) it is a policy the API server
+//! evaluates itself ([`build_policy`]: no call to the host in a create, and a primary created
+//! while no host runs gets it too); elsewhere, the mutating webhook below.
 //!
 //! One `MutatingWebhookConfiguration` `wasmop-<name>` per WasmReconciler whose active module
 //! finalizes, with one webhook `<name>.finalizer.wasmop.dev`: CREATE of the primary kind's
@@ -24,6 +27,10 @@
 //! # Caveats
 //! - RBAC is asked when the WasmReconciler or its module changes, not at every create. A
 //!   ServiceAccount that loses `patch` later cannot remove the finalizer, whoever added it.
+//! - With the policy, conflicts and the module's `finalizes` are checked when the leader applies
+//!   it (at a change of a WasmReconciler or of its module), not at every create as the webhook
+//!   does: until the leader has synced after such a change, primaries may still be given the
+//!   finalizer of a reconciler that just lost a conflict, which it releases as a loser does.
 
 use std::sync::Arc;
 
@@ -35,9 +42,10 @@ use serde_json::{Value, json};
 
 use super::config::{
     WebhookConfigError, WebhookConfigs, apply_as, client_config, config_name, configuration,
-    delete_as, namespace_selector, rule,
+    delete_as, namespace_selector, owned, rule,
 };
 use crate::conflict;
+use crate::contract::Gvk;
 use crate::crd::{WasmReconciler, finalizer_for, is_finalizer_of};
 use crate::discovery::Resolved;
 
@@ -73,6 +81,59 @@ pub fn build(
         "namespaceSelector": namespace_selector(wr, resolved, scope.host_namespace),
     });
     Ok(configuration(wr, "MutatingWebhookConfiguration", webhook))
+}
+
+/// The finalizer policy for `wr` (pure): a `MutatingAdmissionPolicy` and its binding, both
+/// named `wasmop-<name>`, owned by `wr`, with which the API server itself adds `wr`'s finalizer
+/// to a created primary, as the finalizer webhook does, without calling the host.
+///
+/// # Guarantees
+/// - As the webhook's configuration: CREATE of the primary kind's resource, the same namespace
+///   selector, `failurePolicy: Ignore`, `reinvocationPolicy: Never`; a created object that holds
+///   the finalizer (or the legacy one) passes unchanged, and the others keep theirs.
+/// - The WasmReconciler is the binding's parameter: while it is being deleted, or once it is
+///   gone (`parameterNotFoundAction: Allow`), nothing is added, which the webhook checked at
+///   every review.
+///
+/// # Errors
+/// [`WebhookConfigError::Refused`] for Leases and built-in kinds not allowed.
+pub fn build_policy(
+    wr: &WasmReconciler,
+    resolved: &Resolved,
+    scope: super::config::Scope<'_>,
+) -> Result<(Value, Value), WebhookConfigError> {
+    let name = wr.name_any();
+    // JSON string literals are CEL string literals.
+    let quoted = |s: &str| serde_json::to_string(s).unwrap_or_default();
+    let finalizer = quoted(&finalizer_for(&name));
+    let held = format!(
+        "!has(object.metadata.finalizers) || !object.metadata.finalizers.exists(f, f == {finalizer} || f == {})",
+        quoted(crate::crd::FINALIZER)
+    );
+    let add = format!(
+        "has(params.metadata.deletionTimestamp) ? [] : has(object.metadata.finalizers) ? \
+         [JSONPatch{{op: \"add\", path: \"/metadata/finalizers/-\", value: {finalizer}}}] : \
+         [JSONPatch{{op: \"add\", path: \"/metadata/finalizers\", value: [{finalizer}]}}]"
+    );
+    let mut policy = owned(wr, "MutatingAdmissionPolicy");
+    policy["spec"] = json!({
+        "failurePolicy": "Ignore",
+        "reinvocationPolicy": "Never",
+        "paramKind": {"apiVersion": "wasmop.dev/v1alpha1", "kind": "WasmReconciler"},
+        "matchConstraints": {
+            "resourceRules": [rule(wr, resolved, scope.builtin, &["CREATE"])?],
+            "namespaceSelector": namespace_selector(wr, resolved, scope.host_namespace),
+            "matchPolicy": "Equivalent",
+        },
+        "matchConditions": [{"name": "not-finalized-yet", "expression": held}],
+        "mutations": [{"patchType": "JSONPatch", "jsonPatch": {"expression": add}}],
+    });
+    let mut binding = owned(wr, "MutatingAdmissionPolicyBinding");
+    binding["spec"] = json!({
+        "policyName": config_name(&name),
+        "paramRef": {"name": name, "parameterNotFoundAction": "Allow"},
+    });
+    Ok((policy, binding))
 }
 
 /// The part of a created object the finalizer webhook reads.
@@ -172,9 +233,11 @@ pub async fn may_patch_primaries(
 }
 
 impl WebhookConfigs {
-    /// Applies `wr`'s finalizer webhook when it may have one (it wins its conflicts among
-    /// `all`, its kind may have webhooks, its ServiceAccount may patch its primaries); removes
-    /// it otherwise. Returns whether it is applied.
+    /// Makes the API server add `wr`'s finalizer to its created primaries when it may (it wins
+    /// its conflicts among `all`, its kind may have webhooks, its ServiceAccount may patch its
+    /// primaries), with the finalizer policy where the API server serves
+    /// MutatingAdmissionPolicies ([`build_policy`]) and the finalizer webhook elsewhere
+    /// ([`build`]); removes them otherwise. Returns whether one is applied.
     ///
     /// # Errors
     /// [`WebhookConfigError`].
@@ -186,8 +249,14 @@ impl WebhookConfigs {
         let name = config_name(&wr.name_any());
         let resolved = self.discovery.resolve(&wr.spec.primary.gvk()).await?;
         let wins = conflict::winner_over(wr, all.iter().map(|w| &**w)).is_none();
-        let value = match build(wr, &resolved, self.scope()) {
-            Ok(v) if wins && wr.metadata.deletion_timestamp.is_none() => v,
+        let policies = self.serves_policies().await;
+        let built = if policies {
+            build_policy(wr, &resolved, self.scope()).map(|(p, b)| Built::Policy(p, b))
+        } else {
+            build(wr, &resolved, self.scope()).map(Built::Webhook)
+        };
+        let built = match built {
+            Ok(b) if wins && wr.metadata.deletion_timestamp.is_none() => b,
             _ => {
                 self.remove_finalizer(&wr.name_any()).await?;
                 return Ok(false);
@@ -203,17 +272,47 @@ impl WebhookConfigs {
             self.remove_finalizer(&wr.name_any()).await?;
             return Ok(false);
         }
-        apply_as(&self.mutating, &name, value).await?;
+        match built {
+            Built::Policy(policy, binding) => {
+                apply_as(&self.policies, &name, policy).await?;
+                apply_as(&self.bindings, &name, binding).await?;
+                // The webhook of a host from before the policy, or of a server upgraded since.
+                delete_as(&self.mutating, name).await?;
+            }
+            Built::Webhook(webhook) => apply_as(&self.mutating, &name, webhook).await?,
+        }
         Ok(true)
     }
 
-    /// Removes WasmReconciler `name`'s finalizer webhook, if any.
+    /// Removes WasmReconciler `name`'s finalizer webhook and finalizer policy, if any.
     ///
     /// # Errors
     /// [`WebhookConfigError::Api`].
     pub async fn remove_finalizer(&self, name: &str) -> Result<(), WebhookConfigError> {
-        delete_as(&self.mutating, config_name(name)).await
+        delete_as(&self.mutating, config_name(name)).await?;
+        if self.serves_policies().await {
+            // The binding first: a policy is never left bound to a reconciler going away.
+            delete_as(&self.bindings, config_name(name)).await?;
+            delete_as(&self.policies, config_name(name)).await?;
+        }
+        Ok(())
     }
+
+    /// Whether the API server serves admissionregistration.k8s.io/v1 MutatingAdmissionPolicies
+    /// (Kubernetes 1.36 and later). A positive answer is kept ([`Discovery`] keeps what it
+    /// resolved); a negative one is asked again at the next change.
+    async fn serves_policies(&self) -> bool {
+        let kind = Gvk::new("admissionregistration.k8s.io/v1", "MutatingAdmissionPolicy");
+        self.discovery.resolve(&kind).await.is_ok()
+    }
+}
+
+/// What makes the API server add a reconciler's finalizer.
+enum Built {
+    /// A MutatingAdmissionPolicy and its binding.
+    Policy(Value, Value),
+    /// A MutatingWebhookConfiguration.
+    Webhook(Value),
 }
 
 #[cfg(test)]
@@ -358,6 +457,65 @@ mod tests {
             json!(["team-a"])
         );
         let typed: Result<MutatingWebhookConfiguration, _> = serde_json::from_value(v);
+        assert!(typed.is_ok(), "{typed:?}");
+    }
+
+    #[test]
+    fn the_policy_adds_on_create_only_never_refuses_and_nothing_for_a_reconciler_going_away() {
+        use k8s_openapi::api::admissionregistration::v1::{
+            MutatingAdmissionPolicy, MutatingAdmissionPolicyBinding,
+        };
+        let resolved = Resolved {
+            resource: ApiResource::from_gvk_with_plural(
+                &GroupVersionKind::gvk("example.wasmop.dev", "v1", "App"),
+                "apps",
+            ),
+            namespaced: true,
+        };
+        let target = WebhookTarget::Url("https://127.0.0.1:9443".into());
+        let scope = Scope {
+            target: &target,
+            ca_bundle_pem: "PEM",
+            host_namespace: Some("wasmop-system"),
+            builtin: &BuiltinKinds::default(),
+        };
+        let (policy, binding) = build_policy(&wr("apps", T1, &["team-a"]), &resolved, scope)
+            .unwrap_or_else(|e| panic!("{e}"));
+        let spec = &policy["spec"];
+        assert_eq!(policy["metadata"]["name"], "wasmop-apps");
+        assert_eq!(policy["metadata"]["ownerReferences"][0]["name"], "apps");
+        assert_eq!(
+            (&spec["failurePolicy"], &spec["reinvocationPolicy"]),
+            (&json!("Ignore"), &json!("Never"))
+        );
+        let rules = &spec["matchConstraints"]["resourceRules"][0];
+        assert_eq!(
+            (&rules["resources"], &rules["operations"]),
+            (&json!(["apps"]), &json!(["CREATE"]))
+        );
+        let selector = &spec["matchConstraints"]["namespaceSelector"]["matchExpressions"];
+        assert_eq!(selector[0]["values"][0], "wasmop-system");
+        assert_eq!(selector[1]["values"], json!(["team-a"]));
+        // The expressions a kube-apiserver v1.37.2 took and applied (2026-11-30): added, appended
+        // to others, not added twice, nothing while the WasmReconciler is deleted or gone.
+        assert_eq!(
+            spec["matchConditions"][0]["expression"],
+            r#"!has(object.metadata.finalizers) || !object.metadata.finalizers.exists(f, f == "wasmop.dev/apps" || f == "wasmop.dev/finalizer")"#
+        );
+        assert_eq!(
+            spec["mutations"][0]["jsonPatch"]["expression"],
+            r#"has(params.metadata.deletionTimestamp) ? [] : has(object.metadata.finalizers) ? [JSONPatch{op: "add", path: "/metadata/finalizers/-", value: "wasmop.dev/apps"}] : [JSONPatch{op: "add", path: "/metadata/finalizers", value: ["wasmop.dev/apps"]}]"#
+        );
+        assert_eq!(spec["paramKind"]["kind"], "WasmReconciler");
+        assert_eq!(binding["metadata"]["name"], "wasmop-apps");
+        assert_eq!(binding["spec"]["policyName"], "wasmop-apps");
+        assert_eq!(
+            binding["spec"]["paramRef"],
+            json!({"name": "apps", "parameterNotFoundAction": "Allow"})
+        );
+        let typed: Result<MutatingAdmissionPolicy, _> = serde_json::from_value(policy);
+        assert!(typed.is_ok(), "{typed:?}");
+        let typed: Result<MutatingAdmissionPolicyBinding, _> = serde_json::from_value(binding);
         assert!(typed.is_ok(), "{typed:?}");
     }
 }
