@@ -421,8 +421,8 @@ mod tests {
         assert!(finalizer_patch(&apps, &all, None, "not json", Some(true)).is_none());
     }
 
-    #[test]
-    fn the_configuration_adds_on_create_only_never_refuses_and_spares_the_host_namespace() {
+    /// `f` of the App kind's resolution and a scope at a URL, sparing `wasmop-system`.
+    fn for_apps<R>(f: impl FnOnce(&Resolved, Scope<'_>) -> R) -> R {
         let resolved = Resolved {
             resource: ApiResource::from_gvk_with_plural(
                 &GroupVersionKind::gvk("example.wasmop.dev", "v1", "App"),
@@ -431,14 +431,20 @@ mod tests {
             namespaced: true,
         };
         let target = WebhookTarget::Url("https://127.0.0.1:9443".into());
+        let builtin = BuiltinKinds::default();
         let scope = Scope {
             target: &target,
             ca_bundle_pem: "PEM",
             host_namespace: Some("wasmop-system"),
-            builtin: &BuiltinKinds::default(),
+            builtin: &builtin,
         };
-        let v =
-            build(&wr("apps", T1, &["team-a"]), &resolved, scope).unwrap_or_else(|e| panic!("{e}"));
+        f(&resolved, scope)
+    }
+
+    #[test]
+    fn the_configuration_adds_on_create_only_never_refuses_and_spares_the_host_namespace() {
+        let v = for_apps(|resolved, scope| build(&wr("apps", T1, &["team-a"]), resolved, scope))
+            .unwrap_or_else(|e| panic!("{e}"));
         let w = &v["webhooks"][0];
         assert_eq!(v["kind"], "MutatingWebhookConfiguration");
         assert_eq!(v["metadata"]["name"], "wasmop-apps");
@@ -465,22 +471,9 @@ mod tests {
         use k8s_openapi::api::admissionregistration::v1::{
             MutatingAdmissionPolicy, MutatingAdmissionPolicyBinding,
         };
-        let resolved = Resolved {
-            resource: ApiResource::from_gvk_with_plural(
-                &GroupVersionKind::gvk("example.wasmop.dev", "v1", "App"),
-                "apps",
-            ),
-            namespaced: true,
-        };
-        let target = WebhookTarget::Url("https://127.0.0.1:9443".into());
-        let scope = Scope {
-            target: &target,
-            ca_bundle_pem: "PEM",
-            host_namespace: Some("wasmop-system"),
-            builtin: &BuiltinKinds::default(),
-        };
-        let (policy, binding) = build_policy(&wr("apps", T1, &["team-a"]), &resolved, scope)
-            .unwrap_or_else(|e| panic!("{e}"));
+        let (policy, binding) =
+            for_apps(|resolved, scope| build_policy(&wr("apps", T1, &["team-a"]), resolved, scope))
+                .unwrap_or_else(|e| panic!("{e}"));
         let spec = &policy["spec"];
         assert_eq!(policy["metadata"]["name"], "wasmop-apps");
         assert_eq!(policy["metadata"]["ownerReferences"][0]["name"], "apps");
