@@ -319,6 +319,33 @@ async fn deploy_applies_and_its_rbac_is_enough_to_run_an_example() -> anyhow::Re
         .args(["--as", "system:serviceaccount:wasmop-system:wasmop"])
         .output()?;
     assert_eq!(String::from_utf8_lossy(&can_i.stdout).trim(), "no");
+    // What the leader writes for admission (no test here serves webhooks from a pod, so no
+    // write proves it): the validating webhooks, and the finalizer policy or webhook.
+    for resource in [
+        "validatingwebhookconfigurations",
+        "mutatingwebhookconfigurations",
+        "mutatingadmissionpolicies",
+        "mutatingadmissionpolicybindings",
+    ] {
+        for verb in ["create", "patch", "delete"] {
+            let can_i = Command::new(&env.cp.assets().kubectl)
+                .arg("--kubeconfig")
+                .arg(env.kubeconfig())
+                .args([
+                    "auth",
+                    "can-i",
+                    verb,
+                    &format!("{resource}.admissionregistration.k8s.io"),
+                ])
+                .args(["--as", "system:serviceaccount:wasmop-system:wasmop"])
+                .output()?;
+            assert_eq!(
+                String::from_utf8_lossy(&can_i.stdout).trim(),
+                "yes",
+                "deploy/ lets the host {verb} {resource}"
+            );
+        }
+    }
     host.shutdown().await?;
     let _ = std::fs::remove_file(&kubeconfig);
     env.passed()
