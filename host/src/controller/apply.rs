@@ -45,6 +45,7 @@ use k8s_openapi::api::core::v1::ObjectReference;
 use kube::api::{
     Api, DeleteParams, DynamicObject, Patch, PatchParams, Preconditions, PropagationPolicy,
 };
+use kube::core::DynamicResourceScope;
 use kube::runtime::events::{Event as KubeEvent, EventType as KubeEventType};
 use kube::{Client, ResourceExt};
 use serde_json::Value;
@@ -57,7 +58,7 @@ use crate::controller::hold::StatusHold;
 use crate::controller::intents::{PreparedSet, Validated, status_object};
 use crate::controller::noop::{self, Applied, Target};
 use crate::discovery::{Discovery, Resolved};
-use crate::object::{ObjectKey, controller_of};
+use crate::object::{ObjectKey, Unread, controller_of};
 use crate::operations::fields;
 
 /// How a write failed.
@@ -206,7 +207,12 @@ impl std::fmt::Debug for Applier {
     }
 }
 
-fn api_for(client: &Client, resolved: &Resolved, namespace: Option<&str>) -> Api<DynamicObject> {
+/// The API of `resolved` in `namespace`: `Api<DynamicObject>` for reads, `Api<Unread>` for
+/// writes, whose answers the host does not read.
+fn api_for<K>(client: &Client, resolved: &Resolved, namespace: Option<&str>) -> Api<K>
+where
+    K: kube::Resource<DynamicType = kube::api::ApiResource, Scope = DynamicResourceScope>,
+{
     match (resolved.namespaced, namespace) {
         (true, Some(ns)) => Api::namespaced_with(client.clone(), ns, &resolved.resource),
         _ => Api::all_with(client.clone(), &resolved.resource),
@@ -504,7 +510,7 @@ impl Applier {
             primary_uid,
             known,
         } = write;
-        let api = api_for(&self.client, resolved, child.namespace.as_deref());
+        let api: Api<Unread> = api_for(&self.client, resolved, child.namespace.as_deref());
         let intent = format!(
             "apply {} {}",
             set.kind,
@@ -525,7 +531,8 @@ impl Applier {
                 Err(e) if is_conflict(&e) => {}
                 Err(e) => return Err(classify(intent, &e)),
             }
-            let reader = api_for(&self.reader, resolved, child.namespace.as_deref());
+            let reader: Api<DynamicObject> =
+                api_for(&self.reader, resolved, child.namespace.as_deref());
             match reader.get_opt(&child.name).await {
                 Ok(Some(existing)) if !controlled_by(&existing, primary_uid) => {
                     return Err(taken(intent, &existing));
@@ -583,7 +590,7 @@ impl Applier {
                 set.kind,
                 display_name(namespace.as_deref(), &object.name_any())
             );
-            let api = api_for(&self.client, resolved, namespace.as_deref());
+            let api: Api<Unread> = api_for(&self.client, resolved, namespace.as_deref());
             report
                 .remembered
                 .remove(&(set.kind.clone(), namespace.clone(), object.name_any()));
@@ -675,7 +682,7 @@ impl Applier {
         let Some(resolved) = self.resolve(&target.gvk(), &intent, report).await else {
             return false;
         };
-        let api = api_for(&self.client, &resolved, target.namespace.as_deref());
+        let api: Api<Unread> = api_for(&self.client, &resolved, target.namespace.as_deref());
         let result = match action {
             Action::MergePatch { patch, .. } => api
                 .patch(&target.name, &PatchParams::default(), &Patch::Merge(patch))
@@ -753,7 +760,7 @@ impl Applier {
             "status of {}",
             display_name(primary.namespace().as_deref(), &primary.name_any())
         );
-        let api = api_for(&self.client, resource, primary.namespace().as_deref());
+        let api: Api<Unread> = api_for(&self.client, resource, primary.namespace().as_deref());
         let params = PatchParams::apply(&self.field_manager).force();
         match api
             .patch_status(&primary.name_any(), &params, &Patch::Apply(&patch))
