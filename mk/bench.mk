@@ -20,6 +20,15 @@ bench-engine-memory: prereqs-bench
 bench-cache-memory: prereqs-bench
 	$(CARGO) bench -p wasmop --bench cache_memory
 
+.PHONY: bench-watch-decode
+## What the controller's watches spend per event before a reconcile (no cluster): an image-updater
+## App's, Deployment's and Service's watch event lines decoded and cached as the host did
+## (`DynamicObject`, stripped, serialized back) against `Lean` (text split, metadata parsed),
+## rounds alternating; last line `watch decode us per event: old X.XX new Y.YY`.
+## WASMOP_BENCH_N: events per kind and round (default 5000).
+bench-watch-decode: prereqs-bench
+	$(CARGO) bench -p wasmop --bench watch_decode
+
 .PHONY: bench-hotswap
 ## Module update -> first reconcile by the new module, on the local control plane: the Rust
 ## example through a ConfigMap, the Python example through an OCI registry. The last lines are

@@ -20,10 +20,15 @@ use std::process::Command;
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
 use kube::runtime::reflector::store::Writer;
 use kube::runtime::watcher::Event;
-use serde_json::{Value, json};
+use serde_json::Value;
 use wasmop::controller::cache::{self, Cache, Index};
 use wasmop::controller::compact::Compact;
 use wasmop::controller::predicate::Changes;
+use wasmop::lean::Lean;
+
+#[path = "support/objects.rs"]
+mod objects;
+use objects::{app, deployment, service, uid};
 
 /// RssAnon in KiB.
 fn rss_anon_kib() -> f64 {
@@ -35,133 +40,13 @@ fn rss_anon_kib() -> f64 {
         .unwrap_or(f64::NAN)
 }
 
-fn uid(kind: u8, i: usize) -> String {
-    format!("{kind:02x}6f1c2e-4b7a-4d2e-9c1a-{i:012x}")
-}
-
-fn owner(i: usize) -> Value {
-    json!([{
-        "apiVersion": "example.wasmop.dev/v1", "kind": "App", "name": format!("app-{i}"),
-        "uid": uid(1, i), "controller": true, "blockOwnerDeletion": true
-    }])
-}
-
-fn managed_fields() -> Value {
-    json!([{
-        "manager": "wasmop-image-updater", "operation": "Apply", "apiVersion": "apps/v1",
-        "time": "2026-11-24T10:00:00Z", "fieldsType": "FieldsV1",
-        "fieldsV1": {"f:metadata": {"f:labels": {"f:app.kubernetes.io/name": {}}}}
-    }])
-}
-
-fn namespace_of(i: usize) -> String {
-    format!("bench-{}", i % 100)
-}
-
-fn labels(i: usize) -> Value {
-    json!({
-        "app.kubernetes.io/name": format!("app-{i}"),
-        "app.kubernetes.io/managed-by": "wasmop",
-        "example.wasmop.dev/track": "stable"
-    })
-}
-
-fn app(i: usize) -> Value {
-    json!({
-        "apiVersion": "example.wasmop.dev/v1", "kind": "App",
-        "metadata": {
-            "name": format!("app-{i}"), "namespace": namespace_of(i), "uid": uid(1, i),
-            "resourceVersion": format!("{}", 100_000 + i), "generation": 1,
-            "creationTimestamp": "2026-11-24T10:00:00Z",
-            "finalizers": ["wasmop.dev/image-updater"],
-            "managedFields": managed_fields()
-        },
-        "spec": {"image": format!("registry.example/app:{}", i % 7), "replicas": 1, "port": 8080, "track": "stable"},
-        "status": {
-            "observedGeneration": 1, "readyReplicas": 1, "image": format!("registry.example/app:{}", i % 7),
-            "selector": format!("app.kubernetes.io/name=app-{i},example.wasmop.dev/track=stable"),
-            "conditions": [
-                {"type": "Available", "status": "True", "reason": "Available", "message": "all replicas run the image",
-                 "lastTransitionTime": "2026-11-24T10:00:05Z", "observedGeneration": 1},
-                {"type": "Progressing", "status": "False", "reason": "RolledOut", "message": "rolled out",
-                 "lastTransitionTime": "2026-11-24T10:00:05Z", "observedGeneration": 1}
-            ]
-        }
-    })
-}
-
-fn deployment(i: usize) -> Value {
-    json!({
-        "apiVersion": "apps/v1", "kind": "Deployment",
-        "metadata": {
-            "name": format!("app-{i}"), "namespace": namespace_of(i), "uid": uid(2, i),
-            "resourceVersion": format!("{}", 200_000 + i), "generation": 1,
-            "creationTimestamp": "2026-11-24T10:00:01Z",
-            "labels": labels(i),
-            "annotations": {"deployment.kubernetes.io/revision": "1"},
-            "ownerReferences": owner(i),
-            "managedFields": managed_fields()
-        },
-        "spec": {
-            "replicas": 1,
-            "selector": {"matchLabels": {"app.kubernetes.io/name": format!("app-{i}"), "example.wasmop.dev/track": "stable"}},
-            "template": {
-                "metadata": {"labels": labels(i)},
-                "spec": {
-                    "containers": [{
-                        "name": "app", "image": format!("registry.example/app:{}", i % 7),
-                        "ports": [{"name": "http", "containerPort": 8080, "protocol": "TCP"}],
-                        "resources": {},
-                        "terminationMessagePath": "/dev/termination-log",
-                        "terminationMessagePolicy": "File",
-                        "imagePullPolicy": "IfNotPresent"
-                    }],
-                    "restartPolicy": "Always", "terminationGracePeriodSeconds": 30,
-                    "dnsPolicy": "ClusterFirst", "securityContext": {}, "schedulerName": "default-scheduler"
-                }
-            },
-            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": "25%", "maxSurge": "25%"}},
-            "revisionHistoryLimit": 10, "progressDeadlineSeconds": 600
-        },
-        "status": {
-            "observedGeneration": 1, "replicas": 1, "updatedReplicas": 1, "readyReplicas": 1,
-            "availableReplicas": 1,
-            "conditions": [
-                {"type": "Available", "status": "True", "lastUpdateTime": "2026-11-24T10:00:04Z",
-                 "lastTransitionTime": "2026-11-24T10:00:04Z", "reason": "MinimumReplicasAvailable",
-                 "message": "Deployment has minimum availability."},
-                {"type": "Progressing", "status": "True", "lastUpdateTime": "2026-11-24T10:00:04Z",
-                 "lastTransitionTime": "2026-11-24T10:00:01Z", "reason": "NewReplicaSetAvailable",
-                 "message": format!("ReplicaSet \"app-{i}-5d8f9c7b6d\" has successfully progressed.")}
-            ]
-        }
-    })
-}
-
-fn service(i: usize) -> Value {
-    let ip = format!("10.96.{}.{}", (i / 250) % 250, i % 250 + 1);
-    json!({
-        "apiVersion": "v1", "kind": "Service",
-        "metadata": {
-            "name": format!("app-{i}"), "namespace": namespace_of(i), "uid": uid(3, i),
-            "resourceVersion": format!("{}", 300_000 + i),
-            "creationTimestamp": "2026-11-24T10:00:01Z",
-            "labels": labels(i),
-            "ownerReferences": owner(i),
-            "managedFields": managed_fields()
-        },
-        "spec": {
-            "ports": [{"name": "http", "protocol": "TCP", "port": 80, "targetPort": "http"}],
-            "selector": {"app.kubernetes.io/name": format!("app-{i}"), "example.wasmop.dev/track": "stable"},
-            "clusterIP": ip, "clusterIPs": [ip], "type": "ClusterIP", "sessionAffinity": "None",
-            "ipFamilies": ["IPv4"], "ipFamilyPolicy": "SingleStack", "internalTrafficPolicy": "Cluster"
-        },
-        "status": {"loadBalancer": {}}
-    })
-}
-
 /// One object as the controller's watch delivers it (`managedFields` stripped).
-fn object(v: Value) -> anyhow::Result<DynamicObject> {
+fn object(v: Value) -> anyhow::Result<Lean> {
+    Ok(Lean::parse(&v.to_string())?)
+}
+
+/// One object as the controller before the compact caches held it (`managedFields` stripped).
+fn whole(v: Value) -> anyhow::Result<DynamicObject> {
     let mut o: DynamicObject = serde_json::from_value(v)?;
     o.metadata.managed_fields = None;
     Ok(o)
@@ -216,7 +101,7 @@ fn fill(
             let e = e?;
             index.record(&e);
             let c = match e {
-                Event::InitApply(o) => Event::InitApply(Compact::new(&o, Changes::OutsideStatus)?),
+                Event::InitApply(o) => Event::InitApply(Compact::new(&o, Changes::OutsideStatus)),
                 Event::Init => Event::Init,
                 _ => Event::InitDone,
             };
@@ -241,14 +126,14 @@ fn fill(
         let mut writer = Writer::new(ar);
         let index = Index::new(by);
         let store = writer.as_reader();
-        for e in std::iter::once(Ok(Event::Init))
-            .chain((0..n).map(|i| object(make(i)).map(Event::InitApply)))
-            .chain(std::iter::once(Ok(Event::InitDone)))
-        {
-            let e = e?;
-            writer.apply_watcher_event(&e);
-            index.record(&e);
+        writer.apply_watcher_event(&Event::Init);
+        index.record(&Event::Init);
+        for i in 0..n {
+            writer.apply_watcher_event(&Event::InitApply(whole(make(i))?));
+            index.record(&Event::InitApply(object(make(i))?));
         }
+        writer.apply_watcher_event(&Event::InitDone);
+        index.record(&Event::InitDone);
         anyhow::ensure!(
             store.len() == n,
             "the store holds {} of {n} {name}s",
@@ -350,11 +235,10 @@ fn main() -> anyhow::Result<()> {
         .into_iter()
         .map(object)
         .collect::<anyhow::Result<Vec<_>>>()?;
-    for o in &sample {
+    for (o, kind) in sample.iter().zip(["App", "Deployment", "Service"]) {
         println!(
-            "cache memory JSON text of one {}: {} bytes",
-            o.types.as_ref().map(|t| t.kind.as_str()).unwrap_or("?"),
-            serde_json::to_string(o)?.len()
+            "cache memory JSON text of one {kind}: {} bytes",
+            o.json().len()
         );
     }
     let old = run("old", n)?;

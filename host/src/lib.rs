@@ -25,6 +25,7 @@
 //!   handover protocol, sharded watches).
 //! - [`host`]: the running host (used by `wasmop run` and the end-to-end tests).
 //! - [`discovery`]: resolving kinds to API resources.
+//! - [`lean`]: objects as the watches keep them (metadata and text, never a `Value` tree).
 //! - [`cli`]: the `wasmop` command.
 //! - [`text`]: the text helpers every layer shares (inert outside text, cut, short digests, YAML).
 //! - [`reasons`]: every condition type and reason the host writes.
@@ -38,6 +39,7 @@ pub mod crd;
 pub mod discovery;
 pub mod grant;
 pub mod host;
+pub mod lean;
 pub mod manager;
 pub mod metacontroller;
 pub mod modules;

@@ -26,18 +26,18 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 use kube::ResourceExt;
-use kube::api::DynamicObject;
 use kube::runtime::watcher;
 
+use crate::lean::Lean;
 pub use crate::object::ObjectKey;
 
 /// The property an index groups by (None: the object is not indexed).
-pub type GroupBy = fn(&DynamicObject) -> Option<String>;
+pub type GroupBy = fn(&Lean) -> Option<String>;
 
 pub use crate::object::controller_uid;
 
 /// An object's namespace, `""` for cluster-scoped objects.
-pub fn namespace(o: &DynamicObject) -> Option<String> {
+pub fn namespace(o: &Lean) -> Option<String> {
     Some(o.namespace().unwrap_or_default())
 }
 
@@ -85,7 +85,7 @@ pub struct Index {
     state: Mutex<State>,
 }
 
-fn key_of(o: &DynamicObject) -> ObjectKey {
+fn key_of(o: &Lean) -> ObjectKey {
     ObjectKey::of(o)
 }
 
@@ -99,7 +99,7 @@ impl Index {
     }
 
     /// Follows one event of the watch stream that feeds the store.
-    pub fn record(&self, event: &watcher::Event<DynamicObject>) {
+    pub fn record(&self, event: &watcher::Event<Lean>) {
         let Ok(mut state) = self.state.lock() else {
             return;
         };
@@ -199,15 +199,13 @@ struct CacheState {
 /// - The cache follows its watch stream as kube-runtime's reflector store does: applied objects
 ///   are (re)stored and (re)grouped, deleted ones dropped, and a relist replaces the whole
 ///   contents when it completes (until then reads see the contents from before it).
-/// - An object's text is exactly `serde_json::to_string` of the object the stream delivered
-///   (`managedFields` are stripped before, by the controller), so a module receives what it
-///   received from the reflector's store before.
+/// - An object's text is exactly the text the stream delivered, without `managedFields`
+///   ([`Lean::json`]): no `serde_json::Value` is built for it.
 /// - A lookup by group returns exactly the stored objects of that group: the index and the
 ///   objects change together, under one lock.
 ///
 /// # Errors
-/// Nothing here fails: an object that cannot be serialized is not stored (logged), and a
-/// poisoned lock yields empty lookups.
+/// Nothing here fails: a poisoned lock yields empty lookups.
 #[derive(Debug)]
 pub struct Cache {
     by: GroupBy,
@@ -238,25 +236,19 @@ impl Cache {
         })
     }
 
-    fn entry(&self, o: &DynamicObject) -> Option<Entry> {
-        match serde_json::to_string(o) {
-            Ok(json) => Some(Entry {
-                group: (self.by)(o),
-                json: json.into(),
-            }),
-            Err(e) => {
-                tracing::warn!(object = %o.name_any(), error = %e, "cannot cache an object: it does not serialize");
-                None
-            }
+    fn entry(&self, o: &Lean) -> Entry {
+        Entry {
+            group: (self.by)(o),
+            json: o.json().clone(),
         }
     }
 
     /// Follows one event of the watch stream. Returns false for an object of a relist that
     /// the cache already holds as it is (same text, resourceVersion included): nothing about it
     /// changed, so it calls for no reconcile; true otherwise.
-    pub fn record(&self, event: &watcher::Event<DynamicObject>) -> bool {
+    pub fn record(&self, event: &watcher::Event<Lean>) -> bool {
         let entry = match event {
-            watcher::Event::InitApply(o) | watcher::Event::Apply(o) => self.entry(o),
+            watcher::Event::InitApply(o) | watcher::Event::Apply(o) => Some(self.entry(o)),
             _ => None,
         };
         let Ok(mut state) = self.state.write() else {
@@ -344,11 +336,7 @@ impl Cache {
 
     /// The objects of `namespace` whose key `keep` rejects, parsed (a namespace's relist, see
     /// [`super::scope`]). An object whose text no longer parses is skipped.
-    pub fn held_in(
-        &self,
-        namespace: &str,
-        keep: &dyn Fn(&ObjectKey) -> bool,
-    ) -> Vec<DynamicObject> {
+    pub fn held_in(&self, namespace: &str, keep: &dyn Fn(&ObjectKey) -> bool) -> Vec<Lean> {
         let Ok(state) = self.state.read() else {
             return Vec::new();
         };
@@ -357,7 +345,7 @@ impl Cache {
             .objects
             .iter()
             .filter(|(k, _)| k.namespace.as_deref() == Some(namespace) && !keep(k))
-            .filter_map(|(_, e)| crate::object::parse(&e.json).ok())
+            .filter_map(|(_, e)| Lean::parse(&e.json).ok())
             .collect()
     }
 }
@@ -386,13 +374,18 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn child(name: &str, owner: Option<&str>) -> DynamicObject {
+    fn child(name: &str, owner: Option<&str>) -> Lean {
+        child_at(name, owner, None)
+    }
+
+    fn child_at(name: &str, owner: Option<&str>, rv: Option<&str>) -> Lean {
         let refs = owner.map(|uid| {
             json!([{"apiVersion": "v1", "kind": "App", "name": "a", "uid": uid, "controller": true}])
         });
         serde_json::from_value(json!({
             "apiVersion": "v1", "kind": "ConfigMap",
-            "metadata": {"name": name, "namespace": "ns", "ownerReferences": refs}
+            "metadata": {"name": name, "namespace": "ns", "ownerReferences": refs,
+                         "resourceVersion": rv}
         }))
         .unwrap_or_else(|e| panic!("literal: {e}"))
     }
@@ -451,15 +444,14 @@ mod tests {
             "spec": {"replicas": 1, "template": {"metadata": {"labels": {"app": "web"}}}},
             "status": {"conditions": [{"type": "Available", "status": "True"}]}
         });
-        let o: DynamicObject =
-            serde_json::from_value(sent.clone()).unwrap_or_else(|e| panic!("literal: {e}"));
+        let text = sent.to_string();
+        let o = Lean::parse(&text).unwrap_or_else(|e| panic!("literal: {e}"));
         cache.record(&watcher::Event::Init);
         cache.record(&watcher::Event::InitApply(o.clone()));
         cache.record(&watcher::Event::InitDone);
         let got = cache.group("u1");
         assert_eq!(got.len(), 1);
-        // Byte for byte what the reflector's object serialized to, and the same JSON value.
-        let text = serde_json::to_string(&o).unwrap_or_else(|e| panic!("serialize: {e}"));
+        // Byte for byte the text the watch delivered, and the same JSON value.
         assert_eq!(&*got[0].1, text.as_str());
         let back: serde_json::Value =
             serde_json::from_str(&got[0].1).unwrap_or_else(|e| panic!("parse: {e}"));
@@ -476,11 +468,7 @@ mod tests {
     #[test]
     fn a_relisted_object_the_cache_held_unchanged_calls_for_nothing() {
         let cache = Cache::new(controller_uid);
-        let at = |rv: &str| {
-            let mut o = child("a1", Some("u1"));
-            o.metadata.resource_version = Some(rv.to_string());
-            o
-        };
+        let at = |rv: &str| child_at("a1", Some("u1"), Some(rv));
         assert!(cache.record(&watcher::Event::Init));
         assert!(
             cache.record(&watcher::Event::InitApply(at("1"))),

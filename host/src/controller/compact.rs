@@ -8,21 +8,22 @@
 //! [`super::predicate::Changes`]) and the rest as text, parsed back once per reconcile.
 //!
 //! # Guarantees
-//! - [`Compact::object`] returns the object [`Compact::new`] was given (the same JSON value).
+//! - [`Compact::json`] is the text of the [`Lean`] object [`Compact::new`] was given (as the
+//!   API server sent it, without `managedFields`); [`Compact::object`] parses it.
 //! - Its `kube::Resource` implementation is `DynamicObject`'s: the kind comes from the
 //!   `ApiResource` the store and the controller are built with.
 //!
 //! # Errors
-//! [`Compact::new`] and [`Compact::object`] fail with serde_json's error when the object does
-//! not serialize or its text does not parse (neither happens to an object that came from JSON).
+//! [`Compact::object`] fails with serde_json's error when its text does not parse as a
+//! `DynamicObject` (never for a text that came from the API server).
 
-use std::borrow::Cow;
 use std::sync::Arc;
 
 use kube::Resource;
-use kube::core::{ApiResource, DynamicObject, DynamicResourceScope, ObjectMeta};
+use kube::core::{DynamicObject, ObjectMeta};
 
 use super::predicate::Changes;
+use crate::lean::Lean;
 
 /// One primary: its metadata, its predicate fingerprint and its JSON text.
 #[derive(Clone, Debug)]
@@ -34,12 +35,17 @@ pub struct Compact {
 
 impl Compact {
     /// The compact form of `o`, fingerprinted for the `changes` that call for a reconcile.
-    pub fn new(o: &DynamicObject, changes: Changes) -> Result<Self, serde_json::Error> {
-        Ok(Compact {
-            metadata: o.metadata.clone(),
+    pub fn new(o: &Lean, changes: Changes) -> Self {
+        Compact {
+            metadata: o.meta().clone(),
             fingerprint: changes.fingerprint(o),
-            json: serde_json::to_string(o)?.into(),
-        })
+            json: o.json().clone(),
+        }
+    }
+
+    /// The object as its watch delivered it (sharing the text).
+    pub fn lean(&self) -> Lean {
+        Lean::from_parts(self.metadata.clone(), self.json.clone())
     }
 
     /// The object, parsed back from its text.
@@ -59,48 +65,17 @@ impl Compact {
     }
 }
 
-/// As `DynamicObject`'s (kube-runtime's `Controller` needs `K: DeserializeOwned`; the host
-/// never has it deserialize one: its primaries come from the host's own watch, made with
+/// As [`Lean`]'s (kube-runtime's `Controller` needs `K: DeserializeOwned`; the host never has
+/// it deserialize one: its primaries come from the host's own watch, made with
 /// [`Compact::new`]), fingerprinted for [`Changes::OutsideStatus`].
 impl<'de> serde::Deserialize<'de> for Compact {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let o = DynamicObject::deserialize(d)?;
-        Compact::new(&o, Changes::OutsideStatus).map_err(serde::de::Error::custom)
+        let o = Lean::deserialize(d)?;
+        Ok(Compact::new(&o, Changes::OutsideStatus))
     }
 }
 
-impl Resource for Compact {
-    type DynamicType = ApiResource;
-    type Scope = DynamicResourceScope;
-
-    fn group(dt: &ApiResource) -> Cow<'_, str> {
-        dt.group.as_str().into()
-    }
-
-    fn version(dt: &ApiResource) -> Cow<'_, str> {
-        dt.version.as_str().into()
-    }
-
-    fn kind(dt: &ApiResource) -> Cow<'_, str> {
-        dt.kind.as_str().into()
-    }
-
-    fn api_version(dt: &ApiResource) -> Cow<'_, str> {
-        dt.api_version.as_str().into()
-    }
-
-    fn plural(dt: &ApiResource) -> Cow<'_, str> {
-        dt.plural.as_str().into()
-    }
-
-    fn meta(&self) -> &ObjectMeta {
-        &self.metadata
-    }
-
-    fn meta_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
-    }
-}
+crate::object::dynamic_resource!(Compact);
 
 #[cfg(test)]
 mod tests {
@@ -118,17 +93,16 @@ mod tests {
                      "note": "é \"q\"\n", "labels": {"z": "1", "a": "2"}, "empty": {}},
             "status": {"conditions": [{"type": "Available", "status": "True"}]}
         });
-        let o: DynamicObject =
+        let o: Lean =
             serde_json::from_value(sent.clone()).unwrap_or_else(|e| panic!("literal: {e}"));
-        let c = Compact::new(&o, Changes::OutsideStatus).unwrap_or_else(|e| panic!("compact: {e}"));
+        let c = Compact::new(&o, Changes::OutsideStatus);
         assert_eq!(
             (c.namespace(), c.name_any()),
             (Some("ns".into()), "a".into())
         );
         assert_eq!(c.resource_version().as_deref(), Some("7"));
         assert_eq!(c.fingerprint(), super::super::predicate::outside_status(&o));
-        let with_status =
-            Compact::new(&o, Changes::WithStatus).unwrap_or_else(|e| panic!("compact: {e}"));
+        let with_status = Compact::new(&o, Changes::WithStatus);
         assert_eq!(
             with_status.fingerprint(),
             super::super::predicate::with_status(&o)
@@ -144,10 +118,11 @@ mod tests {
             sent
         );
         assert_eq!(
-            serde_json::to_string(&back).unwrap_or_else(|e| panic!("text: {e}")),
-            &**c.json(),
-            "the text a module is sent is the parsed object's, serialized again"
+            c.json(),
+            o.json(),
+            "the text a module is sent is the watched object's"
         );
+        assert_eq!(c.lean().json(), c.json());
         let via_serde: Compact =
             serde_json::from_value(sent).unwrap_or_else(|e| panic!("deserialize: {e}"));
         assert_eq!(&*via_serde.json, &*c.json);

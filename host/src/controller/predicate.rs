@@ -35,7 +35,9 @@
 
 use std::hash::{DefaultHasher, Hash, Hasher};
 
-use kube::api::DynamicObject;
+use kube::Resource;
+
+use crate::lean::Lean;
 
 /// Which changes of a primary call for a reconcile.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -50,7 +52,7 @@ pub enum Changes {
 
 impl Changes {
     /// The fingerprint of `o` whose changes call for a reconcile.
-    pub fn fingerprint(self, o: &DynamicObject) -> Option<u64> {
+    pub fn fingerprint(self, o: &Lean) -> Option<u64> {
         match self {
             Changes::OutsideStatus => outside_status(o),
             Changes::WithStatus => with_status(o),
@@ -59,29 +61,29 @@ impl Changes {
 }
 
 /// A fingerprint of everything in `o` but its status, resourceVersion and managedFields.
-pub fn outside_status(o: &DynamicObject) -> Option<u64> {
+pub fn outside_status(o: &Lean) -> Option<u64> {
     fingerprint(o, false)
 }
 
 /// A fingerprint of everything in `o` but its resourceVersion and managedFields.
-pub fn with_status(o: &DynamicObject) -> Option<u64> {
+pub fn with_status(o: &Lean) -> Option<u64> {
     fingerprint(o, true)
 }
 
-fn fingerprint(o: &DynamicObject, status: bool) -> Option<u64> {
-    let mut meta = o.metadata.clone();
+/// The metadata (typed, so its text's order does not count) and the text of every other
+/// field but `apiVersion` and `kind` (and `status` unless `status`), as the API server sent
+/// it: the server writes an object's fields in one order (Go's encoding, map keys sorted), so
+/// equal objects give equal texts.
+fn fingerprint(o: &Lean, status: bool) -> Option<u64> {
+    let mut meta = o.meta().clone();
     meta.resource_version = None;
     meta.managed_fields = None;
     let mut h = DefaultHasher::new();
     serde_json::to_string(&meta).ok()?.hash(&mut h);
-    match &o.data {
-        serde_json::Value::Object(m) => {
-            for (k, v) in m.iter().filter(|(k, _)| status || k.as_str() != "status") {
-                k.hash(&mut h);
-                super::noop::fingerprint(v).hash(&mut h);
-            }
+    for (k, v) in o.data_fields().ok()? {
+        if status || k != "status" {
+            (k, v).hash(&mut h);
         }
-        other => super::noop::fingerprint(other).hash(&mut h),
     }
     Some(h.finish())
 }
@@ -89,7 +91,20 @@ fn fingerprint(o: &DynamicObject, status: bool) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use kube::api::DynamicObject;
     use serde_json::json;
+
+    fn lean(o: &DynamicObject) -> Lean {
+        Lean::of(o).unwrap_or_else(|e| panic!("lean: {e}"))
+    }
+
+    fn outside(o: &DynamicObject) -> Option<u64> {
+        outside_status(&lean(o))
+    }
+
+    fn fingerprint(changes: Changes, o: &DynamicObject) -> Option<u64> {
+        changes.fingerprint(&lean(o))
+    }
 
     fn app(rv: &str, spec: serde_json::Value, status: serde_json::Value) -> DynamicObject {
         serde_json::from_value(json!({
@@ -104,24 +119,24 @@ mod tests {
     fn a_status_only_change_is_not_a_change() {
         let a = app("1", json!({"image": "a"}), json!({}));
         let b = app("2", json!({"image": "a"}), json!({"readyReplicas": 1}));
-        assert_eq!(outside_status(&a), outside_status(&b));
+        assert_eq!(outside(&a), outside(&b));
     }
 
     #[test]
     fn spec_labels_and_deletion_are_changes() {
         let a = app("1", json!({"image": "a"}), json!({}));
         let spec = app("2", json!({"image": "b"}), json!({}));
-        assert_ne!(outside_status(&a), outside_status(&spec));
+        assert_ne!(outside(&a), outside(&spec));
         let mut labelled = a.clone();
         labelled
             .metadata
             .labels
             .get_or_insert_default()
             .insert("x".into(), "y".into());
-        assert_ne!(outside_status(&a), outside_status(&labelled));
+        assert_ne!(outside(&a), outside(&labelled));
         let mut deleting = a.clone();
         deleting.metadata.finalizers = Some(vec!["wasmop.dev/x".into()]);
-        assert_ne!(outside_status(&a), outside_status(&deleting));
+        assert_ne!(outside(&a), outside(&deleting));
     }
 
     /// A Metacontroller hook's parent (`syncOnStatus`): the host's status write calls for one
@@ -134,16 +149,22 @@ mod tests {
         let mut rewritten = app("3", json!({"image": "a"}), json!({"readyReplicas": 1}));
         rewritten.metadata.managed_fields = Some(vec![Default::default()]);
         let changes = Changes::WithStatus;
-        assert_ne!(changes.fingerprint(&before), changes.fingerprint(&written));
+        assert_ne!(
+            fingerprint(changes, &before),
+            fingerprint(changes, &written)
+        );
         assert_eq!(
-            changes.fingerprint(&written),
-            changes.fingerprint(&rewritten)
+            fingerprint(changes, &written),
+            fingerprint(changes, &rewritten)
         );
         let spec = app("4", json!({"image": "b"}), json!({"readyReplicas": 1}));
-        assert_ne!(changes.fingerprint(&written), changes.fingerprint(&spec));
+        assert_ne!(fingerprint(changes, &written), fingerprint(changes, &spec));
         // Every other reconciler's stays blind to the status.
         let changes = Changes::default();
-        assert_eq!(changes.fingerprint(&before), changes.fingerprint(&written));
-        assert_eq!(changes.fingerprint(&before), outside_status(&before));
+        assert_eq!(
+            fingerprint(changes, &before),
+            fingerprint(changes, &written)
+        );
+        assert_eq!(fingerprint(changes, &before), outside(&before));
     }
 }

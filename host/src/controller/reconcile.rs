@@ -1069,8 +1069,15 @@ mod tests {
 
         /// `o` as the primaries' store holds it.
         pub fn compact(o: &DynamicObject) -> Compact {
-            Compact::new(o, crate::controller::predicate::Changes::OutsideStatus)
-                .unwrap_or_else(|e| panic!("compact: {e}"))
+            Compact::new(
+                &lean(o),
+                crate::controller::predicate::Changes::OutsideStatus,
+            )
+        }
+
+        /// `o` as its watch delivers it.
+        pub fn lean(o: &DynamicObject) -> crate::lean::Lean {
+            crate::lean::Lean::of(o).unwrap_or_else(|e| panic!("lean: {e}"))
         }
 
         pub fn primary() -> DynamicObject {
@@ -1172,7 +1179,7 @@ mod tests {
             let cache = Cache::new(cache::controller_uid);
             for event in [
                 watcher::Event::Init,
-                watcher::Event::InitApply(child.clone()),
+                watcher::Event::InitApply(lean(child)),
                 watcher::Event::InitDone,
             ] {
                 cache.record(&event);
@@ -1353,8 +1360,8 @@ mod tests {
         after.metadata.resource_version = Some("6".into());
         let changes = crate::controller::predicate::Changes::WithStatus;
         assert_ne!(
-            changes.fingerprint(&before),
-            changes.fingerprint(&after),
+            changes.fingerprint(&harness::lean(&before)),
+            changes.fingerprint(&harness::lean(&after)),
             "the host's status write calls for a reconcile"
         );
         let written = requests();
@@ -1373,11 +1380,14 @@ mod tests {
         // for no reconcile either.
         let mut rewritten = after.clone();
         rewritten.metadata.resource_version = Some("7".into());
-        assert_eq!(changes.fingerprint(&after), changes.fingerprint(&rewritten));
+        assert_eq!(
+            changes.fingerprint(&harness::lean(&after)),
+            changes.fingerprint(&harness::lean(&rewritten))
+        );
     }
 
-    fn watcher_apply(o: DynamicObject) -> kube::runtime::watcher::Event<DynamicObject> {
-        kube::runtime::watcher::Event::Apply(o)
+    fn watcher_apply(o: DynamicObject) -> kube::runtime::watcher::Event<crate::lean::Lean> {
+        kube::runtime::watcher::Event::Apply(harness::lean(&o))
     }
 
     #[test]

@@ -32,34 +32,34 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 
 use futures::stream::{BoxStream, SelectAll, StreamExt, select_all};
-use kube::api::{Api, DynamicObject};
+use kube::api::Api;
 use kube::runtime::reflector::Store;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 
 use super::cache::Cache;
 use crate::discovery::Resolved;
+use crate::lean::Lean;
 use crate::object::ObjectKey;
 
 /// One watch's events.
-pub type Events = BoxStream<'static, Result<watcher::Event<DynamicObject>, watcher::Error>>;
+pub type Events = BoxStream<'static, Result<watcher::Event<Lean>, watcher::Error>>;
 
 /// One namespace's watch, tagged with its position in the scope.
-pub type Tagged =
-    BoxStream<'static, (usize, Result<watcher::Event<DynamicObject>, watcher::Error>)>;
+pub type Tagged = BoxStream<'static, (usize, Result<watcher::Event<Lean>, watcher::Error>)>;
 
-fn key_of(o: &DynamicObject) -> ObjectKey {
+fn key_of(o: &Lean) -> ObjectKey {
     ObjectKey::of(o)
 }
 
 /// What the cache a merged stream feeds holds in namespace `ns` apart from the keys `listed`:
 /// the objects a relist of `ns` no longer lists. Called once a relist is done, when everything
 /// before it has reached the cache.
-pub type Held = Arc<dyn Fn(&str, &HashSet<ObjectKey>) -> Vec<DynamicObject> + Send + Sync>;
+pub type Held = Arc<dyn Fn(&str, &HashSet<ObjectKey>) -> Vec<Lean> + Send + Sync>;
 
 /// [`Held`] of a kube-runtime reflector store of `K`, whose objects `object` gives as
-/// `DynamicObject`s (None: skipped).
-pub fn held_in_store<K>(store: Store<K>, object: fn(&K) -> Option<DynamicObject>) -> Held
+/// [`Lean`]s (None: skipped).
+pub fn held_in_store<K>(store: Store<K>, object: fn(&K) -> Option<Lean>) -> Held
 where
     K: kube::Resource + Clone + Send + Sync + 'static,
     K::DynamicType: std::hash::Hash + Eq + Clone + Send + Sync,
@@ -93,23 +93,29 @@ pub fn watch(
 ) -> Events {
     let ar = &resolved.resource;
     match (resolved.namespaced, namespaces) {
-        (true, [only]) => watcher(Api::namespaced_with(client.clone(), only, ar), config)
-            .default_backoff()
-            .boxed(),
+        (true, [only]) => watcher(
+            Api::<Lean>::namespaced_with(client.clone(), only, ar),
+            config,
+        )
+        .default_backoff()
+        .boxed(),
         (true, many) if many.len() > 1 => {
             let streams = many
                 .iter()
                 .enumerate()
                 .map(|(i, ns)| {
-                    watcher(Api::namespaced_with(client.clone(), ns, ar), config.clone())
-                        .default_backoff()
-                        .map(move |e| (i, e))
-                        .boxed()
+                    watcher(
+                        Api::<Lean>::namespaced_with(client.clone(), ns, ar),
+                        config.clone(),
+                    )
+                    .default_backoff()
+                    .map(move |e| (i, e))
+                    .boxed()
                 })
                 .collect();
             merge(streams, many.to_vec(), held)
         }
-        _ => watcher(Api::all_with(client.clone(), ar), config)
+        _ => watcher(Api::<Lean>::all_with(client.clone(), ar), config)
             .default_backoff()
             .boxed(),
     }
@@ -125,33 +131,25 @@ struct FirstList {
     /// Keys an earlier, abandoned attempt listed (the list restarted after an error).
     abandoned: HashMap<usize, HashSet<ObjectKey>>,
     /// Events of namespaces that finished listing, replayed after the merged `InitDone`.
-    held: Vec<(usize, watcher::Event<DynamicObject>)>,
+    held: Vec<(usize, watcher::Event<Lean>)>,
 }
 
 struct Merge {
     namespaces: Vec<String>,
     held: Held,
-    out: VecDeque<Result<watcher::Event<DynamicObject>, watcher::Error>>,
+    out: VecDeque<Result<watcher::Event<Lean>, watcher::Error>>,
     first: Option<FirstList>,
     /// Namespaces relisting after the first list, with the keys listed so far.
     relisting: HashMap<usize, HashSet<ObjectKey>>,
 }
 
 /// A stand-in for an object known only by key (deleted before anything else was seen of it).
-fn gone(ObjectKey { namespace, name }: &ObjectKey) -> DynamicObject {
-    DynamicObject {
-        types: None,
-        metadata: kube::api::ObjectMeta {
-            name: Some(name.clone()),
-            namespace: namespace.clone(),
-            ..Default::default()
-        },
-        data: serde_json::Value::Null,
-    }
+fn gone(ObjectKey { namespace, name }: &ObjectKey) -> Lean {
+    Lean::named(namespace.clone(), name)
 }
 
 impl Merge {
-    fn take(&mut self, i: usize, item: Result<watcher::Event<DynamicObject>, watcher::Error>) {
+    fn take(&mut self, i: usize, item: Result<watcher::Event<Lean>, watcher::Error>) {
         let event = match item {
             Ok(e) => e,
             Err(e) => return self.out.push_back(Err(e)),
@@ -202,7 +200,7 @@ impl Merge {
         self.out.extend(first.held.into_iter().map(|(_, e)| Ok(e)));
     }
 
-    fn after_first_list(&mut self, i: usize, event: watcher::Event<DynamicObject>) {
+    fn after_first_list(&mut self, i: usize, event: watcher::Event<Lean>) {
         match event {
             watcher::Event::Init => {
                 self.relisting.insert(i, HashSet::new());
@@ -270,7 +268,7 @@ mod tests {
     use kube::runtime::watcher::Event;
     use serde_json::json;
 
-    fn cm(ns: &str, name: &str, v: &str) -> DynamicObject {
+    fn cm(ns: &str, name: &str, v: &str) -> Lean {
         serde_json::from_value(json!({
             "apiVersion": "v1", "kind": "ConfigMap",
             "metadata": {"name": name, "namespace": ns}, "data": {"v": v}
@@ -278,20 +276,21 @@ mod tests {
         .unwrap_or_else(|e| panic!("literal: {e}"))
     }
 
-    type Step = (usize, Result<Event<DynamicObject>, watcher::Error>);
+    fn value(o: &Lean) -> serde_json::Value {
+        serde_json::from_str(o.json()).unwrap_or_default()
+    }
+
+    type Step = (usize, Result<Event<Lean>, watcher::Error>);
 
     /// Feeds `steps` (namespace position, event) in this order through the merge into a
     /// store, and returns the store and the merged events.
-    async fn run(
-        namespaces: &[&str],
-        steps: Vec<Step>,
-    ) -> (Store<DynamicObject>, Vec<Event<DynamicObject>>) {
+    async fn run(namespaces: &[&str], steps: Vec<Step>) -> (Store<Lean>, Vec<Event<Lean>>) {
         let ar = ApiResource::erase::<k8s_openapi::api::core::v1::ConfigMap>(&());
         let mut writer = Writer::new(ar);
         let store = writer.as_reader();
         let mut merge = Merge::new(
             namespaces.iter().map(|s| s.to_string()).collect(),
-            held_in_store(store.clone(), |o: &DynamicObject| Some(o.clone())),
+            held_in_store(store.clone(), |o: &Lean| Some(o.clone())),
         );
         let mut seen = Vec::new();
         let mut drain = |merge: &mut Merge| {
@@ -310,7 +309,7 @@ mod tests {
         (store, seen)
     }
 
-    fn contents(store: &Store<DynamicObject>) -> Vec<String> {
+    fn contents(store: &Store<Lean>) -> Vec<String> {
         let mut v: Vec<String> = store
             .state()
             .iter()
@@ -319,7 +318,7 @@ mod tests {
                     "{}/{}={}",
                     o.namespace().unwrap_or_default(),
                     o.name_any(),
-                    o.data["data"]["v"].as_str().unwrap_or_default()
+                    value(o)["data"]["v"].as_str().unwrap_or_default()
                 )
             })
             .collect();
@@ -327,7 +326,7 @@ mod tests {
         v
     }
 
-    fn kinds(events: &[Event<DynamicObject>]) -> Vec<&'static str> {
+    fn kinds(events: &[Event<Lean>]) -> Vec<&'static str> {
         events
             .iter()
             .map(|e| match e {
@@ -438,7 +437,8 @@ mod tests {
         };
         assert_eq!(lost.name_any(), "lost");
         assert_eq!(
-            lost.data["data"]["v"], "1",
+            value(lost)["data"]["v"],
+            "1",
             "the whole object, not a stand-in"
         );
         let left: Vec<String> = cache.all().into_iter().map(|(k, _)| k.name).collect();

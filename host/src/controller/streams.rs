@@ -2,8 +2,9 @@
 //! each feeding its cache and reporting its health on the way to kube-runtime's controller.
 //!
 //! # Guarantees
-//! - Cached objects carry no `managedFields` ([`strip`]); primaries are kept as
-//!   [`Compact`]s, owned and related objects in a [`Cache`].
+//! - Every watch decodes its objects as [`Lean`]s (metadata and text, without
+//!   `managedFields`); primaries are kept as [`Compact`]s, owned and related objects in a
+//!   [`Cache`].
 //! - Every watch reports its errors and recoveries to [`Health`], and keeps
 //!   `wasmop_cache_objects` at its cache's size.
 //! - The state of primaries that are gone is freed as their watch sees them go
@@ -18,7 +19,7 @@ use std::sync::Arc;
 
 use futures::{Stream, StreamExt};
 use kube::Client;
-use kube::api::{Api, DynamicObject};
+use kube::api::Api;
 use kube::runtime::reflector::Store;
 use kube::runtime::reflector::store::Writer;
 use kube::runtime::{WatchStreamExt, utils::PredicateConfig, watcher};
@@ -32,6 +33,7 @@ use super::state::States;
 use super::{Related, Settings, Watched, scope};
 use crate::contract::Gvk;
 use crate::discovery::Resolved;
+use crate::lean::Lean;
 use crate::object::ObjectKey;
 use crate::operations::metrics;
 use crate::sharding::{Listed, Lister, Shards, hash};
@@ -41,7 +43,7 @@ use crate::sharding::{Listed, Lister, Shards, hash};
 type Sharding<'a> = (&'a Arc<Shards>, hash::Key, Lister);
 
 type WatchEvents =
-    futures::stream::BoxStream<'static, Result<watcher::Event<DynamicObject>, watcher::Error>>;
+    futures::stream::BoxStream<'static, Result<watcher::Event<Lean>, watcher::Error>>;
 
 /// What every watch of one reconciler shares.
 pub(super) struct Watches<'a> {
@@ -90,7 +92,7 @@ impl Watches<'_> {
         let health = self.health.clone();
         let kind = primary.kind.clone();
         let config = watcher::Config::default();
-        let held = scope::held_in_store(store.clone(), |c: &Compact| c.object().ok());
+        let held = scope::held_in_store(store.clone(), |c: &Compact| Some(c.lean()));
         let sharding = self.sharded_by(hash::Key::of_primary);
         let lister = sharding.as_ref().map(|(_, _, l)| l.clone());
         let requested = states.clone();
@@ -102,14 +104,13 @@ impl Watches<'_> {
             (config, held),
             sharding,
         )
-        .modify(strip)
         .inspect(move |e| health.watched(&kind, e))
         .inspect(move |e| {
             if let Ok(e) = e {
                 by_namespace.record(e);
             }
         })
-        .filter_map(move |item| std::future::ready(compact_event(item, changes)))
+        .map(move |item| compact_event(item, changes))
         .reflect(writer)
         .inspect(listed_when_cached(lister))
         .inspect(cached(&self.settings.name, &primary.kind, {
@@ -133,7 +134,7 @@ impl Watches<'_> {
         &self,
         owned: &Watched,
         cache: &Arc<Cache>,
-    ) -> impl Stream<Item = Result<DynamicObject, watcher::Error>> + Send + 'static {
+    ) -> impl Stream<Item = Result<Lean, watcher::Error>> + Send + 'static {
         let label = format!("{RECONCILER_LABEL}={}", self.settings.name);
         let config = watcher::Config::default().labels(&label);
         let held = scope::held_in_cache(cache.clone());
@@ -154,7 +155,7 @@ impl Watches<'_> {
         &self,
         related: &Related,
         cache: &Arc<Cache>,
-    ) -> impl Stream<Item = Result<DynamicObject, watcher::Error>> + Send + 'static {
+    ) -> impl Stream<Item = Result<Lean, watcher::Error>> + Send + 'static {
         let namespaced = self.settings.primary.resolved.namespaced;
         // Related objects of a namespaced primary are looked up in the primary's namespace (see
         // the mappings), so a reconciler scoped to one namespace watches them only there: the
@@ -190,10 +191,9 @@ impl Watches<'_> {
         kind: &Gvk,
         cache: &Arc<Cache>,
         lister: Option<Lister>,
-    ) -> impl Stream<Item = Result<DynamicObject, watcher::Error>> + Send + 'static {
+    ) -> impl Stream<Item = Result<Lean, watcher::Error>> + Send + 'static {
         let (health, watched, len) = (self.health.clone(), kind.clone(), cache.clone());
         events
-            .modify(strip)
             .inspect(move |e| health.watched(&watched, e))
             .filter(record_in(cache))
             .inspect(listed_when_cached(lister))
@@ -315,9 +315,8 @@ pub(super) fn cached<K>(
 /// objects did not change.
 fn record_in(
     cache: &Arc<Cache>,
-) -> impl FnMut(&Result<watcher::Event<DynamicObject>, watcher::Error>) -> std::future::Ready<bool>
-+ Send
-+ 'static {
+) -> impl FnMut(&Result<watcher::Event<Lean>, watcher::Error>) -> std::future::Ready<bool> + Send + 'static
+{
     let cache = cache.clone();
     move |event| {
         std::future::ready(match event {
@@ -332,39 +331,23 @@ pub(super) fn cache_kind(kind: &Gvk) -> String {
     format!("{}/{}", kind.api_version, kind.kind)
 }
 
-/// Drops from a cached object what the host never reads: `managedFields` (often several
-/// times the size of the rest).
-fn strip(o: &mut DynamicObject) {
-    o.metadata.managed_fields = None;
-}
-
 /// The primaries' watch event `item` with its objects in their [`Compact`] form, fingerprinted
-/// for `changes` (an object that does not serialize is logged and its event dropped; it never
-/// happens to one read from JSON).
+/// for `changes`.
 fn compact_event(
-    item: Result<watcher::Event<DynamicObject>, watcher::Error>,
+    item: Result<watcher::Event<Lean>, watcher::Error>,
     changes: Changes,
-) -> Option<Result<watcher::Event<Compact>, watcher::Error>> {
-    let compact = |o: DynamicObject| match Compact::new(&o, changes) {
-        Ok(c) => Some(c),
-        Err(e) => {
-            tracing::warn!(object = %ObjectKey::of(&o), error = %e, "cannot cache a primary: it does not serialize");
-            None
-        }
-    };
-    Some(item.map(|e| {
-        Some(match e {
-            watcher::Event::Init => watcher::Event::Init,
-            watcher::Event::InitDone => watcher::Event::InitDone,
-            watcher::Event::InitApply(o) => watcher::Event::InitApply(compact(o)?),
-            watcher::Event::Apply(o) => watcher::Event::Apply(compact(o)?),
-            watcher::Event::Delete(o) => watcher::Event::Delete(compact(o)?),
-        })
-    }))
-    .and_then(|r| r.transpose())
+) -> Result<watcher::Event<Compact>, watcher::Error> {
+    let compact = |o: Lean| Compact::new(&o, changes);
+    item.map(|e| match e {
+        watcher::Event::Init => watcher::Event::Init,
+        watcher::Event::InitDone => watcher::Event::InitDone,
+        watcher::Event::InitApply(o) => watcher::Event::InitApply(compact(o)),
+        watcher::Event::Apply(o) => watcher::Event::Apply(compact(o)),
+        watcher::Event::Delete(o) => watcher::Event::Delete(compact(o)),
+    })
 }
 
-fn api_for(client: &Client, resolved: &Resolved, namespaces: &[String]) -> Api<DynamicObject> {
+fn api_for(client: &Client, resolved: &Resolved, namespaces: &[String]) -> Api<Lean> {
     match (resolved.namespaced, namespaces) {
         (true, [only]) => Api::namespaced_with(client.clone(), only, &resolved.resource),
         _ => Api::all_with(client.clone(), &resolved.resource),
@@ -403,7 +386,7 @@ fn watch_events(
 mod tests {
     use super::*;
     use kube::ResourceExt;
-    use kube::api::{ApiResource, GroupVersionKind};
+    use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
     use kube::runtime::reflector::ObjectRef;
     use kube::runtime::watcher::Event;
 
@@ -427,7 +410,10 @@ mod tests {
         o.metadata.uid = Some(format!("uid-{name}"));
         o.metadata.resource_version = Some(rv.into());
         o.metadata.generation = Some(1);
-        Compact::new(&o, changes).unwrap_or_else(|e| panic!("compact: {e}"))
+        Compact::new(
+            &Lean::of(&o).unwrap_or_else(|e| panic!("lean: {e}")),
+            changes,
+        )
     }
 
     /// The primaries `events` pass on to the controller, in name order, each with whether the

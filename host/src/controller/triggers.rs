@@ -11,14 +11,16 @@
 
 use std::sync::Arc;
 
+use kube::Resource;
 use kube::ResourceExt;
-use kube::api::{ApiResource, DynamicObject};
+use kube::api::ApiResource;
 use kube::runtime::reflector::{ObjectRef as KubeRef, Store};
 
 use super::cache::Index;
 use super::compact::Compact;
 use super::state::States;
 use crate::contract::{Gvk, Mapping, ObjectRef, RelatedKind, Trigger};
+use crate::lean::Lean;
 use crate::modules::slot::ModuleSlot;
 use crate::object::{ObjectKey, controller_of};
 
@@ -45,12 +47,8 @@ pub(super) fn object_ref_of<K: kube::Resource>(kind: &Gvk, o: &K) -> ObjectRef {
 }
 
 /// The primary (of `primary`, namespaced or not) that controls `child`, if any.
-pub(super) fn owner_of(
-    primary: &Gvk,
-    namespaced: bool,
-    child: &DynamicObject,
-) -> Option<ObjectKey> {
-    let owner = controller_of(&child.metadata)
+pub(super) fn owner_of(primary: &Gvk, namespaced: bool, child: &Lean) -> Option<ObjectKey> {
+    let owner = controller_of(child.meta())
         .filter(|o| o.kind == primary.kind && o.api_version == primary.api_version)?;
     let namespace = child.namespace().filter(|_| namespaced);
     Some(ObjectKey::new(namespace, owner.name.clone()))
@@ -72,7 +70,7 @@ pub(super) struct Owners {
 
 impl Owners {
     /// The primary `child` calls for (see [`owner_of`]), with the child's change noted.
-    pub(super) fn map(&self, child: DynamicObject) -> Option<KubeRef<Compact>> {
+    pub(super) fn map(&self, child: Lean) -> Option<KubeRef<Compact>> {
         let key = owner_of(&self.primary, self.namespaced, &child)?;
         self.states.requested(&key);
         let trigger = Trigger::ChildChanged(object_ref_of(&self.kind, &child));
@@ -87,7 +85,7 @@ pub(super) fn targets_of(
     rules: &[RelatedKind],
     kind: &Gvk,
     namespaced: bool,
-    other: &DynamicObject,
+    other: &Lean,
     of_namespace: impl Fn(&str) -> Vec<ObjectKey>,
     all: impl Fn() -> Vec<ObjectKey>,
 ) -> Vec<ObjectKey> {
@@ -138,7 +136,7 @@ pub(super) struct Related {
 
 impl Related {
     /// The primaries `other` calls for (see [`targets_of`]), with the change noted.
-    pub(super) fn map(&self, other: DynamicObject) -> Vec<KubeRef<Compact>> {
+    pub(super) fn map(&self, other: Lean) -> Vec<KubeRef<Compact>> {
         // The active module's selectors and mappings decide which primaries care.
         let active = self.slot.active();
         let targets = targets_of(
@@ -171,7 +169,7 @@ impl Related {
 mod tests {
     use super::*;
 
-    fn object(v: serde_json::Value) -> DynamicObject {
+    fn object(v: serde_json::Value) -> Lean {
         serde_json::from_value(v).unwrap_or_else(|e| panic!("literal: {e}"))
     }
 

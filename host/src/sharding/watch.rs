@@ -30,7 +30,7 @@ use std::sync::Arc;
 
 use futures::stream::BoxStream;
 use futures::{Stream, StreamExt};
-use kube::api::{Api, DynamicObject, ListParams};
+use kube::api::{Api, ListParams};
 use kube::client::Body;
 use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
@@ -40,8 +40,9 @@ use super::assignment::Shards;
 use super::hash::Key;
 use super::listed::Lister;
 use super::ranges::{Ranges, SPACE_END};
+use crate::lean::Lean;
 
-type Events = BoxStream<'static, Result<watcher::Event<DynamicObject>, watcher::Error>>;
+type Events = BoxStream<'static, Result<watcher::Event<Lean>, watcher::Error>>;
 
 /// A client that sends `shardSelector=<selector>` with every request (lists and watches).
 pub fn with_selector(client: Client, selector: &str) -> Client {
@@ -78,7 +79,7 @@ pub fn with_selector(client: Client, selector: &str) -> Client {
 /// next relist).
 pub async fn server_filters(
     client: &Client,
-    make_api: &(dyn Fn(Client) -> Api<DynamicObject> + Send + Sync),
+    make_api: &(dyn Fn(Client) -> Api<Lean> + Send + Sync),
     key: Key,
 ) -> Option<bool> {
     let field = key.server_field()?;
@@ -122,7 +123,7 @@ pub struct Sharded {
     /// The host's client.
     pub client: Client,
     /// The kind's `Api` over a given client (all namespaces, or the reconciler's one).
-    pub make_api: Arc<dyn Fn(Client) -> Api<DynamicObject> + Send + Sync>,
+    pub make_api: Arc<dyn Fn(Client) -> Api<Lean> + Send + Sync>,
     /// The watcher's configuration (label selectors).
     pub config: watcher::Config,
     /// What an object's shard hash is taken from.
@@ -204,12 +205,8 @@ impl State {
 }
 
 /// Keeps or maps one event for `ranges` (see the module's guarantees).
-fn filter(
-    event: watcher::Event<DynamicObject>,
-    key: Key,
-    ranges: &Ranges,
-) -> Option<watcher::Event<DynamicObject>> {
-    let inside = |o: &DynamicObject| ranges.contains(key.hash(o));
+fn filter(event: watcher::Event<Lean>, key: Key, ranges: &Ranges) -> Option<watcher::Event<Lean>> {
+    let inside = |o: &Lean| ranges.contains(key.hash(o));
     match event {
         watcher::Event::InitApply(o) if !inside(&o) => None,
         watcher::Event::Apply(o) if !inside(&o) => {
@@ -223,7 +220,7 @@ fn filter(
 /// The events of `spec`'s kind in the active ranges (see the module docs).
 pub fn watch(
     spec: Sharded,
-) -> impl Stream<Item = Result<watcher::Event<DynamicObject>, watcher::Error>> + Send + 'static {
+) -> impl Stream<Item = Result<watcher::Event<Lean>, watcher::Error>> + Send + 'static {
     let state = State {
         ranges: spec.shards.subscribe(),
         spec,
@@ -271,7 +268,7 @@ pub fn watch(
 mod tests {
     use super::*;
 
-    fn in_ns(ns: &str) -> DynamicObject {
+    fn in_ns(ns: &str) -> Lean {
         serde_json::from_value(serde_json::json!({
             "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x", "namespace": ns}
         }))
