@@ -24,6 +24,7 @@
 //! object `metadata`, or its metadata does not parse as `ObjectMeta`.
 
 use std::borrow::Cow;
+use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
 use kube::api::ObjectMeta;
@@ -90,16 +91,32 @@ impl Lean {
         Lean { metadata, json }
     }
 
-    /// The object's top-level fields but `apiVersion`, `kind` and `metadata`, each as its
-    /// text, in the order sent (what a `DynamicObject` holds as its `data`).
-    pub fn data_fields(&self) -> serde_json::Result<Vec<(String, String)>> {
+    /// Feeds the object's text to `h` field by field, leaving out the top-level fields `skip`
+    /// names and the metadata fields `skip_meta` names: each key and its value's text as the
+    /// API server sent it (nothing parsed, nothing copied).
+    pub fn hash_fields<H: Hasher>(
+        &self,
+        (skip, skip_meta): (&[&str], &[&str]),
+        h: &mut H,
+    ) -> serde_json::Result<()> {
         let fields: Fields<'_> = serde_json::from_str(&self.json)?;
-        Ok(fields
-            .0
-            .into_iter()
-            .filter(|(k, _)| !matches!(k.as_ref(), "apiVersion" | "kind" | "metadata"))
-            .map(|(k, v)| (k.into_owned(), v.get().to_string()))
-            .collect())
+        for (k, v) in fields.0.iter().filter(|(k, _)| !skip.contains(&k.as_ref())) {
+            k.hash(h);
+            if k != "metadata" {
+                v.get().hash(h);
+                continue;
+            }
+            let meta: Fields<'_> = serde_json::from_str(v.get())?;
+            for (mk, mv) in meta
+                .0
+                .iter()
+                .filter(|(k, _)| !skip_meta.contains(&k.as_ref()))
+            {
+                mk.hash(h);
+                mv.get().hash(h);
+            }
+        }
+        Ok(())
     }
 }
 
@@ -378,15 +395,24 @@ mod tests {
     }
 
     #[test]
-    fn data_fields_are_what_a_dynamic_object_holds_as_data() {
-        let lean = Lean::parse(&deployment().to_string()).expect("parses");
-        let keys: Vec<String> = lean
-            .data_fields()
-            .expect("fields")
-            .into_iter()
-            .map(|(k, _)| k)
-            .collect();
-        assert_eq!(keys, ["spec", "status"]);
+    fn fields_hash_as_sent_but_what_is_left_out() {
+        let hash = |text: &str, skip: &[&str]| {
+            let mut h = std::hash::DefaultHasher::new();
+            let lean = Lean::parse(text).expect("parses");
+            lean.hash_fields((skip, &["resourceVersion", "managedFields"]), &mut h)
+                .expect("hashes");
+            h.finish()
+        };
+        let a = r#"{"kind":"A","metadata":{"name":"a","resourceVersion":"1"},"spec":{"x":1},"status":{"s":1}}"#;
+        let later = r#"{"kind":"A","metadata":{"name":"a","resourceVersion":"2","managedFields":[{}]},"spec":{"x":1},"status":{"s":2}}"#;
+        let changed = r#"{"kind":"A","metadata":{"name":"a","resourceVersion":"2"},"spec":{"x":2},"status":{"s":1}}"#;
+        assert_eq!(hash(a, &["status"]), hash(later, &["status"]));
+        assert_ne!(
+            hash(a, &[]),
+            hash(later, &[]),
+            "the status counts unless left out"
+        );
+        assert_ne!(hash(a, &["status"]), hash(changed, &["status"]));
         let named = Lean::named(Some("ns".into()), "gone");
         assert_eq!(
             (named.namespace(), named.name_any()),

@@ -33,9 +33,7 @@
 //! # Errors
 //! Nothing here fails.
 
-use std::hash::{DefaultHasher, Hash, Hasher};
-
-use kube::Resource;
+use std::hash::{DefaultHasher, Hasher};
 
 use crate::lean::Lean;
 
@@ -70,21 +68,19 @@ pub fn with_status(o: &Lean) -> Option<u64> {
     fingerprint(o, true)
 }
 
-/// The metadata (typed, so its text's order does not count) and the text of every other
-/// field but `apiVersion` and `kind` (and `status` unless `status`), as the API server sent
-/// it: the server writes an object's fields in one order (Go's encoding, map keys sorted), so
+/// The text of every field but `apiVersion`, `kind` (and `status` unless `status`), and of
+/// every metadata field but `resourceVersion` and `managedFields`, as the API server sent it:
+/// the server writes an object's fields in one order (Go's encoding, map keys sorted), so
 /// equal objects give equal texts.
 fn fingerprint(o: &Lean, status: bool) -> Option<u64> {
-    let mut meta = o.meta().clone();
-    meta.resource_version = None;
-    meta.managed_fields = None;
+    let skip: &[&str] = if status {
+        &["apiVersion", "kind"]
+    } else {
+        &["apiVersion", "kind", "status"]
+    };
     let mut h = DefaultHasher::new();
-    serde_json::to_string(&meta).ok()?.hash(&mut h);
-    for (k, v) in o.data_fields().ok()? {
-        if status || k != "status" {
-            (k, v).hash(&mut h);
-        }
-    }
+    o.hash_fields((skip, &["resourceVersion", "managedFields"]), &mut h)
+        .ok()?;
     Some(h.finish())
 }
 
