@@ -192,8 +192,9 @@ struct CacheState {
 ///
 /// A `serde_json::Value` costs several times its JSON text (every JSON object is a B-tree
 /// with its own node allocations), and a reconcile sends the module JSON text anyway; so the
-/// cache keeps the text, built once per watch event, and a reconcile parses only the few objects
-/// it reads (see `docs/benchmarks.md`, "Cache memory per object").
+/// cache keeps the text the watch event brought (no `Value` is built for it, see [`Lean`]), and
+/// a reconcile parses only the few objects it reads (see `docs/benchmarks.md`, "Cache memory
+/// per object").
 ///
 /// # Guarantees
 /// - The cache follows its watch stream as kube-runtime's reflector store does: applied objects
