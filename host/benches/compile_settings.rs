@@ -14,9 +14,17 @@
 //! its own. Rounds are interleaved and medians printed, since the machine's load moves;
 //! `WASMOP_BENCH_ROUNDS` (default 3). The last line is
 //! `compile settings python winch ms before: N now: M`.
+//!
+//! A second table answers what the Python build's function table costs its fast compile (the
+//! `now` setting): the build as it is, then compile-only variants whose libpython no longer
+//! fills the table at start-up (its functions still escape) and no longer lists any function
+//! in it (see `common/elements.rs`). Its line is
+//! `compile python table winch ms built: A declared: B removed: C`.
 
 use std::time::Instant;
 
+#[path = "common/elements.rs"]
+mod elements;
 #[path = "common/tenant.rs"]
 mod tenant;
 
@@ -120,6 +128,57 @@ fn row(label: &str, path: &std::path::Path, rounds: usize) -> (u64, u64) {
     (ms[0], ms[1])
 }
 
+/// The second table: the Python build and its two compile-only variants, `now` setting, rounds
+/// interleaved; returns the medians of time in that order.
+fn table_rows(dir: &std::path::Path, python: &[u8], rounds: usize) -> [u64; 3] {
+    let variants = [
+        ("as built", python.to_vec()),
+        (
+            "table entries declared, not set",
+            elements::rewrite(python, elements::Variant::Declared),
+        ),
+        (
+            "table entries removed",
+            elements::rewrite(python, elements::Variant::Removed),
+        ),
+    ];
+    let paths: Vec<_> = variants
+        .iter()
+        .enumerate()
+        .map(|(i, (_, bytes))| {
+            let path = dir.join(format!("tenant-variant-{i}.wasm"));
+            std::fs::write(&path, bytes).expect("write a variant");
+            path
+        })
+        .collect();
+    let mut runs: [Vec<Measured>; 3] = [Vec::new(), Vec::new(), Vec::new()];
+    for round in 0..rounds {
+        for (i, path) in paths.iter().enumerate() {
+            let m = measure(path, "now");
+            eprintln!(
+                "  python table round {}: {}: {m:?}",
+                round + 1,
+                variants[i].0
+            );
+            runs[i].push(m);
+        }
+    }
+    println!("| python, winch (now) | time | peak | artifact |");
+    println!("| --- | --- | --- | --- |");
+    let mut ms = [0; 3];
+    for (i, (label, _)) in variants.iter().enumerate() {
+        let pick = |f: fn(&Measured) -> u64| median(runs[i].iter().map(f).collect());
+        ms[i] = pick(|m| m.ms);
+        println!(
+            "| {label} | {} ms | {:.1} MiB | {} KiB |",
+            ms[i],
+            pick(|m| m.peak_kib) as f64 / 1024.0,
+            pick(|m| m.artifact_kib)
+        );
+    }
+    ms
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     if let Some(i) = args.iter().position(|a| a == "--one") {
@@ -148,5 +207,14 @@ fn main() {
     row("rust, winch", &rust, rounds);
     let (before, now) = row("python, winch", &python, rounds);
     println!();
+    let [built, declared, removed] = table_rows(
+        dir.path(),
+        &std::fs::read(&python).expect("the Python module"),
+        rounds,
+    );
+    println!();
+    println!(
+        "compile python table winch ms built: {built} declared: {declared} removed: {removed}"
+    );
     println!("compile settings python winch ms before: {before} now: {now}");
 }
