@@ -92,7 +92,7 @@ pub fn table(n: usize, rows: &[Measurement]) -> String {
     }
     let _ = writeln!(
         out,
-        "\nrequests per App by verb and resource (the contender's writes and reads of Apps, Deployments, Services and events.k8s.io Events during convergence; the bench's App creates left out):"
+        "\nrequests per App by verb and resource (every client's writes and reads of Apps, Deployments, Services and events.k8s.io Events during convergence, as the API server counts them: the scheduler's Events and the garbage collector's `GET apps` included; the bench's App creates left out):"
     );
     for m in rows {
         let per_app = m.converge_requests.per_app_by_kind(n);
