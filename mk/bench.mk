@@ -29,6 +29,15 @@ bench-cache-memory: prereqs-bench
 bench-watch-decode: prereqs-bench
 	$(CARGO) bench -p wasmop --bench watch_decode
 
+.PHONY: bench-event-publish
+## What publishing a module's Event costs once many were published (no cluster): Events for
+## distinct objects through a lane with one kube-runtime `Recorder` (which scans its whole cache
+## on every publish) against the lane's `Recorders`, rounds alternating; last line `event publish
+## us per event, last tenth: one recorder X.XX recorders Y.YY`. WASMOP_BENCH_N: Events per round
+## (default 20000).
+bench-event-publish: prereqs-bench
+	$(CARGO) bench -p wasmop --bench event_publish
+
 .PHONY: bench-hotswap
 ## Module update -> first reconcile by the new module, on the local control plane: the Rust
 ## example through a ConfigMap, the Python example through an OCI registry. The last lines are

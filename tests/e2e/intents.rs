@@ -7,11 +7,11 @@ use crate::support::*;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, DynamicObject, PostParams};
-use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::events::Reporter;
 use serde_json::{Value, json};
 use wasmop::contract::{Action, Gvk, ObjectRef, Propagation};
 use wasmop::controller::apply::{Applier, Observed};
-use wasmop::controller::emit::EventLane;
+use wasmop::controller::emit::{EventLane, Recorders};
 use wasmop::controller::intents::{PreparedSet, Validated};
 use wasmop::discovery::Discovery;
 use wasmop_testenv::{TestEnv, eventually};
@@ -87,9 +87,9 @@ async fn a_new_childs_first_apply_creates_it_or_refuses_a_name_someone_else_hold
         .await?;
     let discovery = Discovery::new(env.client.clone());
     let resolved = discovery.resolve(&Gvk::new("v1", "ConfigMap")).await?;
-    let recorder = Recorder::new(
-        env.client.clone(),
-        Reporter {
+    let recorder = Recorders::new(
+        &env.client,
+        &Reporter {
             controller: "wasmop-e2e".into(),
             instance: None,
         },
@@ -198,9 +198,9 @@ async fn prunes_and_deletes_on_a_stale_observation_spare_an_object_recreated_und
     let discovery = Discovery::new(env.client.clone());
     let kind = Gvk::new("v1", "ConfigMap");
     let resolved = discovery.resolve(&kind).await?;
-    let recorder = Recorder::new(
-        env.client.clone(),
-        Reporter {
+    let recorder = Recorders::new(
+        &env.client,
+        &Reporter {
             controller: "wasmop-e2e".into(),
             instance: None,
         },

@@ -921,7 +921,7 @@ pub(super) mod tests {
 
     use http_body_util::BodyExt;
     use kube::client::Body;
-    use kube::runtime::events::{Recorder, Reporter};
+    use kube::runtime::events::Reporter;
     use serde_json::json;
 
     use super::*;
@@ -1096,7 +1096,11 @@ pub(super) mod tests {
             controller: "test".into(),
             instance: None,
         };
-        let lane = EventLane::start(Recorder::new(client.clone(), reporter), "t", Arc::default());
+        let lane = EventLane::start(
+            crate::controller::emit::Recorders::new(client, &reporter),
+            "t",
+            Arc::default(),
+        );
         Applier::new(client.clone(), client.clone(), "t", discovery.clone(), lane)
     }
 

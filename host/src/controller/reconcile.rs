@@ -1146,7 +1146,7 @@ mod tests {
                 discovery: Discovery::new(client.clone()),
                 host_events: Recorder::new(client.clone(), reporter.clone()),
                 module_events: crate::controller::emit::EventLane::start(
-                    Recorder::new(client, reporter),
+                    crate::controller::emit::Recorders::new(&client, &reporter),
                     name,
                     Arc::default(),
                 ),

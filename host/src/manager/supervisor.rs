@@ -22,7 +22,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, DynamicObject};
-use kube::runtime::events::{EventType as KubeEventType, Recorder, Reporter};
+use kube::runtime::events::{EventType as KubeEventType, Reporter};
 use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::json;
 use tokio::sync::oneshot;
@@ -31,7 +31,7 @@ use super::status::{SetupError, Subject};
 use super::swap::{self, Candidate, Kept, Serving, SwapState};
 use super::{DecisionsRx, HostContext, UpdatesRx, access, conflict, rekey, release};
 use crate::contract::Gvk;
-use crate::controller::emit::EventLane;
+use crate::controller::emit::{EventLane, Recorders};
 use crate::controller::predicate::Changes;
 use crate::controller::{self, Clients, Health, Running, Settings};
 use crate::crd::{MAX_RESYNC, WasmReconciler, WasmReconcilerSpec, parse_bounded_duration};
@@ -355,9 +355,9 @@ impl Supervisor {
             discovery: ctx.discovery.clone(),
             host_events: self.s.events.clone(),
             module_events: EventLane::start(
-                Recorder::new(
-                    module,
-                    Reporter {
+                Recorders::new(
+                    &module,
+                    &Reporter {
                         controller: format!("wasmop/{}", self.name()),
                         instance: Some(ctx.instance.clone()),
                     },
