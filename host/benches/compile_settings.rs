@@ -101,6 +101,19 @@ fn median(mut v: Vec<u64>) -> u64 {
     v[v.len() / 2]
 }
 
+/// The medians of `runs`, formatted as the tables' last three cells (time, peak, artifact), and
+/// the median time.
+fn cells(runs: &[Measured]) -> (String, u64) {
+    let pick = |f: fn(&Measured) -> u64| median(runs.iter().map(f).collect());
+    let ms = pick(|m| m.ms);
+    let text = format!(
+        "{ms} ms | {:.1} MiB | {} KiB",
+        pick(|m| m.peak_kib) as f64 / 1024.0,
+        pick(|m| m.artifact_kib)
+    );
+    (text, ms)
+}
+
 /// Prints one row per setting for `label`; returns the medians of time (before, now).
 fn row(label: &str, path: &std::path::Path, rounds: usize) -> (u64, u64) {
     let mut runs: [Vec<Measured>; 2] = [Vec::new(), Vec::new()];
@@ -116,14 +129,9 @@ fn row(label: &str, path: &std::path::Path, rounds: usize) -> (u64, u64) {
         .iter()
         .enumerate()
     {
-        let pick = |f: fn(&Measured) -> u64| median(runs[i].iter().map(f).collect());
-        ms[i] = pick(|m| m.ms);
-        println!(
-            "| {label} | {name} | {} ms | {:.1} MiB | {} KiB |",
-            ms[i],
-            pick(|m| m.peak_kib) as f64 / 1024.0,
-            pick(|m| m.artifact_kib)
-        );
+        let (text, median_ms) = cells(&runs[i]);
+        ms[i] = median_ms;
+        println!("| {label} | {name} | {text} |");
     }
     (ms[0], ms[1])
 }
@@ -167,14 +175,9 @@ fn table_rows(dir: &std::path::Path, python: &[u8], rounds: usize) -> [u64; 3] {
     println!("| --- | --- | --- | --- |");
     let mut ms = [0; 3];
     for (i, (label, _)) in variants.iter().enumerate() {
-        let pick = |f: fn(&Measured) -> u64| median(runs[i].iter().map(f).collect());
-        ms[i] = pick(|m| m.ms);
-        println!(
-            "| {label} | {} ms | {:.1} MiB | {} KiB |",
-            ms[i],
-            pick(|m| m.peak_kib) as f64 / 1024.0,
-            pick(|m| m.artifact_kib)
-        );
+        let (text, median_ms) = cells(&runs[i]);
+        ms[i] = median_ms;
+        println!("| {label} | {text} |");
     }
     ms
 }

@@ -56,17 +56,7 @@ const SWAP_WITHIN: Duration = Duration::from_secs(300);
 /// Appends a custom section (id 0) named `wasmop-bench` holding `n` to a component: still the same
 /// program, but a different sha256.
 fn unique(module: &[u8], n: u32) -> Vec<u8> {
-    fn leb(mut v: usize, out: &mut Vec<u8>) {
-        loop {
-            let byte = (v & 0x7f) as u8;
-            v >>= 7;
-            if v == 0 {
-                out.push(byte);
-                break;
-            }
-            out.push(byte | 0x80);
-        }
-    }
+    use wasmop_test_modules::leb;
     let name = b"wasmop-bench";
     let payload = n.to_le_bytes();
     let mut body = Vec::new();

@@ -28,18 +28,6 @@ fn leb(b: &[u8], mut i: usize) -> (u64, usize) {
     }
 }
 
-fn put_leb(out: &mut Vec<u8>, mut n: u64) {
-    loop {
-        let byte = (n & 0x7f) as u8;
-        n >>= 7;
-        if n == 0 {
-            out.push(byte);
-            return;
-        }
-        out.push(byte | 0x80);
-    }
-}
-
 /// A section: its id, where its header starts, where its body starts and ends.
 struct Section {
     id: u8,
@@ -68,7 +56,7 @@ fn sections(b: &[u8], start: usize, end: usize) -> Vec<Section> {
 
 fn push_section(out: &mut Vec<u8>, id: u8, body: &[u8]) {
     out.push(id);
-    put_leb(out, body.len() as u64);
+    wasmop_test_modules::leb(body.len(), out);
     out.extend_from_slice(body);
 }
 

@@ -24,20 +24,23 @@ pub fn bytes(path: &str) -> Vec<u8> {
     std::fs::read(path).unwrap_or_else(|e| panic!("cannot read the test module {path}: {e}"))
 }
 
+/// Appends `n` to `out` as an unsigned LEB128 number (how a Wasm binary writes sizes and
+/// counts), for benchmarks that build variants of a module.
+pub fn leb(mut n: usize, out: &mut Vec<u8>) {
+    loop {
+        let byte = (n & 0x7f) as u8;
+        n >>= 7;
+        if n == 0 {
+            out.push(byte);
+            return;
+        }
+        out.push(byte | 0x80);
+    }
+}
+
 /// `component` with a custom section `wasmop-bench-variant` holding `index` appended: a valid
 /// component with its own digest.
 pub fn variant(component: &[u8], index: usize) -> Vec<u8> {
-    fn leb(mut n: usize, out: &mut Vec<u8>) {
-        loop {
-            let byte = (n & 0x7f) as u8;
-            n >>= 7;
-            if n == 0 {
-                out.push(byte);
-                return;
-            }
-            out.push(byte | 0x80);
-        }
-    }
     let name = b"wasmop-bench-variant";
     let payload = index.to_string().into_bytes();
     let mut body = Vec::new();
