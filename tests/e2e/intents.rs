@@ -87,7 +87,7 @@ async fn a_new_childs_first_apply_creates_it_or_refuses_a_name_someone_else_hold
         .await?;
     let discovery = Discovery::new(env.client.clone());
     let resolved = discovery.resolve(&Gvk::new("v1", "ConfigMap")).await?;
-    let recorder = Recorders::new(
+    let recorders = Recorders::new(
         &env.client,
         &Reporter {
             controller: "wasmop-e2e".into(),
@@ -99,7 +99,7 @@ async fn a_new_childs_first_apply_creates_it_or_refuses_a_name_someone_else_hold
         env.client.clone(),
         "create",
         discovery,
-        EventLane::start(recorder, "create", Default::default()),
+        EventLane::start(recorders, "create", Default::default()),
     );
     let apply = |set: PreparedSet, observed: Vec<Observed>| {
         let (applier, resolved, owner) = (&applier, &resolved, &owner);
@@ -198,7 +198,7 @@ async fn prunes_and_deletes_on_a_stale_observation_spare_an_object_recreated_und
     let discovery = Discovery::new(env.client.clone());
     let kind = Gvk::new("v1", "ConfigMap");
     let resolved = discovery.resolve(&kind).await?;
-    let recorder = Recorders::new(
+    let recorders = Recorders::new(
         &env.client,
         &Reporter {
             controller: "wasmop-e2e".into(),
@@ -210,7 +210,7 @@ async fn prunes_and_deletes_on_a_stale_observation_spare_an_object_recreated_und
         env.client.clone(),
         "stale",
         discovery,
-        EventLane::start(recorder, "stale", Default::default()),
+        EventLane::start(recorders, "stale", Default::default()),
     );
 
     // A prune of a child the cache still shows, after someone replaced it.

@@ -60,7 +60,7 @@ fn push_section(out: &mut Vec<u8>, id: u8, body: &[u8]) {
     out.extend_from_slice(body);
 }
 
-/// The element section of the core module at `module`, rewritten as `variant` says.
+/// The element section `s` of a core module in `b`, rewritten as `variant` says.
 ///
 /// # Panics
 /// If the section is not one active segment of function indices for table 0 (flags 0), the
@@ -76,19 +76,14 @@ fn rewrite_elements(b: &[u8], s: &Section, variant: Variant) -> Vec<u8> {
         i += 1; // the offset expression (e.g. `global.get $__table_base`)
     }
     let functions = &b[i + 1..s.end];
-    let mut body = vec![1];
+    // One segment; flags 3: declarative, of element kind funcref (0x00).
+    let mut body = vec![1, 3, 0x00];
     match variant {
-        // flags 3: declarative, element kind funcref (0x00), then the same vector of indices
-        Variant::Declared => body.extend_from_slice(&[3, 0x00]),
-        // flags 3 with no function: nothing declared, nothing set
-        Variant::Removed => {
-            body.extend_from_slice(&[3, 0x00, 0]);
-            let mut out = Vec::new();
-            push_section(&mut out, 9, &body);
-            return out;
-        }
+        // The same vector of function indices.
+        Variant::Declared => body.extend_from_slice(functions),
+        // An empty vector.
+        Variant::Removed => body.push(0),
     }
-    body.extend_from_slice(functions);
     let mut out = Vec::new();
     push_section(&mut out, 9, &body);
     out

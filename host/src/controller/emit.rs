@@ -33,8 +33,8 @@
 //!   minutes, not all of them: kube-runtime's `Recorder` drops its expired entries on every
 //!   publish by scanning its whole cache, so a lane publishes through [`RECORDERS`] of them, each
 //!   for the objects whose reference hashes to it ([`Recorders`]). An object's Events all go
-//!   through one, so a repeat is still a patch of its series. `make bench-event-publish`: 17
-//!   against 723 us per publish after 20,000 Events.
+//!   through one, so a repeat is still a patch of its series. `make bench-event-publish`: 19
+//!   against 771 us per publish after 20,000 Events.
 //!
 //! # Caveats
 //! - A failed Event does not fail the reconcile or hold the finalizer back (before issue 27 it
@@ -46,11 +46,10 @@
 //! - A try that timed out may have been stored all the same: its retry may then record the
 //!   Event twice. A report twice beats a report lost.
 
+use std::hash::{Hash, Hasher};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-
-use std::hash::{Hash, Hasher};
 
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::runtime::events::{Event, Recorder, Reporter};
