@@ -104,6 +104,7 @@ fn init_logs(
         logs.json()
             .with_current_span(true)
             .with_span_list(false)
+            .fmt_fields(wasmop::operations::json_fields::AppendJsonFields)
             .boxed()
     } else {
         logs.with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
@@ -153,6 +154,7 @@ mod tests {
             .json()
             .with_current_span(true)
             .with_span_list(false)
+            .fmt_fields(wasmop::operations::json_fields::AppendJsonFields)
             .with_writer(move || writer.clone())
             .with_filter(super::log_filter(tracing_subscriber::EnvFilter::new(
                 "info",
