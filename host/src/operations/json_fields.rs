@@ -131,41 +131,10 @@ impl Visit for Object {
 
 #[cfg(test)]
 mod tests {
-    use std::io::Write;
-    use std::sync::{Arc, Mutex};
-
     use tracing_subscriber::fmt::format::JsonFields;
     use tracing_subscriber::layer::SubscriberExt as _;
 
     use super::AppendJsonFields;
-
-    /// Where a test's log lines go.
-    #[derive(Clone, Default)]
-    struct Lines(Arc<Mutex<Vec<u8>>>);
-
-    impl Write for Lines {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.0
-                .lock()
-                .map_err(|e| std::io::Error::other(e.to_string()))?
-                .extend_from_slice(buf);
-            Ok(buf.len())
-        }
-
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-
-    impl Lines {
-        fn parsed(&self) -> Vec<serde_json::Value> {
-            let bytes = self.0.lock().map(|l| l.clone()).unwrap_or_default();
-            String::from_utf8_lossy(&bytes)
-                .lines()
-                .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
-                .collect()
-        }
-    }
 
     /// Spans with fields of every kind, created, recorded and recorded again, and events in
     /// them.
@@ -201,18 +170,21 @@ mod tests {
     where
         N: for<'w> tracing_subscriber::fmt::FormatFields<'w> + Send + Sync + 'static,
     {
-        let lines = Lines::default();
-        let writer = lines.clone();
+        let file = tempfile::NamedTempFile::new().unwrap_or_else(|e| panic!("a file: {e}"));
+        let writer = file.reopen().unwrap_or_else(|e| panic!("{e}"));
         let layer = tracing_subscriber::fmt::layer()
             .json()
             .with_current_span(true)
             .with_span_list(true)
             .without_time()
             .fmt_fields(fields)
-            .with_writer(move || writer.clone());
+            .with_writer(writer);
         let subscriber = tracing_subscriber::registry().with(layer);
         tracing::subscriber::with_default(subscriber, exercise);
-        lines.parsed()
+        let text = std::fs::read_to_string(file.path()).unwrap_or_else(|e| panic!("{e}"));
+        text.lines()
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+            .collect()
     }
 
     #[test]
