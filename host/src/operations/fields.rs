@@ -4,7 +4,8 @@
 //! keeps each span's fields as JSON text, and every `Span::record` call parses that text and
 //! writes it again. A reconcile span has some twenty fields: recorded one by one, their
 //! re-encoding was ~5% of a converging host's CPU (`docs/benchmarks.md`, the profile). One
-//! [`record`] call re-encodes them once.
+//! [`record`] call re-encodes them once. (The log's span fields are now appended to, not
+//! re-encoded: [`super::json_fields`]; one call is still one `on_record` for every layer.)
 //!
 //! # Guarantees
 //! - The span ends up with the same field values as `span.record(name, value)` for each pair,
