@@ -30,6 +30,7 @@ use std::sync::Arc;
 use kube::api::ObjectMeta;
 use serde::Deserialize;
 use serde::de::{MapAccess, Visitor};
+use serde_json::Value;
 use serde_json::value::RawValue;
 
 /// One watched object: its metadata (without `managedFields`) and its JSON text.
@@ -76,6 +77,47 @@ impl Lean {
         let json = serde_json::json!({ "metadata": &metadata }).to_string();
         Lean {
             metadata,
+            json: json.into(),
+        }
+    }
+
+    /// The object with `kind` and `apiVersion` in its text, written first when it had neither.
+    ///
+    /// The API server leaves them out of the items of a list of a built-in kind (a
+    /// `ConfigMapList`'s items), and writes them first in every watch event (`kind`, then
+    /// `apiVersion`). Typed so, an object relisted unchanged has the text its watch event had
+    /// (the caches compare texts to tell a relist from a change), and a module sees every
+    /// object with its type, whichever way it came.
+    ///
+    /// # Caveats
+    /// A text that starts with either field is taken as it is (the API server writes both or
+    /// neither; checked without a parse, as most objects are); otherwise only a missing field
+    /// is added.
+    pub fn with_type(self, api_version: &str, kind: &str) -> Self {
+        let text: &str = &self.json;
+        if text.starts_with(r#"{"kind":"#) || text.starts_with(r#"{"apiVersion":"#) {
+            return self;
+        }
+        let Ok(fields) = serde_json::from_str::<Fields<'_>>(text) else {
+            return self;
+        };
+        let missing = |key: &str, value: &str| {
+            fields
+                .get(key)
+                .is_none()
+                .then(|| format!("{}:{}", Value::from(key), Value::from(value)))
+        };
+        let added: Vec<String> = [missing("kind", kind), missing("apiVersion", api_version)]
+            .into_iter()
+            .flatten()
+            .collect();
+        let (Some(rest), false) = (text.strip_prefix('{'), added.is_empty()) else {
+            return self;
+        };
+        let sep = if fields.0.is_empty() { "" } else { "," };
+        let json = format!("{{{}{sep}{rest}", added.join(","));
+        Lean {
+            metadata: self.metadata,
             json: json.into(),
         }
     }
@@ -425,5 +467,38 @@ mod tests {
                 .as_deref(),
             Some("gone")
         );
+    }
+
+    /// The finding of 2026-11-30: a list's item of a built-in kind has no `kind` or
+    /// `apiVersion`, its watch event has both, and the owned caches took every child relisted
+    /// unchanged (a sharded replica gaining ranges) as changed. Typed, the two texts are one.
+    #[test]
+    fn a_list_item_typed_has_its_watch_events_text() {
+        let event = r#"{"kind":"ConfigMap","apiVersion":"v1","metadata":{"name":"a","namespace":"n","resourceVersion":"5"},"data":{"k":"v"}}"#;
+        let item =
+            r#"{"metadata":{"name":"a","namespace":"n","resourceVersion":"5"},"data":{"k":"v"}}"#;
+        let typed = |text: &str| {
+            Lean::parse(text)
+                .expect("object")
+                .with_type("v1", "ConfigMap")
+        };
+        assert_eq!(typed(item).json(), typed(event).json());
+        assert_eq!(
+            &**typed(event).json(),
+            event,
+            "a typed text is taken as it is"
+        );
+        // A custom resource's list item (sorted keys, `apiVersion` first) is kept as it is.
+        let sorted = r#"{"apiVersion":"x.dev/v1","kind":"W","metadata":{"name":"a"}}"#;
+        assert_eq!(&**typed(sorted).json(), sorted);
+        // Only a missing field is added, wherever the other stands.
+        let late = r#"{"metadata":{"name":"a"},"kind":"Other"}"#;
+        assert_eq!(
+            &**typed(late).json(),
+            r#"{"apiVersion":"v1","metadata":{"name":"a"},"kind":"Other"}"#
+        );
+        let parsed: DynamicObject = crate::object::parse(typed(item).json()).expect("parses");
+        assert_eq!(parsed.types.map(|t| t.kind).as_deref(), Some("ConfigMap"));
+        assert_eq!(parsed.metadata.resource_version.as_deref(), Some("5"));
     }
 }

@@ -231,6 +231,38 @@ fn reconciles_between(
         .count()
 }
 
+/// Item 8 for a takeover: from the kill to the fourth replica's start, each survivor reconciled
+/// every primary it held all along once (for the spec change made after the kill), not again
+/// when it gained the killed replica's ranges: a gain relists every watch, and a relist of
+/// unchanged objects calls for no reconcile. `before` holds the records up to the kill.
+fn assert_held_reconciled_once(
+    all: &BTreeMap<String, Vec<Record>>,
+    before: &BTreeMap<String, Vec<Record>>,
+    (from, to): (u64, u64),
+) -> anyhow::Result<()> {
+    let mut again = Vec::new();
+    for (primary, rs) in before {
+        let Some(holder) = rs.first().map(|r| r.replica).filter(|r| *r != 2) else {
+            continue;
+        };
+        let n = all
+            .get(primary)
+            .into_iter()
+            .flatten()
+            .filter(|r| r.replica == holder && r.started >= from && r.started < to);
+        let n = n.count();
+        if n != 1 {
+            again.push(format!("{primary}: {n} by replica {holder}"));
+        }
+    }
+    anyhow::ensure!(
+        again.is_empty(),
+        "{} primaries held all along by a survivor were not reconciled exactly once for one spec change while the survivors took the killed replica's ranges over: {again:?}",
+        again.len()
+    );
+    Ok(())
+}
+
 fn widget(ns: &str, name: &str) -> anyhow::Result<DynamicObject> {
     Ok(serde_json::from_value(json!({
         "apiVersion": "test.wasmop.dev/v1", "kind": "Widget",
@@ -889,6 +921,7 @@ async fn run(cp: &ControlPlane, gate: bool) -> anyhow::Result<()> {
             kept == 0,
             "the replicas that only gave ranges up reconciled {kept} primaries while the fourth joined"
         );
+        assert_held_reconciled_once(&all, &before, (killed, joined))?;
         assert_exclusive(&all)?;
         assert_children_listed(&all, children_made)?;
         let fourth_reconciles = all.values().flatten().filter(|r| r.replica == 3).count();

@@ -366,10 +366,13 @@ fn watch_events(
     sharding: Option<Sharding<'_>>,
 ) -> WatchEvents {
     let Some((shards, key, lister)) = sharding else {
-        return scope::watch(client, &watched.resolved, namespaces, config, held);
+        return typed(
+            scope::watch(client, &watched.resolved, namespaces, config, held),
+            &watched.kind,
+        );
     };
     let (resolved, namespaces) = (watched.resolved.clone(), namespaces.to_vec());
-    crate::sharding::watch::watch(crate::sharding::watch::Sharded {
+    let events = crate::sharding::watch::watch(crate::sharding::watch::Sharded {
         client: client.clone(),
         make_api: Arc::new(move |c: Client| api_for(&c, &resolved, &namespaces)),
         config,
@@ -379,7 +382,29 @@ fn watch_events(
         lister,
     })
     .default_backoff()
-    .boxed()
+    .boxed();
+    typed(events, &watched.kind)
+}
+
+/// `events` with every object typed as `kind` ([`Lean::with_type`]): the API server sends the
+/// items of a list of a built-in kind without their type, and a cache would take each of them,
+/// relisted unchanged, as changed (and reconcile its primary).
+fn typed(events: WatchEvents, kind: &Gvk) -> WatchEvents {
+    let (api_version, kind) = (kind.api_version.clone(), kind.kind.clone());
+    events
+        .map(move |event| event.map(|e| typed_event(e, &api_version, &kind)))
+        .boxed()
+}
+
+/// A watch event with its object typed (see [`typed`]).
+fn typed_event(event: watcher::Event<Lean>, api_version: &str, kind: &str) -> watcher::Event<Lean> {
+    let typed = |o: Lean| o.with_type(api_version, kind);
+    match event {
+        watcher::Event::InitApply(o) => watcher::Event::InitApply(typed(o)),
+        watcher::Event::Apply(o) => watcher::Event::Apply(typed(o)),
+        watcher::Event::Delete(o) => watcher::Event::Delete(typed(o)),
+        e @ (watcher::Event::Init | watcher::Event::InitDone) => e,
+    }
 }
 
 #[cfg(test)]
@@ -506,6 +531,40 @@ mod tests {
             passed_on(events),
             [("w-0".to_string(), true), ("w-0".to_string(), true)],
             "the first sight and the status write call for a reconcile, nothing else"
+        );
+    }
+
+    /// The finding of 2026-11-30: the items of a `ConfigMapList` have no `kind` or
+    /// `apiVersion`, the watch events that brought the same children had both, and every child
+    /// relisted unchanged (a sharded replica gaining ranges relists its watches) called for
+    /// its primary's reconcile. Typed, a relist of what the cache holds is no change.
+    #[test]
+    fn a_child_relisted_unchanged_is_no_change_for_its_cache() {
+        let text = |typed: bool| {
+            let head = if typed {
+                r#""kind":"ConfigMap","apiVersion":"v1","#
+            } else {
+                ""
+            };
+            format!(
+                r#"{{{head}"metadata":{{"name":"w-0-out","namespace":"n","uid":"c1","resourceVersion":"9","ownerReferences":[{{"apiVersion":"test.wasmop.dev/v1","kind":"Widget","name":"w-0","uid":"p1","controller":true}}]}},"data":{{"owner":"w-0"}}}}"#
+            )
+        };
+        let child = |typed: bool| Lean::parse(&text(typed)).expect("child");
+        let cache = Cache::new(super::super::cache::controller_uid);
+        let typed = |e| typed_event(e, "v1", "ConfigMap");
+        for e in [Event::Init, Event::InitDone, Event::Apply(child(true))] {
+            cache.record(&typed(e));
+        }
+        // The relist a gained range starts: the list's item comes without its type.
+        assert!(cache.record(&typed(Event::Init)));
+        assert!(
+            !cache.record(&typed(Event::InitApply(child(false)))),
+            "the same child, relisted, calls for no reconcile"
+        );
+        assert!(
+            cache.record(&Event::InitApply(child(false))),
+            "untyped, the text differs (what the watches did before)"
         );
     }
 }
