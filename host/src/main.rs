@@ -51,6 +51,10 @@ fn main() -> ExitCode {
             None => tracing::info!("not exporting traces (no OTEL_EXPORTER_OTLP_ENDPOINT)"),
         }
     }
+    if !exporting {
+        // `run` shuts down on Ctrl-C itself; every other command stops at once.
+        runtime.spawn(interrupted());
+    }
     let code = match runtime.block_on(wasmop::cli::run(cli, invocation)) {
         Ok(code) => code,
         Err(e) => {
@@ -64,6 +68,19 @@ fn main() -> ExitCode {
     // Spans still queued go out, however the command ended (a no-op when already flushed).
     traces::shutdown();
     code
+}
+
+/// Ctrl-C during a command: the process exits at once with 130 (128 + SIGINT, as a shell
+/// expects), after deleting the quarantine markers of its compiles under way. Killed by the
+/// signal, it left them: each counted as a compile that crashed, and a second Ctrl-C during
+/// `wasmop test` or `inspect` quarantined the module in the user's cache. Runs on a worker
+/// thread: a command's compile blocks the thread that runs the command.
+async fn interrupted() {
+    if tokio::signal::ctrl_c().await.is_ok() {
+        wasmop::engine::exiting_process();
+        eprintln!("wasmop: interrupted");
+        std::process::exit(130);
+    }
 }
 
 /// Whether the logs take `meta`: not kube-runtime's span around each reconcile ("reconciling

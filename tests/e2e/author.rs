@@ -689,3 +689,69 @@ async fn new_python_project_passes_pytest_builds_and_passes_its_golden_test() ->
     .await?;
     Ok(())
 }
+
+/// The quarantine markers in compiled-module cache `dir`.
+fn markers(dir: &Path) -> Vec<PathBuf> {
+    std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "compiling"))
+        .collect()
+}
+
+/// Ctrl-C during a command's compile: the command exits with 130 and leaves no quarantine
+/// marker. Killed by the signal, it left its marker, counted as a compile that crashed: a
+/// second Ctrl-C quarantined the module in the user's cache.
+#[tokio::test]
+async fn ctrl_c_during_a_compile_exits_and_leaves_no_quarantine_marker() -> anyhow::Result<()> {
+    use nix::sys::signal::{Signal, kill};
+    // A Python component: its compile takes seconds, long enough to be interrupted.
+    let module = tenant_module(TenantBuild::First).await?;
+    let bin = wasmop_binary().await?;
+    // A compile is interrupted once its marker is seen (a fresh cache each try: a compile that
+    // ended first left its module cached).
+    for attempt in 1..=3 {
+        let cache = tempfile::tempdir()?;
+        let compiled = cache.path().join("compiled");
+        let mut child = tokio::process::Command::new(bin)
+            .arg("inspect")
+            .arg(&module)
+            .env("WASMOP_CACHE", cache.path())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()?;
+        let seen = loop {
+            if !markers(&compiled).is_empty() {
+                break true;
+            }
+            if child.try_wait()?.is_some() {
+                break false;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        };
+        if !seen {
+            println!("try {attempt}: the compile ended before its marker was seen");
+            continue;
+        }
+        let pid = child.id().ok_or_else(|| anyhow::anyhow!("no pid"))?;
+        kill(
+            nix::unistd::Pid::from_raw(i32::try_from(pid)?),
+            Signal::SIGINT,
+        )?;
+        let out = tokio::time::timeout(WAIT, child.wait_with_output()).await??;
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(
+            out.status.code(),
+            Some(130),
+            "wasmop inspect interrupted: {:?}\n{stderr}",
+            out.status
+        );
+        assert!(stderr.contains("wasmop: interrupted"), "{stderr}");
+        assert_eq!(markers(&compiled), Vec::<PathBuf>::new(), "no marker left");
+        return Ok(());
+    }
+    anyhow::bail!("in 3 tries, no compile of the Python module was seen under way")
+}
