@@ -110,9 +110,15 @@ impl Marker {
         file: None,
     };
 
-    fn new(live: &'static Live, path: PathBuf, file: std::fs::File) -> Marker {
+    /// A marker registered in `markers`, `live`'s map, whose lock the caller holds.
+    fn new(
+        live: &'static Live,
+        markers: &mut HashMap<u64, PathBuf>,
+        path: PathBuf,
+        file: std::fs::File,
+    ) -> Marker {
         let id = live.next.fetch_add(1, Ordering::Relaxed);
-        live.with(|m| m.insert(id, path));
+        markers.insert(id, path);
         Marker {
             live: Some((live, id)),
             file: Some(file),
@@ -224,22 +230,32 @@ pub(crate) fn begin(entry: &Path, after: u32) -> Marker {
 
 /// [`begin`], registered in `live`.
 fn begin_in(live: &'static Live, entry: &Path, after: u32) -> Marker {
-    if after == 0 || live.exiting.load(Ordering::SeqCst) {
+    if after == 0 {
         return Marker::NONE;
     }
     let path = marker_path(entry);
     if let Some(dir) = path.parent() {
         bound(dir);
     }
-    match lock_marker(&path) {
-        Ok(Some(file)) => Marker::new(live, path, file),
-        // Another compile of this digest and tier is under way: its marker stands for both.
-        Ok(None) => Marker::NONE,
-        Err(e) => {
-            tracing::warn!(target: "wasmop::engine::quarantine", path = %path.display(), error = %e, "cannot mark the compile as under way; a crash during it will not count towards quarantine");
-            Marker::NONE
+    // Written and registered under the registry's lock, `exiting` checked there too: an exit
+    // (which sets `exiting`, then deletes what is registered under the lock) either finds the
+    // marker registered or comes before it is written. Checked, written, then registered, a
+    // marker written while a Ctrl-C's exit ran was left behind (the e2e test of Ctrl-C during
+    // `wasmop inspect` saw one in a loaded run).
+    live.with(|markers| {
+        if live.exiting.load(Ordering::SeqCst) {
+            return Marker::NONE;
         }
-    }
+        match lock_marker(&path) {
+            Ok(Some(file)) => Marker::new(live, markers, path, file),
+            // Another compile of this digest and tier is under way: its marker stands for both.
+            Ok(None) => Marker::NONE,
+            Err(e) => {
+                tracing::warn!(target: "wasmop::engine::quarantine", path = %path.display(), error = %e, "cannot mark the compile as under way; a crash during it will not count towards quarantine");
+                Marker::NONE
+            }
+        }
+    })
 }
 
 /// Opens and locks the marker at `path`, writing one crash more than it recorded (a marker

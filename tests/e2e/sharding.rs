@@ -21,7 +21,9 @@
 //!   has its child, no reconcile (a takeover's or a join's included) sees none, i.e. no gained
 //!   primary is reconciled before its owned cache listed it;
 //! - and (item 8): while the fourth replica joins, the replicas that only give ranges up
-//!   reconcile nothing (a range change reconciles the primaries gained, not every one held).
+//!   reconcile nothing, and from the kill to the fourth's start each survivor reconciles every
+//!   primary it held all along once, for the spec change (a range change reconciles the
+//!   primaries gained, not every one held; a relisted child of a built-in kind is no change).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
