@@ -1,15 +1,18 @@
 //! Creating the Apps in bulk and watching them converge.
 //!
 //! An App has converged when its Deployment and its Service (same name) exist and its
-//! `status.observedGeneration == metadata.generation`. [`Tracker`] follows watches of the three
-//! kinds in the namespace, or in every namespace (never the controller), and counts converged
-//! Apps as events arrive. [`Layout`] says where the Apps live: all in one namespace, or spread
-//! over many (what sharding by namespace needs).
+//! `status.observedGeneration == metadata.generation`; it is *ready* when it has converged and
+//! its Deployment has rolled out (see [`deployment_ready`]), which no controller can claim by
+//! writing a status. [`Tracker`] follows watches of the three kinds in the namespace, or in
+//! every namespace (never the controller), and counts converged and ready Apps as events
+//! arrive. [`Layout`] says where the Apps live: all in one namespace, or spread over many (what
+//! sharding by namespace needs).
 //!
 //! # Guarantees
 //! - [`Tracker::start`] returns once the three watches have delivered their initial state, so no
 //!   change after it is missed.
-//! - [`Tracker::wait`] reports the instant of the watch event that completed convergence.
+//! - [`Tracker::wait`] reports the instant of the watch event that completed convergence;
+//!   [`Tracker::all_ready`] the instant of the one that made the last App ready.
 //! - [`Tracker::history`] holds every change of the converged count the watches saw (for the
 //!   chart), taken from the same events: no request of its own.
 //!
@@ -99,31 +102,98 @@ struct Flags {
     app: bool,
     deployment: bool,
     service: bool,
+    /// The Deployment has rolled out ([`deployment_ready`]).
+    rolled_out: bool,
 }
 
 impl Flags {
     fn ok(self) -> bool {
         self.app && self.deployment && self.service
     }
+
+    fn ready(self) -> bool {
+        self.ok() && self.rolled_out
+    }
+
+    fn apply(&mut self, change: Change) {
+        match change {
+            Change::App(converged) => self.app = converged,
+            Change::Deployment(present, rolled_out) => {
+                self.deployment = present;
+                self.rolled_out = rolled_out;
+            }
+            Change::Service(present) => self.service = present,
+        }
+    }
 }
 
-/// A watch event, by `namespace/name`.
+/// Whether `deployment` has rolled out its current spec: the Deployment controller observed
+/// its generation and as many replicas are ready as it asks for (1 when unset).
+pub fn deployment_ready(deployment: &Deployment) -> bool {
+    let wanted = deployment.spec.replicas.unwrap_or(1);
+    deployment.status.as_ref().is_some_and(|s| {
+        s.observed_generation.is_some()
+            && s.observed_generation == deployment.metadata.generation
+            && s.ready_replicas.unwrap_or(0) >= wanted
+    })
+}
+
+/// What a watch event says of one App's objects.
+#[derive(Debug, Clone, Copy)]
+enum Change {
+    /// The App, converged or not (deleted: not).
+    App(bool),
+    /// Its Deployment: present, and rolled out.
+    Deployment(bool, bool),
+    /// Its Service: present.
+    Service(bool),
+}
+
+/// A watch event: a change by `namespace/name`, or a watch done with its initial list.
 enum Seen {
-    App(String, bool),
-    Deployment(String, bool),
-    Service(String, bool),
-    Ready,
+    Object(String, Change),
+    Listed,
 }
 
-/// Converged Apps so far, and when the count last changed.
+/// Converged and ready Apps so far, and when the counts last changed.
 #[derive(Debug, Clone, Copy)]
 pub struct Progress {
     /// Converged Apps.
     pub converged: usize,
     /// When that count was reached.
     pub at: Instant,
-    /// How many of the three watches have delivered their initial state.
+    /// Ready Apps (converged, their Deployment rolled out).
     pub ready: usize,
+    /// When that count was reached.
+    pub ready_at: Instant,
+    /// How many of the three watches have delivered their initial state.
+    pub listed: usize,
+}
+
+impl Progress {
+    /// The counts after `before` -> `after` of one App, at `now`; whether the converged count
+    /// changed.
+    fn count(&mut self, before: Flags, after: Flags, now: Instant) -> bool {
+        let step = |count: &mut usize, at: &mut Instant, was: bool, is: bool| {
+            if was != is {
+                *count = if is {
+                    *count + 1
+                } else {
+                    count.saturating_sub(1)
+                };
+                *at = now;
+            }
+        };
+        step(
+            &mut self.ready,
+            &mut self.ready_at,
+            before.ready(),
+            after.ready(),
+        );
+        let converged = before.ok() != after.ok();
+        step(&mut self.converged, &mut self.at, before.ok(), after.ok());
+        converged
+    }
 }
 
 /// Follows the Apps, Deployments and Services of a namespace.
@@ -173,7 +243,7 @@ where
                         Some(f(key(&o), &o, true))
                     }
                     watcher::Event::Delete(o) => Some(f(key(&o), &o, false)),
-                    watcher::Event::InitDone => Some(Seen::Ready),
+                    watcher::Event::InitDone => Some(Seen::Listed),
                     watcher::Event::Init => None,
                 }
             }
@@ -196,23 +266,28 @@ impl Tracker {
             .filter_map(|e| async move {
                 match e.ok()? {
                     watcher::Event::Apply(o) | watcher::Event::InitApply(o) => {
-                        Some(Seen::App(key(&o), app_converged(&o)))
+                        Some(Seen::Object(key(&o), Change::App(app_converged(&o))))
                     }
-                    watcher::Event::Delete(o) => Some(Seen::App(key(&o), false)),
-                    watcher::Event::InitDone => Some(Seen::Ready),
+                    watcher::Event::Delete(o) => Some(Seen::Object(key(&o), Change::App(false))),
+                    watcher::Event::InitDone => Some(Seen::Listed),
                     watcher::Event::Init => None,
                 }
             });
-        let deployments = seen(scoped::<Deployment>(client, ns), |n, _, p| {
-            Seen::Deployment(n, p)
+        let deployments = seen(scoped::<Deployment>(client, ns), |n, d, p| {
+            Seen::Object(n, Change::Deployment(p, p && deployment_ready(d)))
         });
-        let services = seen(scoped::<Service>(client, ns), |n, _, p| Seen::Service(n, p));
+        let services = seen(scoped::<Service>(client, ns), |n, _, p| {
+            Seen::Object(n, Change::Service(p))
+        });
         let mut all =
             futures::stream::select_all([apps.boxed(), deployments.boxed(), services.boxed()]);
+        let now = Instant::now();
         let (tx, rx) = watch::channel(Progress {
             converged: 0,
-            at: Instant::now(),
+            at: now,
             ready: 0,
+            ready_at: now,
+            listed: 0,
         });
         let history = Arc::new(Mutex::new(Vec::new()));
         let changes = Arc::clone(&history);
@@ -220,35 +295,26 @@ impl Tracker {
             let mut state: HashMap<String, Flags> = HashMap::new();
             let mut progress = *tx.borrow();
             while let Some(event) = all.next().await {
-                let (name, which, value) = match event {
-                    Seen::App(n, ok) => (n, 0, ok),
-                    Seen::Deployment(n, present) => (n, 1, present),
-                    Seen::Service(n, present) => (n, 2, present),
-                    Seen::Ready => {
-                        progress.ready += 1;
+                let (name, change) = match event {
+                    Seen::Object(name, change) => (name, change),
+                    Seen::Listed => {
+                        progress.listed += 1;
                         let _ = tx.send(progress);
                         continue;
                     }
                 };
                 let flags = state.entry(name).or_default();
-                let before = flags.ok();
-                match which {
-                    0 => flags.app = value,
-                    1 => flags.deployment = value,
-                    _ => flags.service = value,
-                }
-                let after = flags.ok();
-                if before != after {
-                    if after {
-                        progress.converged += 1;
-                    } else {
-                        progress.converged = progress.converged.saturating_sub(1);
-                    }
-                    progress.at = Instant::now();
+                let before = *flags;
+                flags.apply(change);
+                let (after, now) = (*flags, Instant::now());
+                let converged = progress.count(before, after, now);
+                if converged {
                     changes
                         .lock()
                         .unwrap_or_else(PoisonError::into_inner)
                         .push((progress.at, progress.converged));
+                }
+                if before.ok() != after.ok() || before.ready() != after.ready() {
                     let _ = tx.send(progress);
                 }
             }
@@ -260,7 +326,7 @@ impl Tracker {
         };
         tokio::time::timeout(
             Duration::from_secs(60),
-            tracker.progress.wait_for(|p| p.ready >= 3),
+            tracker.progress.wait_for(|p| p.listed >= 3),
         )
         .await
         .map_err(|_| {
@@ -275,6 +341,13 @@ impl Tracker {
     /// Converged Apps now.
     pub fn converged(&self) -> usize {
         self.progress.borrow().converged
+    }
+
+    /// When the last of `n` Apps became ready (converged, its Deployment rolled out), if all
+    /// are ready now.
+    pub fn all_ready(&self, n: usize) -> Option<Instant> {
+        let p = *self.progress.borrow();
+        (p.ready >= n).then_some(p.ready_at)
     }
 
     /// Every change of the converged count so far: (when, converged Apps), in time order.
@@ -356,5 +429,81 @@ mod tests {
         );
         assert_eq!(Layout::Spread(0).count(5), 1);
         assert_eq!(Layout::Spread(100).watched(), None);
+    }
+
+    fn deployment(generation: i64, status: serde_json::Value) -> Deployment {
+        serde_json::from_value(json!({
+            "metadata": {"name": "app-00001", "generation": generation},
+            "spec": {"selector": {}, "template": {}},
+            "status": status,
+        }))
+        .unwrap_or_else(|e| panic!("a Deployment: {e}"))
+    }
+
+    #[test]
+    fn a_deployment_is_ready_once_its_generation_rolled_out() {
+        let rolled = json!({"observedGeneration": 2, "readyReplicas": 1});
+        assert!(deployment_ready(&deployment(2, rolled.clone())));
+        // An older generation's readiness is not this spec's.
+        assert!(!deployment_ready(&deployment(3, rolled)));
+        assert!(!deployment_ready(&deployment(
+            2,
+            json!({"observedGeneration": 2})
+        )));
+        assert!(!deployment_ready(&deployment(
+            1,
+            json!({"readyReplicas": 1})
+        )));
+        let mut two = deployment(1, json!({"observedGeneration": 1, "readyReplicas": 1}));
+        two.spec.replicas = Some(2);
+        assert!(!deployment_ready(&two), "1 of 2 replicas ready");
+    }
+
+    #[test]
+    fn an_app_counts_as_ready_only_once_converged_and_rolled_out() {
+        let t0 = Instant::now();
+        let mut p = Progress {
+            converged: 0,
+            at: t0,
+            ready: 0,
+            ready_at: t0,
+            listed: 3,
+        };
+        let mut app = Flags::default();
+        let step = |p: &mut Progress, app: &mut Flags, change: Change, at: Instant| {
+            let before = *app;
+            app.apply(change);
+            p.count(before, *app, at)
+        };
+        let t = |ms| t0 + Duration::from_millis(ms);
+        // Rolled out before the App's status is current: converged comes later, and ready
+        // with it.
+        assert!(!step(
+            &mut p,
+            &mut app,
+            Change::Deployment(true, true),
+            t(1)
+        ));
+        assert!(!step(&mut p, &mut app, Change::Service(true), t(2)));
+        assert!(step(&mut p, &mut app, Change::App(true), t(3)));
+        assert_eq!((p.converged, p.at, p.ready, p.ready_at), (1, t(3), 1, t(3)));
+        // A new rollout: still converged, no longer ready, then ready again later.
+        assert!(!step(
+            &mut p,
+            &mut app,
+            Change::Deployment(true, false),
+            t(4)
+        ));
+        assert_eq!((p.converged, p.ready), (1, 0));
+        assert!(!step(
+            &mut p,
+            &mut app,
+            Change::Deployment(true, true),
+            t(5)
+        ));
+        assert_eq!((p.converged, p.at, p.ready, p.ready_at), (1, t(3), 1, t(5)));
+        // The Service gone: neither.
+        assert!(step(&mut p, &mut app, Change::Service(false), t(6)));
+        assert_eq!((p.converged, p.ready), (0, 0));
     }
 }

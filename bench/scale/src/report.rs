@@ -20,6 +20,13 @@ fn converge_cell(m: &Measurement) -> String {
     }
 }
 
+/// The readiness cell: first create to the last App ready, `-` when not every App was ready by
+/// the end of the run.
+fn ready_cell(m: &Measurement) -> String {
+    m.ready
+        .map_or_else(|| "-".into(), |d| format!("{:.1} s", d.as_secs_f64()))
+}
+
 /// A per-minute idle figure with its unit, `-` without an idle window (the run did not
 /// converge).
 fn idle_cell(value: f64, decimals: usize, unit: &str) -> String {
@@ -39,21 +46,23 @@ pub fn table(n: usize, rows: &[Measurement]) -> String {
     );
     let _ = writeln!(
         out,
-        "| contender | concurrency | converge | writes during convergence | writes/min idle | peak RSS converging and idle | peak RSS at start-up | CPU converge | CPU/min idle | client-side limit |"
+        "| contender | concurrency | converge | every App ready | writes during convergence | writes/min idle | peak RSS converging and idle | peak RSS at start-up | CPU converge | CPU per App | CPU/min idle | client-side limit |"
     );
-    let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|---|---|---|");
     for m in rows {
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {:.0} | {} | {:.0} MiB | {:.0} MiB | {:.2} s | {} | {} |",
+            "| {} | {} | {} | {} | {:.0} | {} | {:.0} MiB | {:.0} MiB | {:.2} s | {:.2} ms | {} | {} |",
             m.label(),
             m.tuning.concurrency,
             converge_cell(m),
+            ready_cell(m),
             m.converge_writes,
             idle_cell(m.idle_writes_per_min, 1, ""),
             mib(m.at_end.peak_rss),
             mib(m.at_start.peak_rss),
             m.cpu_converge(),
+            m.cpu_converge() * 1000.0 / m.n as f64,
             idle_cell(m.cpu_idle_per_min(), 2, " s"),
             m.contender.client_limit(),
         );
@@ -128,16 +137,18 @@ pub fn table(n: usize, rows: &[Measurement]) -> String {
     out
 }
 
-/// With a `wasmop-metacontroller` row: what each unsharded wasmop host spent per reconcile
-/// (host CPU from the first create to convergence over the reconciles its `/metrics` counted
-/// by then), its module calls by function with their mean wall time, and the highest linear
-/// memory a call reached: the native module against the same logic as a Metacontroller hook.
-/// Empty without such a row (the other rows' report is unchanged).
+/// What each unsharded wasmop host spent per reconcile (host CPU from the first create to
+/// convergence over the reconciles its `/metrics` counted by then), its module calls by
+/// function with their mean wall time, and the highest linear memory a call reached; with a
+/// `wasmop-metacontroller` row, the native module against the same logic as a Metacontroller
+/// hook. Empty without such a row.
 fn per_reconcile(rows: &[Measurement]) -> String {
-    if !rows
-        .iter()
-        .any(|m| m.contender == Contender::WasmopMetacontroller)
-    {
+    if !rows.iter().any(|m| {
+        matches!(
+            m.contender,
+            Contender::Wasmop | Contender::WasmopMetacontroller
+        )
+    }) {
         return String::new();
     }
     let mut out = String::new();
@@ -376,6 +387,7 @@ mod tests {
             },
             converge: Duration::from_secs_f64(converge),
             converged: 100,
+            ready: Some(Duration::from_secs_f64(converge + 1.5)),
             converge_requests: Requests::default(),
             converge_writes: 300.0,
             idle_requests: Requests::default(),
@@ -399,9 +411,16 @@ mod tests {
             row(Contender::WasmopSharded, 3, 12.5, &[50, 62, 48]),
         ];
         let main = table(100, &rows);
-        assert!(main.contains("| wasmop x3 | 16 | 12.5 s |"), "{main}");
-        // The main table's peak RSS of a sharded row is its largest replica's; CPU the sum.
-        assert!(main.contains("| 62 MiB | 40 MiB | 6.00 s |"), "{main}");
+        assert!(
+            main.contains("| wasmop x3 | 16 | 12.5 s | 14.0 s |"),
+            "{main}"
+        );
+        // The main table's peak RSS of a sharded row is its largest replica's; CPU the sum,
+        // 60 ms for each of the 100 Apps.
+        assert!(
+            main.contains("| 62 MiB | 40 MiB | 6.00 s | 60.00 ms |"),
+            "{main}"
+        );
         let sharded = sharded_table(100, &rows);
         let lines: Vec<&str> = sharded
             .lines()
@@ -446,8 +465,10 @@ mod tests {
             row(Contender::KubeRs, 1, 40.0, &[30]),
             row(Contender::ControllerRuntime, 1, 25.0, &[40]),
         ];
-        // Without the row, the report is as before.
-        assert!(!table(100, &rows).contains("per reconcile"));
+        // Without the row, the wasmop row's cost per reconcile only.
+        let main = table(100, &rows);
+        assert!(main.contains("  wasmop (c=16): 7 reconciles"), "{main}");
+        assert!(!main.contains("wasmop-metacontroller (c=16)"), "{main}");
         assert_eq!(
             final_line(100, &rows),
             "scale N=100 wasmop/floor: 2.00 wasmop/kube-rs: 0.50 wasmop/controller-runtime: 0.80"
@@ -465,7 +486,7 @@ mod tests {
         );
         let main = table(100, &rows);
         assert!(
-            main.contains("| wasmop-metacontroller | 16 | 30.0 s | 300 | 0.0 | 120 MiB |"),
+            main.contains("| wasmop-metacontroller | 16 | 30.0 s | 31.5 s | 300 | 0.0 | 120 MiB |"),
             "{main}"
         );
         // 2 s of CPU: 7 reconciles (the wasmop row), 400 (the hook's).
@@ -481,6 +502,7 @@ mod tests {
 
     fn unfinished(mut m: Measurement, converged: usize) -> Measurement {
         m.converged = converged;
+        m.ready = None;
         m.idle = Duration::ZERO;
         m.idle_writes_per_min = f64::NAN;
         m
@@ -497,7 +519,7 @@ mod tests {
         let main = table(100, &rows);
         assert!(
             main.contains(
-                "| kube-rs | 16 | > 40.0 s (61 of 100) | 300 | - | 30 MiB | 40 MiB | 2.00 s | - |"
+                "| kube-rs | 16 | > 40.0 s (61 of 100) | - | 300 | - | 30 MiB | 40 MiB | 2.00 s | 20.00 ms | - |"
             ),
             "{main}"
         );

@@ -51,6 +51,9 @@ pub struct Measurement {
     pub converge: Duration,
     /// How many Apps converged: `n`, unless the budget ran out first.
     pub converged: usize,
+    /// First create to the last App ready (converged, its Deployment rolled out), if every App
+    /// was ready by the end of the idle window.
+    pub ready: Option<Duration>,
     /// Requests during convergence (all clients).
     pub converge_requests: Requests,
     /// Controller writes during convergence (the bench's N App creates not counted).
@@ -297,6 +300,9 @@ pub async fn measure(
     tokio::time::sleep(idle).await;
     let idle_requests = Requests::read(&client).await?.since(&idle_before);
     let at_end = stats(contender, &mut running)?;
+    let ready = tracker
+        .all_ready(n)
+        .map(|at| at.saturating_duration_since(started));
     let series = Series::new(started, Instant::now(), &tracker.history(), &sampler.stop());
     let idle_writes_per_min = if idle.is_zero() {
         f64::NAN
@@ -321,6 +327,7 @@ pub async fn measure(
         tuning,
         converge,
         converged,
+        ready,
         converge_requests,
         converge_writes,
         idle_requests,
