@@ -35,15 +35,16 @@ fn main() -> ExitCode {
     };
     // The OTLP exporter's gRPC transport is set up inside the runtime.
     let _inside = runtime.enter();
-    let exporting = matches!(cli.command, wasmop::cli::Command::Run(_));
-    let traces = match init_logs(&cli.log_format, exporting) {
+    // `run` is the host: it exports traces and shuts down on Ctrl-C itself.
+    let serving = matches!(cli.command, wasmop::cli::Command::Run(_));
+    let traces = match init_logs(&cli.log_format, serving) {
         Ok(t) => t,
         Err(e) => {
             eprintln!("wasmop: {e}");
             return ExitCode::FAILURE;
         }
     };
-    if exporting {
+    if serving {
         match &traces {
             Some(s) => {
                 tracing::info!(endpoint = %s.endpoint, transport = ?s.transport, "exporting traces over OTLP")
@@ -51,8 +52,8 @@ fn main() -> ExitCode {
             None => tracing::info!("not exporting traces (no OTEL_EXPORTER_OTLP_ENDPOINT)"),
         }
     }
-    if !exporting {
-        // `run` shuts down on Ctrl-C itself; every other command stops at once.
+    if !serving {
+        // Every command but `run` stops at once.
         runtime.spawn(interrupted());
     }
     let code = match runtime.block_on(wasmop::cli::run(cli, invocation)) {
