@@ -7,7 +7,8 @@
 //!   for anything made with `kubectl apply`), with [`REDACTED`]; the keys stay, so a reader
 //!   still sees the Secret's shape. Other objects are left alone.
 //! - [`write_private`] creates a file only its owner can read or write (0600 on Unix), also
-//!   when it replaces an existing one.
+//!   when it replaces an existing one, and replaces it whole (a new file renamed over it): an
+//!   interrupted write never leaves half a file.
 
 use std::io::Write;
 use std::path::Path;
@@ -53,26 +54,24 @@ pub fn redact_secret(secret: &mut Value) {
     }
 }
 
-/// Writes `bytes` to `path`, readable and writable by its owner only.
+/// Writes `bytes` to `path`, readable and writable by its owner only, replacing any file there
+/// whole: the text goes to a new file beside it (0600 on Unix from its creation, by
+/// `tempfile`), which is then renamed over `path`. A write interrupted before the rename leaves
+/// the old file as it was (and at most a `.wasmop-*` file beside it), never half of the new one.
 ///
 /// # Errors
-/// The file cannot be created, its mode set, or written.
+/// The file cannot be created, written or renamed over `path`.
 pub fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let mut options = std::fs::OpenOptions::new();
-    options.write(true).create(true).truncate(true);
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
-        options.mode(0o600);
-        let mut file = options.open(path)?;
-        // `mode` applies only to a new file: an existing one keeps its mode unless set.
-        file.set_permissions(std::fs::Permissions::from_mode(0o600))?;
-        file.write_all(bytes)
-    }
-    #[cfg(not(unix))]
-    {
-        options.open(path)?.write_all(bytes)
-    }
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let mut file = tempfile::Builder::new()
+        .prefix(".wasmop-")
+        .tempfile_in(dir)?;
+    file.write_all(bytes)?;
+    file.persist(path).map_err(|e| e.error)?;
+    Ok(())
 }
 
 #[cfg(test)]
@@ -114,6 +113,37 @@ mod tests {
     }
 
     #[cfg(unix)]
+    /// A write interrupted half-way (Ctrl-C during `wasmop test --from-cluster`, a host killed
+    /// while recording) must not leave half a file where a whole one was: the new text goes
+    /// to a file of its own that replaces the old one whole. Shown by a reader that opened the
+    /// old file first: a file rewritten in place would show it the new (or a truncated) text.
+    #[test]
+    fn a_private_file_is_replaced_whole_not_rewritten_in_place() {
+        use std::io::Read;
+        let tmp = tempfile::tempdir().map_err(|e| e.to_string());
+        let dir = tmp
+            .as_ref()
+            .map(|d| d.path().to_path_buf())
+            .unwrap_or_default();
+        let path = dir.join("fixture.yaml");
+        assert!(write_private(&path, b"old text").is_ok());
+        let mut before = std::fs::File::open(&path).map_err(|e| e.to_string());
+        assert!(write_private(&path, b"new").is_ok());
+        let mut old = String::new();
+        let read = before.as_mut().map(|f| f.read_to_string(&mut old));
+        assert!(read.is_ok_and(|r| r.is_ok()));
+        assert_eq!(old, "old text", "the old file was rewritten in place");
+        assert_eq!(std::fs::read(&path).ok().as_deref(), Some(&b"new"[..]));
+        let names: Vec<_> = std::fs::read_dir(&dir)
+            .map(|d| d.filter_map(Result::ok).map(|e| e.file_name()).collect())
+            .unwrap_or_default();
+        assert_eq!(
+            names,
+            vec![std::ffi::OsString::from("fixture.yaml")],
+            "nothing left beside it"
+        );
+    }
+
     #[test]
     fn private_files_are_0600_also_when_replacing_a_readable_one() {
         use std::os::unix::fs::PermissionsExt;
