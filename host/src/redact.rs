@@ -112,7 +112,16 @@ mod tests {
         assert!(!redact(&mut foreign));
     }
 
-    #[cfg(unix)]
+    /// A temporary directory (kept while the first value lives) and its path.
+    fn temp_dir() -> (Option<tempfile::TempDir>, std::path::PathBuf) {
+        let tmp = tempfile::tempdir().ok();
+        let dir = tmp
+            .as_ref()
+            .map(|d| d.path().to_path_buf())
+            .unwrap_or_default();
+        (tmp, dir)
+    }
+
     /// A write interrupted half-way (Ctrl-C during `wasmop test --from-cluster`, a host killed
     /// while recording) must not leave half a file where a whole one was: the new text goes
     /// to a file of its own that replaces the old one whole. Shown by a reader that opened the
@@ -120,11 +129,7 @@ mod tests {
     #[test]
     fn a_private_file_is_replaced_whole_not_rewritten_in_place() {
         use std::io::Read;
-        let tmp = tempfile::tempdir().map_err(|e| e.to_string());
-        let dir = tmp
-            .as_ref()
-            .map(|d| d.path().to_path_buf())
-            .unwrap_or_default();
+        let (_tmp, dir) = temp_dir();
         let path = dir.join("fixture.yaml");
         assert!(write_private(&path, b"old text").is_ok());
         let mut before = std::fs::File::open(&path).map_err(|e| e.to_string());
@@ -144,14 +149,11 @@ mod tests {
         );
     }
 
+    #[cfg(unix)]
     #[test]
     fn private_files_are_0600_also_when_replacing_a_readable_one() {
         use std::os::unix::fs::PermissionsExt;
-        let tmp = tempfile::tempdir().map_err(|e| e.to_string());
-        let dir = tmp
-            .as_ref()
-            .map(|d| d.path().to_path_buf())
-            .unwrap_or_default();
+        let (_tmp, dir) = temp_dir();
         let path = dir.join("f");
         let mode = |p: &Path| std::fs::metadata(p).map(|m| m.permissions().mode() & 0o777);
         assert!(write_private(&path, b"one").is_ok());
