@@ -8,10 +8,12 @@
 //!   still sees the Secret's shape. Other objects are left alone.
 //! - [`write_private`] creates a file only its owner can read or write (0600 on Unix), also
 //!   when it replaces an existing one, and replaces it whole (a new file renamed over it): an
-//!   interrupted write never leaves half a file.
+//!   interrupted write never leaves half a file, and the partial file of a killed one is
+//!   deleted by a later write.
 
 use std::io::Write;
 use std::path::Path;
+use std::time::{Duration, SystemTime};
 
 use serde_json::Value;
 
@@ -54,10 +56,23 @@ pub fn redact_secret(secret: &mut Value) {
     }
 }
 
+/// How the partial file of a [`write_private`] is named: this, then `tempfile`'s random part.
+pub const PARTIAL: &str = ".wasmop-partial-";
+
+/// How old a partial file must be before a later write takes it for the leftover of a killed
+/// one: far longer than any write of a fixture or recording takes.
+pub const PARTIAL_STALE_AFTER: Duration = Duration::from_secs(600);
+
 /// Writes `bytes` to `path`, readable and writable by its owner only, replacing any file there
 /// whole: the text goes to a new file beside it (0600 on Unix from its creation, by
-/// `tempfile`), which is then renamed over `path`. A write interrupted before the rename leaves
-/// the old file as it was (and at most a `.wasmop-*` file beside it), never half of the new one.
+/// `tempfile`, named [`PARTIAL`]`*`), which is then renamed over `path`. A write interrupted
+/// before the rename leaves the old file as it was, never half of the new one.
+///
+/// # Guarantees
+/// A process killed between the two steps leaves its partial file behind; the next write into
+/// the same directory deletes the partial files older than [`PARTIAL_STALE_AFTER`] (a younger
+/// one may be another process's write under way), so such files are at most those of the last
+/// ten minutes' kills.
 ///
 /// # Errors
 /// The file cannot be created, written or renamed over `path`.
@@ -66,12 +81,37 @@ pub fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),
     };
-    let mut file = tempfile::Builder::new()
-        .prefix(".wasmop-")
-        .tempfile_in(dir)?;
+    remove_stale_partials(dir, SystemTime::now());
+    let mut file = tempfile::Builder::new().prefix(PARTIAL).tempfile_in(dir)?;
     file.write_all(bytes)?;
     file.persist(path).map_err(|e| e.error)?;
     Ok(())
+}
+
+/// Deletes the partial files in `dir` last modified [`PARTIAL_STALE_AFTER`] before `now` or
+/// earlier. Best effort: a directory or file that cannot be read or deleted is left (and the
+/// write that follows reports what matters).
+fn remove_stale_partials(dir: &Path, now: SystemTime) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.filter_map(Result::ok) {
+        let partial = entry
+            .file_name()
+            .to_str()
+            .is_some_and(|n| n.starts_with(PARTIAL));
+        let modified = entry.metadata().and_then(|m| m.modified());
+        let stale = modified.is_ok_and(|m| {
+            now.duration_since(m)
+                .is_ok_and(|age| age >= PARTIAL_STALE_AFTER)
+        });
+        if partial && stale {
+            let path = entry.path();
+            if let Err(e) = std::fs::remove_file(&path) {
+                tracing::warn!(file = %path.display(), error = %e, "cannot delete the partial file of an interrupted write");
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -147,6 +187,31 @@ mod tests {
             vec![std::ffi::OsString::from("fixture.yaml")],
             "nothing left beside it"
         );
+    }
+
+    /// A process killed between a write and its rename (a host OOM-killed while recording, a
+    /// capture killed with SIGKILL) leaves its partial file behind: the next write into the
+    /// same directory deletes such files once they are older than any write takes, and leaves
+    /// a young one (another process's write under way) alone.
+    #[test]
+    fn a_partial_file_left_by_a_killed_write_is_deleted_by_the_next_write() {
+        let (_tmp, dir) = temp_dir();
+        let stale = dir.join(format!("{PARTIAL}stale"));
+        let young = dir.join(format!("{PARTIAL}young"));
+        let own = dir.join(".wasmop-config");
+        for p in [&stale, &young, &own] {
+            assert!(std::fs::write(p, b"half").is_ok());
+        }
+        let hour_ago = std::time::SystemTime::now() - std::time::Duration::from_secs(3600);
+        let aged = std::fs::File::options()
+            .write(true)
+            .open(&stale)
+            .and_then(|f| f.set_modified(hour_ago));
+        assert!(aged.is_ok());
+        assert!(write_private(&dir.join("recording.yaml"), b"whole").is_ok());
+        assert!(!stale.exists(), "the stale partial file is still there");
+        assert!(young.exists(), "a write under way lost its file");
+        assert!(own.exists());
     }
 
     #[cfg(unix)]
