@@ -100,12 +100,15 @@ fn remove_stale_partials(dir: &Path, now: SystemTime) {
             .file_name()
             .to_str()
             .is_some_and(|n| n.starts_with(PARTIAL));
+        if !partial {
+            continue;
+        }
         let modified = entry.metadata().and_then(|m| m.modified());
         let stale = modified.is_ok_and(|m| {
             now.duration_since(m)
                 .is_ok_and(|age| age >= PARTIAL_STALE_AFTER)
         });
-        if partial && stale {
+        if stale {
             let path = entry.path();
             if let Err(e) = std::fs::remove_file(&path) {
                 tracing::warn!(file = %path.display(), error = %e, "cannot delete the partial file of an interrupted write");
