@@ -49,10 +49,12 @@ impl Answer {
     }
 }
 
-/// A request: method, path (with its query) and body (up to 1 MiB, by its Content-Length).
+/// A request: method, path (with its query), `Authorization` header and body (up to 1 MiB, by
+/// its Content-Length).
 pub(crate) struct Request {
     pub method: String,
     pub path: String,
+    pub authorization: Option<String>,
     pub body: Vec<u8>,
 }
 
@@ -80,9 +82,24 @@ impl Hostile {
     }
 }
 
-/// Starts a server answering `route(path)`; `/v2/` answers 200 without a challenge unless
-/// `route` says otherwise.
+/// Starts a server answering `route(path)`; `/v2/` answers 200 without a challenge.
 pub(crate) async fn start(route: impl Fn(&Request) -> Answer + Send + Sync + 'static) -> Hostile {
+    serve(route, false).await
+}
+
+/// Starts a server answering `route(path)` that asks for a bearer token: `/v2/` answers 401
+/// with `WWW-Authenticate: Bearer realm="https://<addr>/token",service="hostile"` (the realm
+/// is routed too).
+pub(crate) async fn start_bearer(
+    route: impl Fn(&Request) -> Answer + Send + Sync + 'static,
+) -> Hostile {
+    serve(route, true).await
+}
+
+async fn serve(
+    route: impl Fn(&Request) -> Answer + Send + Sync + 'static,
+    bearer: bool,
+) -> Hostile {
     let cert = ServingCert::generate(&["127.0.0.1".to_string()]);
     let Ok(cert) = cert else {
         panic!("a test certificate")
@@ -102,15 +119,17 @@ pub(crate) async fn start(route: impl Fn(&Request) -> Answer + Send + Sync + 'st
     let paths = Arc::new(Mutex::new(Vec::new()));
     let requested = Arc::new(tokio::sync::Notify::new());
     let route = Arc::new(route);
+    let challenge = format!(r#"Bearer realm="https://{addr}/token",service="hostile""#);
     let (s, p, r) = (sent.clone(), paths.clone(), requested.clone());
     tokio::spawn(async move {
         while let Ok((tcp, _)) = listener.accept().await {
-            let (acceptor, route, s, p, r) = (
+            let (acceptor, route, s, p, r, challenge) = (
                 acceptor.clone(),
                 route.clone(),
                 s.clone(),
                 p.clone(),
                 r.clone(),
+                challenge.clone(),
             );
             tokio::spawn(async move {
                 let Ok(mut tls) = acceptor.accept(tcp).await else {
@@ -123,7 +142,10 @@ pub(crate) async fn start(route: impl Fn(&Request) -> Answer + Send + Sync + 'st
                     p.push(request.path.clone());
                 }
                 r.notify_one();
-                let answer = if request.path == "/v2/" {
+                let answer = if request.path == "/v2/" && bearer {
+                    Answer::with(401, Body::Bytes(b"{}".to_vec()))
+                        .header("WWW-Authenticate", challenge)
+                } else if request.path == "/v2/" {
                     Answer::ok(b"{}")
                 } else {
                     route(&request)
@@ -169,6 +191,11 @@ async fn read_request(tls: &mut (impl AsyncReadExt + Unpin)) -> Option<Request> 
         .and_then(|(_, v)| v.trim().parse::<usize>().ok())
         .unwrap_or(0)
         .min(1 << 20);
+    let authorization = head
+        .lines()
+        .filter_map(|l| l.split_once(':'))
+        .find(|(k, _)| k.trim().eq_ignore_ascii_case("authorization"))
+        .map(|(_, v)| v.trim().to_string());
     let mut body = data[end..].to_vec();
     while body.len() < length {
         let n = tls.read(&mut buf).await.ok()?;
@@ -177,7 +204,12 @@ async fn read_request(tls: &mut (impl AsyncReadExt + Unpin)) -> Option<Request> 
         }
         body.extend_from_slice(&buf[..n]);
     }
-    Some(Request { method, path, body })
+    Some(Request {
+        method,
+        path,
+        authorization,
+        body,
+    })
 }
 
 async fn answer_with(

@@ -29,7 +29,7 @@ use oci_client::manifest::{OciDescriptor, OciImageManifest, OciManifest};
 use oci_client::{Reference, errors::OciDistributionError};
 
 use crate::crd::OciModule;
-use crate::modules::reader::{ReadError, Reader, registry_text};
+use crate::modules::reader::{ReadError, Reader, json_error_text, registry_text};
 pub use crate::modules::registry::{Access, Pinned};
 use crate::modules::signature::{self, SignatureError, TrustedKey};
 use crate::reasons;
@@ -325,7 +325,8 @@ pub async fn access(
 /// The user name and password for `registry` in a `.dockerconfigjson` document.
 ///
 /// # Errors
-/// A message saying what is missing or malformed.
+/// A message saying what is missing or malformed; it quotes no value of the document (the
+/// message reaches conditions, Events and the log).
 pub fn docker_config_auth(json: &[u8], registry: &str) -> Result<(String, String), String> {
     #[derive(serde::Deserialize)]
     struct DockerConfig {
@@ -339,7 +340,7 @@ pub fn docker_config_auth(json: &[u8], registry: &str) -> Result<(String, String
         auth: Option<String>,
     }
     let config: DockerConfig = serde_json::from_slice(json)
-        .map_err(|e| format!(".dockerconfigjson is not valid JSON: {e}"))?;
+        .map_err(|e| format!(".dockerconfigjson is not valid: {}", json_error_text(&e)))?;
     let matches = |key: &str| {
         let host = key
             .trim_start_matches("https://")
@@ -365,7 +366,8 @@ pub fn docker_config_auth(json: &[u8], registry: &str) -> Result<(String, String
     })?;
     let decoded = base64::engine::general_purpose::STANDARD
         .decode(encoded.trim())
-        .map_err(|e| format!("the auth of {registry} is not base64: {e}"))?;
+        // The decoder's error names the offending byte: a byte of the credential.
+        .map_err(|_| format!("the auth of {registry} is not base64"))?;
     let text =
         String::from_utf8(decoded).map_err(|_| format!("the auth of {registry} is not UTF-8"))?;
     let (u, p) = text
@@ -795,7 +797,28 @@ mod tests {
         assert!(docker_config_auth(b"nope", "x").is_err());
     }
 
+    /// A pull Secret's errors reach the WasmReconciler's conditions, its Events and the log:
+    /// they name what is wrong, never a value of the document (a credential).
+    #[test]
+    fn a_malformed_docker_config_is_reported_without_its_values() {
+        let cases: [&[u8]; 4] = [
+            br#"{"auths":{"reg":"dXNlcjpodW50ZXIy"}}"#,
+            br#"{"auths":{"reg":{"username":"u","password":12345678}}}"#,
+            br#"{"auths":{"reg":{"username":"u","password":"hunter2"},}}"#,
+            br#"{"auths":{"reg":{"auth":"dXNlcjpod%W50ZXIy"}}}"#,
+        ];
+        for json in cases {
+            let Err(message) = docker_config_auth(json, "reg") else {
+                panic!("{} is refused", String::from_utf8_lossy(json))
+            };
+            for secret in ["dXNlcjpodW50ZXIy", "12345678", "hunter2", "%", "37"] {
+                assert!(!message.contains(secret), "{message}");
+            }
+        }
+    }
+
     use crate::modules::hostile::{self, Answer, Body};
+    use std::sync::{Arc, Mutex};
 
     fn hostile_access(h: &hostile::Hostile) -> Access {
         Access {
@@ -809,6 +832,90 @@ mod tests {
             panic!("a pinned reference")
         };
         pinned
+    }
+
+    /// A registry that asks for a bearer token names the realm to ask: an endless answer
+    /// there (a token or an error) is refused at a cap like every other read of a pull.
+    #[tokio::test]
+    async fn an_endless_token_answer_is_refused_at_a_cap() {
+        const LIMIT: u64 = 64 << 20;
+        const BOUND: u64 = 8 << 20;
+        for status in [200, 401] {
+            let h = hostile::start_bearer(move |_| {
+                Answer::with(
+                    status,
+                    Body::Endless {
+                        declared: None,
+                        limit: LIMIT,
+                    },
+                )
+            })
+            .await;
+            let got = pull(
+                &hostile_pin(&h),
+                &hostile_access(&h),
+                DEFAULT_MAX_MODULE_BYTES,
+            )
+            .await;
+            let Err(e) = got else {
+                panic!("a pull whose token answer never ends fails")
+            };
+            let message = e.to_string();
+            assert!(message.len() < 2048, "{status}: {} bytes", message.len());
+            assert!(
+                h.sent() < BOUND,
+                "{status}: the token realm sent {} bytes",
+                h.sent()
+            );
+            assert!(h.paths().iter().any(|p| p.starts_with("/token?")));
+        }
+    }
+
+    /// The token exchange asks the challenge's realm for the repository's pull scope with the
+    /// challenge's service, and the reads that follow carry the token.
+    #[tokio::test]
+    async fn a_bearer_token_is_asked_for_the_pull_scope_and_sent_with_each_read() {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let log = seen.clone();
+        let h = hostile::start_bearer(move |r| {
+            if let Ok(mut l) = log.lock() {
+                l.push((r.path.clone(), r.authorization.clone()));
+            }
+            if r.path.starts_with("/token?") {
+                return Answer::ok(br#"{"token":"t0ken","expires_in":300}"#);
+            }
+            Answer::with(
+                404,
+                Body::Bytes(br#"{"errors":[{"code":"MANIFEST_UNKNOWN"}]}"#.to_vec()),
+            )
+        })
+        .await;
+        let got = pull(
+            &hostile_pin(&h),
+            &hostile_access(&h),
+            DEFAULT_MAX_MODULE_BYTES,
+        )
+        .await;
+        assert!(
+            matches!(&got, Err(e) if e.reason() == reasons::MODULE_NOT_FOUND),
+            "{:?}",
+            got.err().map(|e| e.to_string())
+        );
+        let seen = seen.lock().map(|s| s.clone()).unwrap_or_default();
+        let token = seen.iter().find(|(p, _)| p.starts_with("/token?"));
+        let Some((query, None)) = token else {
+            panic!("one anonymous token request: {seen:?}")
+        };
+        assert!(
+            query.contains("scope=repository%3Amods%2Fa%3Apull"),
+            "{query}"
+        );
+        assert!(query.contains("service=hostile"), "{query}");
+        let manifest = seen.iter().find(|(p, _)| p.contains("/manifests/"));
+        assert!(
+            matches!(manifest, Some((_, Some(a))) if a == "Bearer t0ken"),
+            "{seen:?}"
+        );
     }
 
     /// Item 2 of the reliability issue: a registry serving an endless manifest or error body.

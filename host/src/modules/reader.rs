@@ -3,24 +3,23 @@
 //! oci-client and sigstore read manifests, signature layers and error bodies whole; a registry
 //! (which a WasmReconciler's creator picks, and which every replica pulls from) could fill the
 //! host's memory with an endless body. Every read of a pull and of a signature check goes
-//! through a [`Reader`] instead; oci-client is kept for the token exchange and for pushes.
+//! through a [`Reader`] instead, the bearer token exchange included (oci-client's reads the
+//! token answer whole, from a realm the registry names); oci-client is kept for pushes.
 //!
 //! # Guarantees
-//! - A manifest is refused past [`MAX_MANIFEST_BYTES`], a blob past the cap its caller gives;
-//!   both as soon as the declared length or the bytes read pass it, never read to the end.
+//! - A manifest is refused past [`MAX_MANIFEST_BYTES`], a blob past the cap its caller gives, a
+//!   token answer past [`MAX_TOKEN_BYTES`]; each as soon as the declared length or the bytes
+//!   read pass it, never read to the end.
 //! - An error body is read up to [`MAX_ERROR_BYTES`]; the registry's text that reaches a
 //!   message is made inert and cut to [`MAX_REGISTRY_TEXT`] bytes ([`registry_text`]).
-//!
-//! # Caveats
-//! - The bearer token exchange is oci-client's, which reads the token response whole; the
-//!   caller's total deadline bounds it in time.
+//! - The body of the `/v2/` probe that asks for the challenge is never read.
 
+use oci_client::Reference;
 use oci_client::manifest::{
     IMAGE_MANIFEST_LIST_MEDIA_TYPE, IMAGE_MANIFEST_MEDIA_TYPE, OCI_IMAGE_INDEX_MEDIA_TYPE,
     OCI_IMAGE_MEDIA_TYPE,
 };
-use oci_client::{Reference, RegistryOperation};
-use reqwest::header::{ACCEPT, AUTHORIZATION};
+use reqwest::header::{ACCEPT, AUTHORIZATION, WWW_AUTHENTICATE};
 
 use crate::engine::{Digested, Hashing};
 use crate::modules::registry::{Access, CONNECT_TIMEOUT, READ_TIMEOUT};
@@ -29,6 +28,8 @@ use crate::modules::registry::{Access, CONNECT_TIMEOUT, READ_TIMEOUT};
 pub const MAX_MANIFEST_BYTES: u64 = 4 << 20;
 /// How much of an error body is read.
 pub const MAX_ERROR_BYTES: u64 = 16 << 10;
+/// The largest token answer read (registries' tokens are a few KiB).
+pub const MAX_TOKEN_BYTES: u64 = 256 << 10;
 /// How much of a registry's text reaches a message.
 pub const MAX_REGISTRY_TEXT: usize = 512;
 
@@ -201,37 +202,128 @@ impl Reader {
         if let Some(known) = &self.authorization {
             return Ok(known.clone());
         }
-        let auth = self.access.registry_auth();
-        let token = self
-            .access
-            .client()
-            .auth(reference, &auth, RegistryOperation::Pull)
-            .await
-            .map_err(auth_error)?;
-        let header = match (token, &self.access.auth) {
-            (Some(token), _) => Some(format!("Bearer {token}")),
-            (None, Some((user, password))) => {
+        let header = match self.token(reference).await? {
+            Some(token) => Some(format!("Bearer {token}")),
+            None => self.access.auth.as_ref().map(|(user, password)| {
                 use base64::Engine as _;
                 let pair = format!("{user}:{password}");
-                Some(format!(
+                format!(
                     "Basic {}",
                     base64::engine::general_purpose::STANDARD.encode(pair)
-                ))
-            }
-            (None, None) => None,
+                )
+            }),
         };
         self.authorization = Some(header.clone());
         Ok(header)
     }
+
+    /// The bearer token for pulls of `reference`'s repository, when the registry's `/v2/`
+    /// answers with a `Bearer` challenge (the distribution spec's token flow, as oci-client's
+    /// `Client::auth` does it): the challenge's realm is asked for the `pull` scope with the
+    /// basic credentials, if any, and its answer read up to [`MAX_TOKEN_BYTES`].
+    async fn token(&self, reference: &Reference) -> Result<Option<String>, ReadError> {
+        let probe = format!("https://{}/v2/", reference.resolve_registry());
+        // Only the header is wanted: the body is dropped unread.
+        let answer = self.http.get(&probe).send().await.map_err(transport)?;
+        let Some(challenge) = answer
+            .headers()
+            .get(WWW_AUTHENTICATE)
+            .and_then(|v| v.to_str().ok())
+            .and_then(bearer_challenge)
+        else {
+            return Ok(None);
+        };
+        drop(answer);
+        let scope = format!("repository:{}:pull", reference.repository());
+        let mut query = vec![("scope", scope.as_str())];
+        if let Some(service) = &challenge.service {
+            query.push(("service", service));
+        }
+        let url = reqwest::Url::parse_with_params(&challenge.realm, &query).map_err(|e| {
+            ReadError::Auth(registry_text(&format!(
+                "the token realm {:?} is not a URL: {e}",
+                challenge.realm
+            )))
+        })?;
+        let mut request = self.http.get(url);
+        if let Some((user, password)) = &self.access.auth {
+            request = request.basic_auth(user, Some(password));
+        }
+        let answer = request.send().await.map_err(transport)?;
+        if !answer.status().is_success() {
+            let status = answer.status().as_u16();
+            let body = read_prefix(answer).await;
+            let text = String::from_utf8_lossy(&body);
+            return Err(ReadError::Auth(registry_text(&format!(
+                "the token realm {} answered HTTP {status}: {text}",
+                challenge.realm
+            ))));
+        }
+        let body = read_capped(answer, MAX_TOKEN_BYTES, || {
+            format!("the token answer of {}", challenge.realm)
+        })
+        .await?;
+        token_of(body.bytes()).map(Some)
+    }
 }
 
-/// A failed token exchange: a connection that failed is the registry being unreachable, not
-/// refused credentials (an outage must not read as `RegistryUnauthorized`).
-fn auth_error(e: oci_client::errors::OciDistributionError) -> ReadError {
-    match e {
-        oci_client::errors::OciDistributionError::RequestError(r) => transport(r),
-        other => ReadError::Auth(registry_text(&other.to_string())),
+/// A registry's `Bearer` challenge: where to ask for a token.
+struct BearerChallenge {
+    realm: String,
+    service: Option<String>,
+}
+
+/// The first `Bearer` challenge with a realm in a `WWW-Authenticate` value, if any.
+fn bearer_challenge(header: &str) -> Option<BearerChallenge> {
+    http_auth::ChallengeParser::new(header)
+        .filter_map(Result::ok)
+        .filter(|c| c.scheme.eq_ignore_ascii_case("Bearer"))
+        .find_map(|c| {
+            let param = |name: &str| {
+                c.params
+                    .iter()
+                    .find(|(k, _)| k.eq_ignore_ascii_case(name))
+                    .map(|(_, v)| v.to_unescaped())
+            };
+            Some(BearerChallenge {
+                realm: param("realm")?,
+                service: param("service"),
+            })
+        })
+}
+
+/// The token of a token answer (`token`, or OAuth's `access_token`).
+fn token_of(body: &[u8]) -> Result<String, ReadError> {
+    #[derive(serde::Deserialize)]
+    struct Answer {
+        token: Option<String>,
+        access_token: Option<String>,
     }
+    let answer: Answer = serde_json::from_slice(body).map_err(|e| {
+        ReadError::Auth(format!(
+            "the token answer is not a token: {}",
+            json_error_text(&e)
+        ))
+    })?;
+    answer
+        .token
+        .or(answer.access_token)
+        .filter(|t| !t.is_empty())
+        .ok_or_else(|| ReadError::Auth("the token answer holds no token".into()))
+}
+
+/// What kind of JSON error `e` is and where, without the value serde_json's own message
+/// quotes (``invalid type: string "..."``), which in a token answer or a pull Secret is a
+/// credential.
+pub(crate) fn json_error_text(e: &serde_json::Error) -> String {
+    use serde_json::error::Category;
+    let kind = match e.classify() {
+        Category::Io => "a read error",
+        Category::Syntax => "not JSON",
+        Category::Data => "JSON of the wrong shape",
+        Category::Eof => "JSON cut short",
+    };
+    format!("{kind} at line {} column {}", e.line(), e.column())
 }
 
 /// A transport error with its causes (reqwest's own message says little).
@@ -322,5 +414,41 @@ async fn status_error(url: &str, response: reqwest::Response) -> ReadError {
         status,
         codes,
         text: registry_text(&text),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_bearer_challenge_names_its_realm_and_service_and_basic_is_none() {
+        let c = bearer_challenge(
+            r#"Basic realm="x", Bearer realm="https://auth.example/token",service="reg.example""#,
+        );
+        assert_eq!(
+            c.map(|c| (c.realm, c.service)),
+            Some((
+                "https://auth.example/token".to_string(),
+                Some("reg.example".to_string())
+            ))
+        );
+        assert!(bearer_challenge(r#"Basic realm="Registry Realm""#).is_none());
+        assert!(bearer_challenge(r#"Bearer service="no realm""#).is_none());
+        assert!(bearer_challenge("garbage ,,, \"").is_none());
+    }
+
+    #[test]
+    fn a_token_answer_gives_its_token_and_errors_quote_nothing_of_it() {
+        assert_eq!(token_of(br#"{"token":"a"}"#).ok(), Some("a".into()));
+        assert_eq!(token_of(br#"{"access_token":"b"}"#).ok(), Some("b".into()));
+        assert!(token_of(br#"{"token":""}"#).is_err());
+        let wrong = token_of(br#"{"token":["s3cr3t"]}"#)
+            .err()
+            .map(|e| e.to_string());
+        assert!(
+            wrong.as_deref().is_some_and(|m| !m.contains("s3cr3t")),
+            "{wrong:?}"
+        );
     }
 }
