@@ -15,6 +15,12 @@
 //! - Fixtures are meant for commits: every Secret (the primary too) is written redacted
 //!   ([`crate::redact`]) unless [`CaptureSpec::keep_secrets`], and every file is owner-readable
 //!   only (0600).
+//! - Everything is read from the cluster before a file is written: a read that fails leaves
+//!   the directory as it was. A capture over an earlier one deletes the earlier file of a kind
+//!   that has no objects now.
+//!
+//! # Caveats
+//! - Files of kinds the WasmReconciler no longer grants, and files the author added, stay.
 //!
 //! # Errors
 //! [`CliError::Other`] naming what could not be read from the cluster (and the RBAC to check),
@@ -265,22 +271,95 @@ pub async fn capture(spec: &CaptureSpec, metadata: &ModuleMetadata) -> Result<Ca
             .to_string(),
         observed: Vec::new(),
     };
-    let keep = spec.keep_secrets;
-    write(&captured.object, &[value(&primary)], keep)?;
+    // Everything is read before anything is written: a read that fails leaves the fixture
+    // directory as it was.
     let (owned, related) = observe(&client, &wr, &fit, &primary, scope).await?;
+    write_fixture(
+        &mut captured,
+        &value(&primary),
+        [owned, related],
+        spec.keep_secrets,
+    )?;
+    Ok(captured)
+}
+
+/// Writes the fixture of `primary` with its children `owned` and related objects `related`
+/// into `captured.dir`, noting the files in `captured`. A kind with no objects has no file:
+/// one an earlier capture wrote is deleted.
+fn write_fixture(
+    captured: &mut Captured,
+    primary: &Value,
+    [owned, related]: [KindValues; 2],
+    keep: bool,
+) -> Result<(), CliError> {
+    write(&captured.object, std::slice::from_ref(primary), keep)?;
     for (folder, kinds) in [("observed", owned), ("related", related)] {
-        for (kind, objects) in kinds.iter().filter(|(_, objects)| !objects.is_empty()) {
-            let path = dir.join(folder).join(file_of(kind));
+        for (kind, objects) in &kinds {
+            let path = captured.dir.join(folder).join(file_of(kind));
+            if objects.is_empty() {
+                remove_stale(&path)?;
+                continue;
+            }
             write(&path, objects, keep)?;
             captured.observed.push(path);
         }
     }
-    Ok(captured)
+    Ok(())
+}
+
+/// Deletes `path` if it exists.
+fn remove_stale(path: &Path) -> Result<(), CliError> {
+    match std::fs::remove_file(path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(CliError::Io {
+            action: "cannot delete the earlier capture of a kind with no objects now,",
+            path: path.to_path_buf(),
+            source: e,
+        }),
+        _ => Ok(()),
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A capture over an earlier one: a kind that has no objects now must not keep the earlier
+    /// run's file, or the fixture shows children (or related Secrets, kept with
+    /// `--keep-secrets` then) that no longer exist.
+    #[test]
+    fn a_kind_with_no_objects_now_leaves_no_file_of_an_earlier_capture() {
+        let tmp = tempfile::tempdir().map_err(|e| e.to_string());
+        let dir = tmp
+            .as_ref()
+            .map(|d| d.path().to_path_buf())
+            .unwrap_or_default();
+        let deployment = Gvk::new("apps/v1", "Deployment");
+        let secret = Gvk::new("v1", "Secret");
+        let old = [
+            dir.join("observed").join(file_of(&deployment)),
+            dir.join("related").join(file_of(&secret)),
+        ];
+        for path in &old {
+            assert!(write(path, &[serde_json::json!({"old": true})], true).is_ok());
+        }
+        let mut captured = Captured {
+            object: dir.join("cr.yaml"),
+            dir: dir.clone(),
+            ..Captured::default()
+        };
+        let primary = serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap"});
+        let written = write_fixture(
+            &mut captured,
+            &primary,
+            [vec![(deployment, vec![])], vec![(secret, vec![])]],
+            false,
+        );
+        assert!(written.is_ok(), "{written:?}");
+        assert!(captured.object.exists());
+        for path in &old {
+            assert!(!path.exists(), "{} is left from before", path.display());
+        }
+    }
 
     #[test]
     fn a_captured_secret_is_redacted_and_the_file_is_private() {
