@@ -323,16 +323,22 @@ fn remove_stale(path: &Path) -> Result<(), CliError> {
 mod tests {
     use super::*;
 
+    /// A temporary directory (deleted when the first value drops) and its path.
+    fn temp_dir() -> (Option<tempfile::TempDir>, PathBuf) {
+        let tmp = tempfile::tempdir().ok();
+        let dir = tmp
+            .as_ref()
+            .map(|d| d.path().to_path_buf())
+            .unwrap_or_default();
+        (tmp, dir)
+    }
+
     /// A capture over an earlier one: a kind that has no objects now must not keep the earlier
     /// run's file, or the fixture shows children (or related Secrets, kept with
     /// `--keep-secrets` then) that no longer exist.
     #[test]
     fn a_kind_with_no_objects_now_leaves_no_file_of_an_earlier_capture() {
-        let tmp = tempfile::tempdir().map_err(|e| e.to_string());
-        let dir = tmp
-            .as_ref()
-            .map(|d| d.path().to_path_buf())
-            .unwrap_or_default();
+        let (_tmp, dir) = temp_dir();
         let deployment = Gvk::new("apps/v1", "Deployment");
         let secret = Gvk::new("v1", "Secret");
         let old = [
@@ -363,11 +369,7 @@ mod tests {
 
     #[test]
     fn a_captured_secret_is_redacted_and_the_file_is_private() {
-        let tmp = tempfile::tempdir().map_err(|e| e.to_string());
-        let dir = tmp
-            .as_ref()
-            .map(|d| d.path().to_path_buf())
-            .unwrap_or_default();
+        let (_tmp, dir) = temp_dir();
         let secret = serde_json::json!({
             "apiVersion": "v1", "kind": "Secret",
             "metadata": {"name": "s", "annotations": {

@@ -827,6 +827,16 @@ mod tests {
         }
     }
 
+    /// A pull from `h` of the pinned test module, with the default cap.
+    async fn pull_from(h: &hostile::Hostile) -> Result<Pulled, OciError> {
+        pull(
+            &hostile_pin(h),
+            &hostile_access(h),
+            DEFAULT_MAX_MODULE_BYTES,
+        )
+        .await
+    }
+
     fn hostile_pin(h: &hostile::Hostile) -> Pinned {
         let Ok(pinned) = pin(&spec(&format!("{}/mods/a@{D}", h.addr), None)) else {
             panic!("a pinned reference")
@@ -851,12 +861,7 @@ mod tests {
                 )
             })
             .await;
-            let got = pull(
-                &hostile_pin(&h),
-                &hostile_access(&h),
-                DEFAULT_MAX_MODULE_BYTES,
-            )
-            .await;
+            let got = pull_from(&h).await;
             let Err(e) = got else {
                 panic!("a pull whose token answer never ends fails")
             };
@@ -890,12 +895,7 @@ mod tests {
             )
         })
         .await;
-        let got = pull(
-            &hostile_pin(&h),
-            &hostile_access(&h),
-            DEFAULT_MAX_MODULE_BYTES,
-        )
-        .await;
+        let got = pull_from(&h).await;
         assert!(
             matches!(&got, Err(e) if e.reason() == reasons::MODULE_NOT_FOUND),
             "{:?}",
@@ -935,12 +935,7 @@ mod tests {
                 )
             })
             .await;
-            let got = pull(
-                &hostile_pin(&h),
-                &hostile_access(&h),
-                DEFAULT_MAX_MODULE_BYTES,
-            )
-            .await;
+            let got = pull_from(&h).await;
             let Err(e) = got else {
                 panic!("a pull of an endless manifest fails")
             };
