@@ -125,7 +125,19 @@ impl ApplyReport {
     }
 }
 
-fn classify(intent: String, e: &kube::Error) -> WriteFailure {
+/// The most of the API server's message a [`WriteFailure`] keeps.
+pub const MAX_FAILURE_MESSAGE: usize = 1024;
+
+/// The failure of a write of `intent` to an object of `target`, from the client's error.
+///
+/// # Guarantees
+/// The message reaches a Warning Event, the log and the trace: it is made inert and cut to
+/// [`MAX_FAILURE_MESSAGE`] bytes, and for a `v1/Secret` the API server's own text is withheld
+/// (its typed-patch check quotes the value it rejects: the Secret's data); the code and reason
+/// stay. Kept for a Secret: the texts of 403 (who may not do what), 404 and 409, which name the
+/// object, never its data.
+fn classify(intent: String, target: &Gvk, e: &kube::Error) -> WriteFailure {
+    let secret = target.api_version == "v1" && target.kind == "Secret";
     let (kind, message) = match e {
         kube::Error::Api(s) => (
             match s.code {
@@ -134,14 +146,24 @@ fn classify(intent: String, e: &kube::Error) -> WriteFailure {
                 400 | 422 => FailureKind::Invalid,
                 _ => FailureKind::Transient,
             },
-            s.message.clone(),
+            if secret && !matches!(s.code, 403 | 404 | 409) {
+                format!(
+                    "HTTP {} {}: the API server's message is withheld (it may quote the Secret's data)",
+                    s.code, s.reason
+                )
+            } else {
+                s.message.clone()
+            },
         ),
         other => (FailureKind::Transient, other.to_string()),
     };
     WriteFailure {
         intent,
         kind,
-        message,
+        message: crate::text::cut(
+            crate::text::inert(&message).into_owned(),
+            MAX_FAILURE_MESSAGE,
+        ),
     }
 }
 
@@ -529,7 +551,7 @@ impl Applier {
             match api.patch(&child.name, params, &Patch::Apply(&create)).await {
                 Ok(_) => return Ok((target, fingerprint, Wrote::Created)),
                 Err(e) if is_conflict(&e) => {}
-                Err(e) => return Err(classify(intent, &e)),
+                Err(e) => return Err(classify(intent, &set.kind, &e)),
             }
             let reader: Api<DynamicObject> =
                 api_for(&self.reader, resolved, child.namespace.as_deref());
@@ -544,15 +566,15 @@ impl Applier {
                         .patch(&child.name, params, &Patch::Apply(&child.object))
                         .await
                         .map(|_| (target, fingerprint, Wrote::Created))
-                        .map_err(|e| classify(intent, &e));
+                        .map_err(|e| classify(intent, &set.kind, &e));
                 }
-                Err(e) => return Err(classify(intent, &e)),
+                Err(e) => return Err(classify(intent, &set.kind, &e)),
             }
         }
         api.patch(&child.name, params, &Patch::Apply(&child.object))
             .await
             .map(|_| (target, fingerprint, Wrote::Changed))
-            .map_err(|e| classify(intent, &e))
+            .map_err(|e| classify(intent, &set.kind, &e))
     }
 
     /// Prunes what this primary owns of the set's kind that is not in the complete set; records
@@ -601,7 +623,7 @@ impl Applier {
             match api.delete(&object.name_any(), &params).await {
                 Ok(_) => report.pruned += 1,
                 Err(e) if is_gone(&e) => {}
-                Err(e) => report.failures.push(classify(intent, &e)),
+                Err(e) => report.failures.push(classify(intent, &set.kind, &e)),
             }
         }
         fields::record(
@@ -724,7 +746,7 @@ impl Applier {
         match result {
             Ok(()) => true,
             Err(e) => {
-                report.failures.push(classify(intent, &e));
+                report.failures.push(classify(intent, &target.gvk(), &e));
                 false
             }
         }
@@ -770,7 +792,10 @@ impl Applier {
                 report.status_written = true;
                 report.remembered.insert(target, fingerprint);
             }
-            Err(e) => report.failures.push(classify(intent, &e)),
+            Err(e) => {
+                let kind = Gvk::new(&resource.resource.api_version, &resource.resource.kind);
+                report.failures.push(classify(intent, &kind, &e));
+            }
         }
     }
 }
@@ -1162,6 +1187,90 @@ pub(super) mod tests {
         )
         .await;
         assert!(matches!(sent, Ok(Ok(_))), "the lane never sent the Event");
+    }
+
+    /// A fake API server that answers discovery for ConfigMaps and Secrets and refuses every
+    /// other request with HTTP 500 and `message`.
+    fn refusing_client(message: String) -> Client {
+        let service = tower::service_fn(move |req: http::Request<Body>| {
+            let message = message.clone();
+            async move {
+                if req.uri().path() == "/api/v1" {
+                    let list = json!({"kind": "APIResourceList", "groupVersion": "v1", "resources": [
+                        {"name": "configmaps", "singularName": "configmap", "namespaced": true,
+                         "kind": "ConfigMap", "verbs": ["get", "list", "patch"]},
+                        {"name": "secrets", "singularName": "secret", "namespaced": true,
+                         "kind": "Secret", "verbs": ["get", "list", "patch"]}]});
+                    return Ok::<_, BoxError>(
+                        http::Response::builder()
+                            .status(200)
+                            .body(Body::from(serde_json::to_vec(&list)?))?,
+                    );
+                }
+                let status = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                    "reason": "InternalError", "code": 500, "message": message});
+                Ok(http::Response::builder()
+                    .status(500)
+                    .body(Body::from(serde_json::to_vec(&status)?))?)
+            }
+        });
+        Client::new(service, "default")
+    }
+
+    /// The failures of applying one child of `kind` through an API server answering `message`.
+    async fn failures_of_one_child(kind: Gvk, message: &str) -> Vec<WriteFailure> {
+        let client = refusing_client(message.to_string());
+        let discovery = Discovery::new(client.clone());
+        let applier = test_applier(&client, &discovery);
+        let resolved = match discovery.resolve(&Gvk::new("v1", "ConfigMap")).await {
+            Ok(r) => r,
+            Err(e) => panic!("the fake discovery: {e}"),
+        };
+        let primary: DynamicObject = match serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "primary", "namespace": "ns", "uid": "u-1", "resourceVersion": "1"}
+        })) {
+            Ok(p) => p,
+            Err(e) => panic!("literal: {e}"),
+        };
+        let child = PreparedChild {
+            namespace: Some("ns".into()),
+            name: "c".into(),
+            object: json!({"apiVersion": kind.api_version, "kind": kind.kind,
+                "metadata": {"name": "c", "namespace": "ns"}}),
+        };
+        let validated = Validated {
+            children: vec![PreparedSet {
+                keep: Default::default(),
+                kind,
+                namespaced: true,
+                objects: vec![child],
+            }],
+            ..Validated::default()
+        };
+        let hold = (Applied::new(), StatusHold::NEVER);
+        applier
+            .apply(&primary, &resolved, &[], validated, hold)
+            .await
+            .failures
+    }
+
+    /// The API server's message for a refused apply can quote the object's values (its typed
+    /// patch check prints the value it rejects); the message reaches a Warning Event, the log
+    /// and the trace, so a Secret's is withheld, and every message is made inert and cut.
+    #[tokio::test]
+    async fn an_apply_error_quotes_no_secret_value_and_no_unbounded_text() {
+        let quoting = r#"failed to create typed patch object (/v1, Kind=Secret): .stringData.password: expected string, got &value.valueUnstructured{Value:[]interface {}{"hunter2"}}"#;
+        let failures = failures_of_one_child(Gvk::new("v1", "Secret"), quoting).await;
+        assert_eq!(failures.len(), 1, "{failures:?}");
+        assert!(!failures[0].message.contains("hunter2"), "{failures:?}");
+        assert!(failures[0].message.contains("500"), "{failures:?}");
+        let long = format!("\u{1b}[31m{}", "x".repeat(1 << 20));
+        let failures = failures_of_one_child(Gvk::new("v1", "ConfigMap"), &long).await;
+        assert_eq!(failures.len(), 1, "{failures:?}");
+        let message = &failures[0].message;
+        assert!(message.len() <= 1024, "{} bytes", message.len());
+        assert!(!message.contains('\u{1b}'), "{message}");
     }
 
     #[tokio::test]
