@@ -145,12 +145,48 @@ impl fmt::Display for Violation {
     }
 }
 
+/// The most bytes of each of a violation's intent and problem (module text quoted in them is
+/// cut to fit).
+pub const MAX_QUOTED: usize = 512;
+
+/// The most violations a refusal's text lists (it says how many more there are).
+pub const MAX_LISTED: usize = 10;
+
 /// A refused response.
+///
+/// # Guarantees
+/// Its text (which reaches the log line, the trace and the Warning Event) lists at most
+/// [`MAX_LISTED`] violations of at most 2 x [`MAX_QUOTED`] bytes each, whatever the module sent.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("the module's response was refused ({} problem{}): {}", .violations.len(), if .violations.len() == 1 { "" } else { "s" }, .violations.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
 pub struct Rejected {
     /// Every problem found.
     pub violations: Vec<Violation>,
+}
+
+impl fmt::Display for Rejected {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let n = self.violations.len();
+        let plural = if n == 1 { "" } else { "s" };
+        write!(
+            f,
+            "the module's response was refused ({n} problem{plural}): "
+        )?;
+        for (i, v) in self.violations.iter().take(MAX_LISTED).enumerate() {
+            if i > 0 {
+                f.write_str("; ")?;
+            }
+            write!(f, "{v}")?;
+        }
+        if n > MAX_LISTED {
+            write!(f, "; ... and {} more", n - MAX_LISTED)?;
+        }
+        Ok(())
+    }
+}
+
+/// `text` made inert and cut to [`MAX_QUOTED`] bytes, for a violation.
+fn quoted(text: &str) -> String {
+    cut(inert(text).into_owned(), MAX_QUOTED)
 }
 
 /// A child ready to be applied.
@@ -220,11 +256,11 @@ struct Checker<'a> {
 }
 
 impl Checker<'_> {
-    /// Records a violation; module text quoted in it is made inert.
+    /// Records a violation; module text quoted in it is made inert and cut ([`quoted`]).
     fn bad(&mut self, intent: impl AsRef<str>, problem: impl AsRef<str>) {
         self.violations.push(Violation {
-            intent: inert(intent.as_ref()).into_owned(),
-            problem: inert(problem.as_ref()).into_owned(),
+            intent: quoted(intent.as_ref()),
+            problem: quoted(problem.as_ref()),
         });
     }
 
@@ -800,7 +836,7 @@ pub fn check_counts(grant: &Grant, response: &ReconcileResponse) -> Result<(), R
     let mut bad = |intent: &str, problem: String| {
         violations.push(Violation {
             intent: intent.into(),
-            problem,
+            problem: quoted(&problem),
         })
     };
     if response.children.len() > grant.owned.len() {
@@ -1559,6 +1595,41 @@ mod tests {
                 events: 20
             }
         );
+    }
+
+    /// A refusal's text reaches the log line, the trace and the Warning Event: whatever the
+    /// module sent (within its 4 MiB output), it stays small. Each violation quotes at most
+    /// `MAX_QUOTED` of the module's text, and the refusal lists at most `MAX_LISTED`.
+    #[test]
+    fn a_refusal_stays_small_whatever_the_module_sent() {
+        let huge = "\u{1}".repeat(1 << 20);
+        let rejected = check(ReconcileResponse {
+            status: Some(Status {
+                fields: json!({}),
+                conditions: vec![Condition {
+                    type_: huge.clone(),
+                    status: ConditionStatus::True,
+                    reason: huge.clone(),
+                    message: String::new(),
+                }],
+            }),
+            events: (0..10)
+                .map(|_| Event {
+                    reason: huge[..1000].to_string(),
+                    ..event_on(None)
+                })
+                .collect(),
+            ..Default::default()
+        })
+        .err()
+        .map(|r| r.to_string())
+        .unwrap_or_default();
+        assert!(
+            rejected.contains("refused"),
+            "{}",
+            &rejected[..rejected.len().min(500)]
+        );
+        assert!(rejected.len() < 16 << 10, "{} bytes", rejected.len());
     }
 
     #[test]

@@ -403,8 +403,12 @@ async fn admitted(
     result
 }
 
-/// Reports a finished reconcile: the queue, its span and log line, the module's record for
-/// rollback; forgets a primary deleted while it ran.
+/// The most bytes of a failed reconcile's error its span and log line carry.
+pub const MAX_ERROR_TEXT: usize = 4096;
+
+/// Reports a finished reconcile: the queue, its span and log line (the error cut to
+/// [`MAX_ERROR_TEXT`]), the module's record for rollback; forgets a primary deleted while it
+/// ran.
 ///
 /// The span's outcome (and `inputs.unchanged` when the inputs were unchanged) is recorded in
 /// one `record_all`: the JSON log re-encodes the span's fields on each (see
@@ -422,9 +426,13 @@ fn finished(
     {
         shared.states.queue().requeued(false);
     }
+    // Cut: a module's error text is inert but as long as its output cap allows.
     let (code, description) = match result {
         Ok(_) => ("OK", None),
-        Err(e) => ("ERROR", Some(e.to_string())),
+        Err(e) => (
+            "ERROR",
+            Some(crate::text::cut(e.to_string(), MAX_ERROR_TEXT)),
+        ),
     };
     fields::record(
         span,
@@ -436,9 +444,9 @@ fn finished(
         ],
     );
     let _enter = span.enter();
-    match result {
-        Ok(_) => tracing::debug!(elapsed_ms = elapsed.as_millis() as u64, "reconciled"),
-        Err(e) => {
+    match &description {
+        None => tracing::debug!(elapsed_ms = elapsed.as_millis() as u64, "reconciled"),
+        Some(e) => {
             tracing::warn!(elapsed_ms = elapsed.as_millis() as u64, error = %e, "reconcile failed")
         }
     }
