@@ -579,12 +579,16 @@ impl Default for ReconcilerLimits {
     }
 }
 
+/// The most reconciles of a new module `spec.rollout.watchReconciles` may watch.
+pub const MAX_WATCH_RECONCILES: u32 = 1_000_000;
+
 /// When a newly activated module is rolled back to the previous one.
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct RolloutPolicy {
     /// How many reconciles of a new module are watched (0 disables rollback).
-    #[serde(default = "default_watch")]
+    #[serde(default = "default_watch", deserialize_with = "at_most_watch")]
+    #[schemars(range(min = 0, max = MAX_WATCH_RECONCILES))]
     pub watch_reconciles: u32,
     /// The failure rate, in percent, over those reconciles that triggers a rollback.
     #[serde(default = "default_threshold")]
@@ -594,6 +598,15 @@ pub struct RolloutPolicy {
 
 fn default_watch() -> u32 {
     10
+}
+
+/// `watchReconciles` as stored, read at most [`MAX_WATCH_RECONCILES`]: one stored before the
+/// schema bounded it (up to int64) must not fail the decode of every WasmReconciler list.
+fn at_most_watch<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u32, D::Error> {
+    let n = u64::deserialize(d)?;
+    Ok(u32::try_from(n)
+        .unwrap_or(u32::MAX)
+        .min(MAX_WATCH_RECONCILES))
 }
 fn default_threshold() -> u32 {
     50
@@ -876,6 +889,28 @@ mod tests {
             "formats kubectl warns about: {unknown:?}"
         );
         assert!(yaml.contains("maximum: 10000"), "the bounds stay");
+    }
+
+    /// An integer the API server stores but `u32` cannot hold must not fail the decode: one
+    /// such WasmReconciler would fail every list of them (kube decodes a list whole), and the
+    /// manager and the admission webhook would serve no reconciler at all. New ones are refused
+    /// by the schema's bound; one stored before it is read at the bound.
+    #[test]
+    fn a_watch_count_beyond_its_bound_is_refused_by_the_schema_and_read_at_the_bound() {
+        let stored = serde_json::json!({"watchReconciles": 4_294_967_296_u64});
+        let policy = serde_json::from_value::<RolloutPolicy>(stored);
+        assert!(policy.is_ok(), "{policy:?}");
+        assert_eq!(
+            policy.ok().map(|p| p.watch_reconciles),
+            Some(MAX_WATCH_RECONCILES)
+        );
+        let yaml = crds_yaml();
+        let bounded = yaml
+            .split("watchReconciles:")
+            .nth(2)
+            .map(|schema| schema.lines().take(6).collect::<Vec<_>>().join("\n"))
+            .is_some_and(|schema| schema.contains(&format!("maximum: {MAX_WATCH_RECONCILES}")));
+        assert!(bounded, "the schema bounds watchReconciles");
     }
 
     #[test]

@@ -707,12 +707,8 @@ pub(super) async fn watch_rollout(
         return;
     }
     let (calls, failures) = active.counts();
-    let policy = &s.wr.spec.rollout;
-    let n = policy.watch_reconciles.max(1);
-    let threshold = policy.failure_threshold_percent.clamp(1, 100);
-    // Past the threshold for good, even if every remaining reconcile succeeded?
-    let doomed = failures * 100 >= threshold * n;
-    if doomed || (calls >= n && failures * 100 >= threshold * calls) {
+    let verdict = rollout_verdict(&s.wr.spec.rollout, calls, failures);
+    if verdict == Verdict::RollBack {
         let previous = slot.previous();
         if slot.roll_back() {
             let _ = serving.changed.unbounded_send(());
@@ -723,8 +719,37 @@ pub(super) async fn watch_rollout(
             rolled_back(s, kept, slot, &sha, &back, calls, failures).await;
         }
         state.watching = None;
-    } else if calls >= n {
+    } else if verdict == Verdict::Passed {
         state.watching = None;
+    }
+}
+
+/// What a watched module's `calls` and `failures` so far call for under `policy`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Verdict {
+    /// Its failure rate passed the threshold, or will whatever the remaining reconciles do.
+    RollBack,
+    /// Every watched reconcile ran, under the threshold.
+    Passed,
+    /// Watching goes on.
+    Watching,
+}
+
+/// The rollout decision. Counted in `u64`: in `u32`, a failure count past 42.9 million times
+/// 100, or a watch count over 42.9 million (stored before the schema bounded it) times the
+/// threshold, overflowed.
+fn rollout_verdict(policy: &crate::crd::RolloutPolicy, calls: u32, failures: u32) -> Verdict {
+    let n = u64::from(policy.watch_reconciles.max(1));
+    let threshold = u64::from(policy.failure_threshold_percent.clamp(1, 100));
+    let (calls, failures) = (u64::from(calls), u64::from(failures));
+    // Past the threshold for good, even if every remaining reconcile succeeded?
+    let doomed = failures * 100 >= threshold * n;
+    if doomed || (calls >= n && failures * 100 >= threshold * calls) {
+        Verdict::RollBack
+    } else if calls >= n {
+        Verdict::Passed
+    } else {
+        Verdict::Watching
     }
 }
 
@@ -1288,6 +1313,45 @@ pub(super) fn short(sha: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn rollout(watch: u32, threshold: u32) -> crate::crd::RolloutPolicy {
+        crate::crd::RolloutPolicy {
+            watch_reconciles: watch,
+            failure_threshold_percent: threshold,
+        }
+    }
+
+    /// The decision over the watched reconciles, and no overflow at the largest counts (in
+    /// `u32` the products overflowed: a panic in debug builds, a wrapped comparison in release
+    /// ones).
+    #[test]
+    fn a_rollout_verdict_counts_without_overflow() {
+        assert_eq!(rollout_verdict(&rollout(10, 50), 3, 5), Verdict::RollBack);
+        assert_eq!(rollout_verdict(&rollout(10, 50), 4, 2), Verdict::Watching);
+        assert_eq!(rollout_verdict(&rollout(10, 50), 10, 4), Verdict::Passed);
+        assert_eq!(rollout_verdict(&rollout(10, 50), 12, 6), Verdict::RollBack);
+        let most = crate::crd::MAX_WATCH_RECONCILES;
+        assert_eq!(
+            rollout_verdict(&rollout(most, 50), 10, 1),
+            Verdict::Watching
+        );
+        assert_eq!(
+            rollout_verdict(&rollout(most, 50), most, most / 2 - 1),
+            Verdict::Passed
+        );
+        assert_eq!(
+            rollout_verdict(&rollout(most, 50), 1, most / 2),
+            Verdict::RollBack
+        );
+        assert_eq!(
+            rollout_verdict(&rollout(most, 100), u32::MAX, u32::MAX),
+            Verdict::RollBack
+        );
+        assert_eq!(
+            rollout_verdict(&rollout(u32::MAX, 50), u32::MAX / 2, 1),
+            Verdict::Watching
+        );
+    }
     use kube::core::Status;
 
     fn api_error(code: u16, reason: &str) -> kube::Error {
