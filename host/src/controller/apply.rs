@@ -1130,7 +1130,7 @@ pub(super) mod tests {
     }
 
     /// A client whose API server never answers an Event's create; `posted` counts them.
-    fn events_never_answered(posted: Arc<tokio::sync::watch::Sender<usize>>) -> Client {
+    pub(crate) fn events_never_answered(posted: Arc<tokio::sync::watch::Sender<usize>>) -> Client {
         let service = tower::service_fn(move |req: http::Request<Body>| {
             let posted = posted.clone();
             async move {

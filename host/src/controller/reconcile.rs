@@ -35,6 +35,7 @@ use super::apply::{Applier, ApplyReport, FailureKind, Observed, object_reference
 use super::cache::{self, Cache, KindTexts};
 use super::call::{self, Check, Export};
 use super::compact::Compact;
+use super::emit::PUBLISH_TIMEOUT;
 use super::expect::Expected;
 use super::finalizer::{self, After, Before};
 use super::hold::{self, StatusHold};
@@ -210,13 +211,30 @@ impl Shared {
             action: "Reconcile".into(),
             secondary: None,
         };
-        if let Err(e) = self
-            .host_events
-            .publish(&event, &object_reference(&r, primary.uid()))
-            .await
-        {
-            tracing::warn!(error = %e, reason, "cannot record a Warning Event");
+        let reference = object_reference(&r, primary.uid());
+        publish_warning(&self.host_events, &event, &reference, PUBLISH_TIMEOUT).await;
+    }
+}
+
+/// Publishes the host's Warning `event` about `reference`, giving up after `within` (a
+/// failure or a timeout is logged): the reconcile that reports it holds its concurrency
+/// permits meanwhile, and an Events API that does not answer must not hold them.
+async fn publish_warning(
+    recorder: &Recorder,
+    event: &KubeEvent,
+    reference: &k8s_openapi::api::core::v1::ObjectReference,
+    within: Duration,
+) {
+    match tokio::time::timeout(within, recorder.publish(event, reference)).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, reason = %event.reason, "cannot record a Warning Event")
         }
+        Err(_) => tracing::warn!(
+            reason = %event.reason,
+            timeout_s = within.as_secs_f64(),
+            "the Events API did not answer a Warning Event in time; it is not recorded"
+        ),
     }
 }
 
@@ -1014,6 +1032,42 @@ mod tests {
     }
 
     const MIN: Duration = Duration::from_secs(60);
+
+    /// The host's own Warnings (`ModuleError`, `InvalidIntents`, `ApplyFailed`...) are sent
+    /// while the reconcile holds its concurrency permits: an Events API that does not answer
+    /// (overload, a hung webhook on Events) must not hold them past the publish timeout.
+    #[tokio::test]
+    async fn a_host_warning_nobody_answers_gives_up_at_the_publish_timeout() {
+        let (posted, mut seen) = tokio::sync::watch::channel(0);
+        let client = crate::controller::apply::tests::events_never_answered(Arc::new(posted));
+        let reporter = kube::runtime::events::Reporter {
+            controller: "test".into(),
+            instance: None,
+        };
+        let recorder = Recorder::new(client, reporter);
+        let event = KubeEvent {
+            type_: KubeEventType::Warning,
+            reason: "ModuleError".into(),
+            note: Some("boom".into()),
+            action: "Reconcile".into(),
+            secondary: None,
+        };
+        let reference = k8s_openapi::api::core::v1::ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("ConfigMap".into()),
+            name: Some("p".into()),
+            namespace: Some("ns".into()),
+            ..Default::default()
+        };
+        // Generous: it must give up after its 100 ms, not wait for an answer.
+        let published = tokio::time::timeout(
+            Duration::from_secs(60),
+            publish_warning(&recorder, &event, &reference, Duration::from_millis(100)),
+        )
+        .await;
+        assert!(published.is_ok(), "the Warning held the reconcile for 60 s");
+        assert_eq!(*seen.borrow_and_update(), 1, "it was sent");
+    }
 
     #[test]
     fn a_shorter_requeue_comes_before_the_resync() {
