@@ -532,7 +532,12 @@ impl Supervisor {
                 _ = &mut *stop => break,
                 // What the group decided (a swap by the deciding replica, a rollback by any).
                 Some(decided) = decisions.next() => {
-                    swap::follow(s, kept, serving, decided, &mut state).await;
+                    // Following may pull the decided module from its registry (up to the pull
+                    // deadline): a stop ends it, as it ends an offer's.
+                    let follow = swap::follow(s, kept, serving, decided, &mut state);
+                    if unless_stopped(stop, follow).await.is_none() {
+                        break;
+                    }
                     if std::mem::take(&mut state.set_up_again) {
                         return Ended::SetUpAgain;
                     }
