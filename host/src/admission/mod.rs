@@ -62,7 +62,7 @@ mod tests;
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
 use futures::{FutureExt, StreamExt};
@@ -195,8 +195,10 @@ struct Webhook {
     slots: Slots,
     /// Modules loaded from ConfigMaps, copies or registries (followers): name -> (sha, module).
     loaded: Mutex<HashMap<String, (String, Module)>>,
-    /// Held while a follower reads and loads a module, so concurrent reviews read it once.
-    loading: tokio::sync::Mutex<()>,
+    /// One lock per reconciler, held while a follower reads and loads its module, so
+    /// concurrent reviews read it once; another reconciler's read never waits on it (a module
+    /// slow to read must not hold the others' reviews past the API server's timeout).
+    loading: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     /// How OCI modules are pulled (a follower pulls one its copy cannot hold).
     oci: crate::modules::oci::OciOptions,
 }
@@ -234,11 +236,18 @@ impl Webhook {
         if let Some(m) = self.already_loaded(&name, &active) {
             return Ok(m);
         }
-        let _one = self.loading.lock().await;
+        let lock = self.loading_lock(&name);
+        let _one = lock.lock().await;
         if let Some(m) = self.already_loaded(&name, &active) {
             return Ok(m);
         }
         self.load(wr, &name, &active).await
+    }
+
+    /// The lock of reconciler `name`'s loads.
+    fn loading_lock(&self, name: &str) -> Arc<tokio::sync::Mutex<()>> {
+        let mut locks = self.loading.lock().unwrap_or_else(PoisonError::into_inner);
+        locks.entry(name.to_string()).or_default().clone()
     }
 
     /// The module loaded for `name` earlier, if it is still the active one.
@@ -628,7 +637,7 @@ pub async fn serve(
         reconcilers: reader.clone(),
         slots,
         loaded: Mutex::default(),
-        loading: tokio::sync::Mutex::new(()),
+        loading: Mutex::default(),
         oci,
     });
     readiness::global().pending("admission");
@@ -947,6 +956,9 @@ async fn keep_in_sync(
                 Some(Ok(watcher::Event::Delete(wr))) => {
                     let name = wr.name_any();
                     if let Ok(mut l) = webhook.loaded.lock() {
+                        l.remove(&name);
+                    }
+                    if let Ok(mut l) = webhook.loading.lock() {
                         l.remove(&name);
                     }
                     if *leading.borrow()

@@ -82,7 +82,7 @@ async fn webhook_with(name: &'static str) -> Arc<Webhook> {
         reconcilers,
         slots,
         loaded: Mutex::default(),
-        loading: tokio::sync::Mutex::new(()),
+        loading: Mutex::default(),
         oci: crate::modules::oci::OciOptions::default(),
     })
 }
@@ -384,4 +384,82 @@ async fn every_answered_review_is_timed_by_its_webhook() {
     // Other tests answer reviews of the same reconciler meanwhile: at least these two.
     assert!(reviews_timed("validate") >= validated + 1.0);
     assert!(reviews_timed("finalizer") >= finalized + 1.0);
+}
+
+/// A follower loads the modules of reconcilers it does not serve for their reviews: one whose
+/// module is slow to read (a registry or an API server that trickles) must not hold the loads
+/// of the others, whose reviews the API server gives up on after their timeout.
+#[tokio::test]
+async fn a_module_slow_to_read_holds_no_other_reconcilers_load() {
+    use crate::modules::hostile::{self, Answer, Body};
+    let bytes = wasmop_test_modules::bytes(wasmop_test_modules::MISBEHAVE);
+    let sha = crate::engine::sha256_hex(&bytes);
+    let cm = crate::modules::source::to_config_map("b", "ops", &bytes, "b", "1", &sha)
+        .unwrap_or_else(|e| panic!("{e}"));
+    let cm = serde_json::to_vec(&cm).unwrap_or_else(|e| panic!("{e}"));
+    let h = hostile::start(move |r| {
+        if r.path.ends_with("/configmaps/b") {
+            return Answer::ok(&cm);
+        }
+        Answer::with(
+            200,
+            Body::Trickle {
+                every: Duration::from_millis(500),
+                count: 1000,
+            },
+        )
+    })
+    .await;
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let uri = format!("https://{}", h.addr)
+        .parse()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let mut config = kube::Config::new(uri);
+    use rustls_pki_types::pem::PemObject;
+    let ca = rustls_pki_types::CertificateDer::from_pem_slice(h.ca_pem.as_bytes());
+    config.root_cert = Some(ca.into_iter().map(|c| c.to_vec()).collect());
+    let client = Client::try_from(config).unwrap_or_else(|e| panic!("{e}"));
+    let engine = tokio::task::spawn_blocking(|| Engine::new(&EngineConfig::default()))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .unwrap_or_else(|e| panic!("engine: {e}"));
+    let webhook = Arc::new(Webhook {
+        client,
+        engine,
+        reconcilers: reflector::store().0,
+        slots: Slots::default(),
+        loaded: Mutex::default(),
+        loading: Default::default(),
+        oci: crate::modules::oci::OciOptions::default(),
+    });
+    let serving = |name: &str, sha: &str| -> WasmReconciler {
+        serde_json::from_value(json!({
+            "apiVersion": "wasmop.dev/v1alpha1", "kind": "WasmReconciler",
+            "metadata": {"name": name, "uid": format!("u-{name}")},
+            "spec": {
+                "module": {"configMap": {"namespace": "ops", "name": name}},
+                "primary": {"apiVersion": "test.wasmop.dev/v1", "kind": "Widget"},
+                "serviceAccount": {"namespace": "ops", "name": "sa"}
+            },
+            "status": {"activeModule": {"sha256": sha, "name": name, "version": "1",
+                "loadedAt": "2026-11-30T00:00:00Z", "source": "configmap"}}
+        }))
+        .unwrap_or_else(|e| panic!("literal: {e}"))
+    };
+    let slow = serving("a", &"ab".repeat(32));
+    let requested = h.requested.notified();
+    let stuck = {
+        let webhook = webhook.clone();
+        tokio::spawn(async move { webhook.module(&slow).await.map(|_| ()) })
+    };
+    requested.await;
+    // The slow read takes 1000 x 0.5 s; the other module loads at once (60 s: generous).
+    let other =
+        tokio::time::timeout(Duration::from_secs(60), webhook.module(&serving("b", &sha))).await;
+    assert!(
+        matches!(other, Ok(Ok(_))),
+        "another reconciler's load waited on the slow one: {:?}",
+        other.map(|r| r.map(|_| ()).map_err(|e| e.to_string()))
+    );
+    stuck.abort();
 }
