@@ -123,7 +123,7 @@ async fn dry_run_child(
     let after = api
         .patch(name, &params, &Patch::Apply(object))
         .await
-        .map_err(|e| format!("dry-run apply {shown}: {e}"))?;
+        .map_err(|e| dry_run_error(kind, &shown, &e, show_secrets))?;
     let Some(live) = live else {
         return Ok(Some(format!("create {shown}")));
     };
@@ -136,6 +136,21 @@ async fn dry_run_child(
         "update {shown}\n{}",
         render(&before, &after, show_secrets)
     )))
+}
+
+/// What `wasmop diff` prints for a refused dry-run apply of `shown` (an object of `kind`).
+fn dry_run_error(
+    kind: &crate::contract::Gvk,
+    shown: &str,
+    e: &kube::Error,
+    show_secrets: bool,
+) -> String {
+    let code = match e {
+        kube::Error::Api(s) => format!(" (HTTP {})", s.code),
+        _ => String::new(),
+    };
+    let text = crate::controller::apply::write_error_text(kind, e, show_secrets);
+    format!("dry-run apply {shown}{code}: {text}")
 }
 
 /// The unified diff of a child's live and candidate YAML. A Secret's values are shown as
@@ -607,6 +622,32 @@ fn exit_status(outcomes: &[(String, Outcome)]) -> u8 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A refused dry run of a Secret: the API server's message can quote the value it
+    /// rejects; `wasmop diff` prints it only with `--show-secrets`, and never raw.
+    #[test]
+    fn a_refused_secret_dry_run_prints_no_value() {
+        let quoting = r#".stringData.password: expected string, got &value.valueUnstructured{Value:[]interface {}{"hunter2"}}"#;
+        let status = kube::core::Status::failure(quoting, "InternalError").with_code(500);
+        let e = kube::Error::Api(Box::new(status));
+        let secret = crate::contract::Gvk::new("v1", "Secret");
+        let hidden = dry_run_error(&secret, "Secret ns/s", &e, false);
+        assert!(!hidden.contains("hunter2"), "{hidden}");
+        assert!(
+            hidden.contains("Secret ns/s") && hidden.contains("500"),
+            "{hidden}"
+        );
+        let shown = dry_run_error(&secret, "Secret ns/s", &e, true);
+        assert!(shown.contains("hunter2"), "{shown}");
+        let forged = kube::core::Status::failure("x\u{1b}[2Jy", "Invalid").with_code(422);
+        let text = dry_run_error(
+            &secret,
+            "Secret ns/s",
+            &kube::Error::Api(Box::new(forged)),
+            true,
+        );
+        assert!(!text.contains('\u{1b}'), "{text}");
+    }
 
     #[test]
     fn a_changed_secret_shows_which_keys_changed_not_their_values() {

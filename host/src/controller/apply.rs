@@ -128,43 +128,46 @@ impl ApplyReport {
 /// The most of the API server's message a [`WriteFailure`] keeps.
 pub const MAX_FAILURE_MESSAGE: usize = 1024;
 
-/// The failure of a write of `intent` to an object of `target`, from the client's error.
-///
-/// # Guarantees
-/// The message reaches a Warning Event, the log and the trace: it is made inert and cut to
-/// [`MAX_FAILURE_MESSAGE`] bytes, and for a `v1/Secret` the API server's own text is withheld
-/// (its typed-patch check quotes the value it rejects: the Secret's data); the code and reason
-/// stay. Kept for a Secret: the texts of 403 (who may not do what), 404 and 409, which name the
-/// object, never its data.
+/// The failure of a write of `intent` to an object of `target`, from the client's error (its
+/// message: [`write_error_text`]).
 fn classify(intent: String, target: &Gvk, e: &kube::Error) -> WriteFailure {
-    let secret = target.api_version == "v1" && target.kind == "Secret";
-    let (kind, message) = match e {
-        kube::Error::Api(s) => (
-            match s.code {
-                403 => FailureKind::Forbidden,
-                409 => FailureKind::Conflict,
-                400 | 422 => FailureKind::Invalid,
-                _ => FailureKind::Transient,
-            },
-            if secret && !matches!(s.code, 403 | 404 | 409) {
-                format!(
-                    "HTTP {} {}: the API server's message is withheld (it may quote the Secret's data)",
-                    s.code, s.reason
-                )
-            } else {
-                s.message.clone()
-            },
-        ),
-        other => (FailureKind::Transient, other.to_string()),
+    let kind = match e {
+        kube::Error::Api(s) => match s.code {
+            403 => FailureKind::Forbidden,
+            409 => FailureKind::Conflict,
+            400 | 422 => FailureKind::Invalid,
+            _ => FailureKind::Transient,
+        },
+        _ => FailureKind::Transient,
     };
     WriteFailure {
         intent,
         kind,
-        message: crate::text::cut(
-            crate::text::inert(&message).into_owned(),
-            MAX_FAILURE_MESSAGE,
-        ),
+        message: write_error_text(target, e, false),
     }
+}
+
+/// What may be said of the client's error `e` for a write to an object of `target`.
+///
+/// # Guarantees
+/// The text reaches Warning Events, logs, traces and `wasmop diff`'s output: it is made inert
+/// and cut to [`MAX_FAILURE_MESSAGE`] bytes, and for a `v1/Secret` the API server's own text
+/// is withheld unless `show_secrets` (its typed-patch check quotes the value it rejects: the
+/// Secret's data); the code and reason stay. Kept for a Secret: the texts of 403 (who may not
+/// do what), 404 and 409, which name the object, never its data.
+pub fn write_error_text(target: &Gvk, e: &kube::Error, show_secrets: bool) -> String {
+    let secret = target.api_version == "v1" && target.kind == "Secret";
+    let text = match e {
+        kube::Error::Api(s) if secret && !show_secrets && !matches!(s.code, 403 | 404 | 409) => {
+            format!(
+                "HTTP {} {}: the API server's message is withheld (it may quote the Secret's data)",
+                s.code, s.reason
+            )
+        }
+        kube::Error::Api(s) => s.message.clone(),
+        other => other.to_string(),
+    };
+    crate::text::cut(crate::text::inert(&text).into_owned(), MAX_FAILURE_MESSAGE)
 }
 
 /// How many children of one set are written at once (one apply each).
