@@ -61,25 +61,29 @@ enum Frame {
 
 impl Needs {
     fn add_instance(&mut self, m: &ModuleDefines) {
-        self.core_instances += 1;
-        self.memories += m.memories;
-        self.initial_memory_bytes += m.initial_memory_bytes;
+        self.core_instances = self.core_instances.saturating_add(1);
+        self.memories = self.memories.saturating_add(m.memories);
+        self.initial_memory_bytes = self
+            .initial_memory_bytes
+            .saturating_add(m.initial_memory_bytes);
         self.largest_initial_memory_bytes = self
             .largest_initial_memory_bytes
             .max(m.largest_initial_memory_bytes);
-        self.tables += m.tables;
+        self.tables = self.tables.saturating_add(m.tables);
         self.max_table_elements = self.max_table_elements.max(m.max_table_elements);
     }
 
     fn add_component(&mut self, n: &Needs) {
-        self.core_modules += n.core_modules;
-        self.core_instances += n.core_instances;
-        self.memories += n.memories;
-        self.initial_memory_bytes += n.initial_memory_bytes;
+        self.core_modules = self.core_modules.saturating_add(n.core_modules);
+        self.core_instances = self.core_instances.saturating_add(n.core_instances);
+        self.memories = self.memories.saturating_add(n.memories);
+        self.initial_memory_bytes = self
+            .initial_memory_bytes
+            .saturating_add(n.initial_memory_bytes);
         self.largest_initial_memory_bytes = self
             .largest_initial_memory_bytes
             .max(n.largest_initial_memory_bytes);
-        self.tables += n.tables;
+        self.tables = self.tables.saturating_add(n.tables);
         self.max_table_elements = self.max_table_elements.max(n.max_table_elements);
     }
 }
@@ -104,10 +108,12 @@ pub fn needs(bytes: &[u8]) -> Result<Needs, NeedsError> {
                 if let Some(Frame::Module(m)) = stack.last_mut() {
                     for memory in reader {
                         let memory = memory.map_err(|e| NeedsError(e.to_string()))?;
-                        let page = 1u64 << memory.page_size_log2.unwrap_or(16);
+                        let page = 1u64
+                            .checked_shl(memory.page_size_log2.unwrap_or(16))
+                            .unwrap_or(u64::MAX);
                         let initial = memory.initial.saturating_mul(page);
-                        m.memories += 1;
-                        m.initial_memory_bytes += initial;
+                        m.memories = m.memories.saturating_add(1);
+                        m.initial_memory_bytes = m.initial_memory_bytes.saturating_add(initial);
                         m.largest_initial_memory_bytes =
                             m.largest_initial_memory_bytes.max(initial);
                     }
@@ -117,7 +123,7 @@ pub fn needs(bytes: &[u8]) -> Result<Needs, NeedsError> {
                 if let Some(Frame::Module(m)) = stack.last_mut() {
                     for table in reader {
                         let table = table.map_err(|e| NeedsError(e.to_string()))?;
-                        m.tables += 1;
+                        m.tables = m.tables.saturating_add(1);
                         m.max_table_elements = m.max_table_elements.max(table.ty.initial);
                     }
                 }
@@ -175,6 +181,19 @@ pub fn needs(bytes: &[u8]) -> Result<Needs, NeedsError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Sizes come from the module's bytes (read before anything validates them): two memories
+    /// of 2 pages of 2^63 bytes each must not overflow the sums.
+    #[test]
+    fn huge_declared_memories_saturate_not_overflow() {
+        let memory = [0x08, 0x02, 0x3f];
+        let mut bytes = b"\0asm\x01\0\0\0\x05\x07\x02".to_vec();
+        bytes.extend_from_slice(&memory);
+        bytes.extend_from_slice(&memory);
+        if let Ok(n) = needs(&bytes) {
+            assert_eq!(n.initial_memory_bytes, u64::MAX);
+        }
+    }
 
     #[test]
     fn garbage_is_an_error_not_a_panic() {
