@@ -267,11 +267,7 @@ impl Elector {
         let rv = lease.resource_version().unwrap_or_default();
         let unchanged_for = self.observe(&rv);
         let spec = lease.spec.clone().unwrap_or_default();
-        let duration = spec
-            .lease_duration_seconds
-            .and_then(|s| u64::try_from(s).ok())
-            .map(Duration::from_secs)
-            .unwrap_or(self.config.lease_duration);
+        let duration = claimed_duration(&spec, self.config.lease_duration);
         let next = match next_spec(
             Some(&spec),
             me,
@@ -393,9 +389,42 @@ impl Elector {
     }
 }
 
+/// How long the Lease `spec` may go unrenewed before it counts as expired: its claimed
+/// `leaseDurationSeconds` (`own` when it claims none), between 1 s and the bound a member
+/// Lease's claim has ([`crate::sharding::membership::MAX_LEASE_DURATION`]): whoever may write
+/// the Lease must not make every replica wait for decades.
+fn claimed_duration(spec: &LeaseSpec, own: Duration) -> Duration {
+    spec.lease_duration_seconds
+        .and_then(|s| u64::try_from(s).ok())
+        .map_or(own, Duration::from_secs)
+        .clamp(
+            Duration::from_secs(1),
+            crate::sharding::membership::MAX_LEASE_DURATION,
+        )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Whoever may write the Lease (or a replica once run with a huge flag) must not make every
+    /// replica wait for decades: a claimed duration counts at most as long as a member Lease's.
+    #[test]
+    fn a_huge_claimed_lease_duration_counts_at_most_the_bound() {
+        let claimed = |seconds: i32| LeaseSpec {
+            holder_identity: Some("ghost".into()),
+            lease_duration_seconds: Some(seconds),
+            ..LeaseSpec::default()
+        };
+        let own = Duration::from_secs(15);
+        assert_eq!(
+            claimed_duration(&claimed(i32::MAX), own),
+            crate::sharding::membership::MAX_LEASE_DURATION
+        );
+        assert_eq!(claimed_duration(&claimed(0), own), Duration::from_secs(1));
+        assert_eq!(claimed_duration(&claimed(20), own), Duration::from_secs(20));
+        assert_eq!(claimed_duration(&LeaseSpec::default(), own), own);
+    }
 
     fn at(secs: i64) -> MicroTime {
         MicroTime(k8s_openapi::jiff::Timestamp::from_second(secs).unwrap_or_default())
