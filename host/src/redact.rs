@@ -77,6 +77,43 @@ pub const PARTIAL_STALE_AFTER: Duration = Duration::from_secs(600);
 /// # Errors
 /// The file cannot be created, written or renamed over `path`.
 pub fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    replace_whole(path, bytes, None)
+}
+
+/// Writes `bytes` to `path`, replacing any file there whole as [`write_private`] does, but
+/// readable as an ordinary file: with the permissions of the file it replaces, or 0644 on Unix
+/// for a new one (a golden file meant for commits).
+///
+/// # Errors
+/// The file cannot be created, written, given its permissions or renamed over `path`.
+pub fn write_whole(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let permissions = match std::fs::metadata(path) {
+        Ok(m) => Some(m.permissions()),
+        Err(_) => ordinary(),
+    };
+    replace_whole(path, bytes, permissions)
+}
+
+/// The permissions of a new ordinary file: 0644 on Unix (elsewhere, tempfile's).
+fn ordinary() -> Option<std::fs::Permissions> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        Some(std::fs::Permissions::from_mode(0o644))
+    }
+    #[cfg(not(unix))]
+    {
+        None
+    }
+}
+
+/// Writes `bytes` to a new partial file beside `path` (0600 from its creation; `permissions`
+/// once written, if given) and renames it over `path`.
+fn replace_whole(
+    path: &Path,
+    bytes: &[u8],
+    permissions: Option<std::fs::Permissions>,
+) -> std::io::Result<()> {
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),
@@ -84,6 +121,9 @@ pub fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     remove_stale_partials(dir, SystemTime::now());
     let mut file = tempfile::Builder::new().prefix(PARTIAL).tempfile_in(dir)?;
     file.write_all(bytes)?;
+    if let Some(permissions) = permissions {
+        file.as_file().set_permissions(permissions)?;
+    }
     file.persist(path).map_err(|e| e.error)?;
     Ok(())
 }

@@ -378,7 +378,7 @@ fn compare(args: &Args, output: &Value) -> Result<ExitCode, CliError> {
         return Ok(ExitCode::SUCCESS);
     };
     if args.update {
-        std::fs::write(expect, &rendered).map_err(|source| CliError::Io {
+        crate::redact::write_whole(expect, rendered.as_bytes()).map_err(|source| CliError::Io {
             action: "cannot write",
             path: expect.clone(),
             source,
@@ -401,4 +401,66 @@ fn compare(args: &Args, output: &Value) -> Result<ExitCode, CliError> {
             .header(&expect.display().to_string(), "actual")
     );
     Err(CliError::Differs(expect.clone()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser as _;
+
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: Args,
+    }
+
+    /// `--update` rewrites a golden file meant for commits: a write interrupted half-way (a
+    /// full disk, Ctrl-C, which exits at once) must not leave it empty or cut, and it stays
+    /// readable as the author made it.
+    #[test]
+    fn an_updated_golden_file_is_replaced_whole_and_keeps_its_mode() {
+        use std::io::Read;
+        let tmp = tempfile::tempdir().ok();
+        let dir = tmp
+            .as_ref()
+            .map(|d| d.path().to_path_buf())
+            .unwrap_or_default();
+        let golden = dir.join("expect.yaml");
+        assert!(std::fs::write(&golden, "old: text\n").is_ok());
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let readable = std::fs::Permissions::from_mode(0o644);
+            assert!(std::fs::set_permissions(&golden, readable).is_ok());
+        }
+        let mut before = std::fs::File::open(&golden).map_err(|e| e.to_string());
+        let argv = [
+            "wasmop-test",
+            "m.wasm",
+            "--object",
+            "o.yaml",
+            "--update",
+            "--expect",
+        ];
+        let cli = Cli::try_parse_from(argv.iter().copied().chain([golden.to_str().unwrap_or("")]));
+        let Ok(cli) = cli else {
+            panic!("arguments: {:?}", cli.err())
+        };
+        let wrote = compare(&cli.args, &serde_json::json!({"new": 1}));
+        assert!(wrote.is_ok(), "{:?}", wrote.err());
+        let mut old = String::new();
+        let read = before.as_mut().map(|f| f.read_to_string(&mut old));
+        assert!(read.is_ok_and(|r| r.is_ok()));
+        assert_eq!(old, "old: text\n", "the golden file was rewritten in place");
+        assert_eq!(
+            std::fs::read_to_string(&golden).ok().as_deref(),
+            Some("new: 1\n")
+        );
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = std::fs::metadata(&golden).map(|m| m.permissions().mode() & 0o777);
+            assert_eq!(mode.ok(), Some(0o644), "the golden file's mode changed");
+        }
+    }
 }
