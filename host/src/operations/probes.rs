@@ -115,3 +115,69 @@ pub async fn bind(
     .instrument(tracing::info_span!("probes", addr = %local));
     Ok((local, serve))
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// A client that pipelines requests and never reads the answers: once the socket buffers
+    /// are full the server can neither write nor (hyper waits for its writes) read the next
+    /// head, so no read timeout closes it. It must not keep its connection slot: with a cap of
+    /// one, the kubelet's `/healthz` gets in once the stuck writes time out.
+    #[tokio::test]
+    async fn a_client_that_never_reads_its_answers_gives_its_connection_up() {
+        let limits = ServerLimits {
+            max_connections: 1,
+            read_timeout: Duration::from_millis(300),
+        };
+        let Ok(any) = "127.0.0.1:0".parse() else {
+            panic!("an address")
+        };
+        let Ok((addr, serve)) = bind(any, limits, std::future::pending()).await else {
+            panic!("the probe server binds")
+        };
+        tokio::spawn(serve);
+        let Ok(mut stuck) = tokio::net::TcpStream::connect(addr).await else {
+            panic!("the stuck client connects")
+        };
+        let requests = b"GET /metrics HTTP/1.1\r\nhost: x\r\n\r\n".repeat(200_000);
+        let writer = tokio::spawn(async move {
+            let _ = stuck.write_all(&requests).await;
+            stuck
+        });
+        // Generous: the stuck writes time out after 300 ms; poll for up to 60 s.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        let mut answered = false;
+        while !answered && tokio::time::Instant::now() < deadline {
+            answered = healthz(addr).await;
+            if !answered {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+        writer.abort();
+        assert!(
+            answered,
+            "the client that never reads still holds the only connection"
+        );
+    }
+
+    /// Whether `GET /healthz` on `addr` answers 200 (within 5 s).
+    async fn healthz(addr: SocketAddr) -> bool {
+        let attempt = async {
+            let mut c = tokio::net::TcpStream::connect(addr).await.ok()?;
+            c.write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+                .await
+                .ok()?;
+            let mut answer = Vec::new();
+            c.read_to_end(&mut answer).await.ok()?;
+            Some(answer.starts_with(b"HTTP/1.1 200"))
+        };
+        matches!(
+            tokio::time::timeout(Duration::from_secs(5), attempt).await,
+            Ok(Some(true))
+        )
+    }
+}

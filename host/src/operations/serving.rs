@@ -14,6 +14,9 @@
 //! - A connection that does not complete its TLS handshake (admission) or send a complete
 //!   request head within [`ServerLimits::read_timeout`] is closed; so is a keep-alive connection
 //!   idle that long (hyper's header timer runs while it waits for the next request).
+//! - A connection whose answer waits [`ServerLimits::read_timeout`] for the client to read it
+//!   (a client that pipelines requests and never reads: hyper then reads no further head, so
+//!   no read timeout runs) is closed (`tokio-io-timeout`'s write timeout).
 //! - Request heads larger than [`MAX_HEAD`] bytes are refused by hyper (431).
 //! - A failing `accept` (e.g. out of file descriptors) pauses the loop briefly instead of
 //!   spinning.
@@ -25,6 +28,7 @@
 
 use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -32,6 +36,7 @@ use hyper::server::conn::http1;
 use hyper_util::rt::TokioTimer;
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio_io_timeout::TimeoutStream;
 
 /// The largest request head (request line and headers) a server buffers.
 pub const MAX_HEAD: usize = 64 << 10;
@@ -155,6 +160,10 @@ impl Drop for Admitted {
     }
 }
 
+/// An accepted connection: its writes fail once one has waited [`ServerLimits::read_timeout`]
+/// for the client to read.
+pub(crate) type Connection = Pin<Box<TimeoutStream<TcpStream>>>;
+
 /// Accepts connections on `listener` until `shutdown`, each on its own task running
 /// `serve(stream, peer)`, at most `limits.max_connections` at a time.
 pub(crate) async fn accept_loop<F, Fut>(
@@ -164,7 +173,7 @@ pub(crate) async fn accept_loop<F, Fut>(
     shutdown: impl Future<Output = ()>,
     serve: F,
 ) where
-    F: Fn(TcpStream, SocketAddr) -> Fut,
+    F: Fn(Connection, SocketAddr) -> Fut,
     Fut: Future<Output = ()> + Send + 'static,
 {
     let slots = Arc::new(Semaphore::new(limits.max_connections));
@@ -192,7 +201,9 @@ pub(crate) async fn accept_loop<F, Fut>(
             server,
             _slot: slot,
         };
-        let task = serve(stream, peer);
+        let mut stream = TimeoutStream::new(stream);
+        stream.set_write_timeout(Some(limits.read_timeout));
+        let task = serve(Box::pin(stream), peer);
         tokio::spawn(async move {
             task.await;
             drop(admitted);
