@@ -1063,6 +1063,15 @@ fn check_metadata(m: &ModuleMetadata) -> Result<(), LoadError> {
     if m.name.trim().is_empty() {
         return bad("returned an empty module name".into());
     }
+    // The name and version reach log lines as they are: nothing that could forge one.
+    for (what, text) in [("name", &m.name), ("version", &m.version)] {
+        if text.chars().any(crate::text::is_unsafe_char) {
+            return bad(format!(
+                "returned a module {what} with control or bidirectional characters ({})",
+                crate::text::cut(crate::text::inert(text).into_owned(), 256)
+            ));
+        }
+    }
     if m.primary.api_version.is_empty() || m.primary.kind.is_empty() {
         return bad(format!(
             "declares no primary kind (got apiVersion {:?}, kind {:?}); set it with Metadata::primary",
@@ -1550,6 +1559,31 @@ fn panic_message(stderr: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A module's name and version reach the host's log lines as they are (`module = %name`
+    /// in the text format, which does not escape newlines): one that could forge a log line is
+    /// refused at load, as a condition type with control characters is.
+    #[test]
+    fn a_module_name_or_version_that_could_forge_a_log_line_is_refused() {
+        let named = |name: &str, version: &str| ModuleMetadata {
+            name: name.into(),
+            version: version.into(),
+            primary: crate::contract::Gvk::new("example.com/v1", "App"),
+            ..placeholder_metadata()
+        };
+        assert!(check_metadata(&named("app", "1.0")).is_ok());
+        for (name, version) in [
+            ("app\nINFO forged", "1"),
+            ("app", "1\r\u{1b}[2J"),
+            ("app\u{202e}", "1"),
+        ] {
+            let checked = check_metadata(&named(name, version));
+            assert!(
+                matches!(&checked, Err(LoadError::Metadata(m)) if !m.chars().any(crate::text::is_unsafe_char)),
+                "{name:?} {version:?}: {checked:?}"
+            );
+        }
+    }
 
     #[test]
     fn panic_messages_are_extracted_from_rust_panic_reports() {
