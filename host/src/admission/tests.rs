@@ -391,7 +391,7 @@ async fn every_answered_review_is_timed_by_its_webhook() {
 /// of the others, whose reviews the API server gives up on after their timeout.
 #[tokio::test]
 async fn a_module_slow_to_read_holds_no_other_reconcilers_load() {
-    use crate::modules::hostile::{self, Answer, Body};
+    use crate::modules::hostile::{self, Answer};
     let bytes = wasmop_test_modules::bytes(wasmop_test_modules::MISBEHAVE);
     let sha = crate::engine::sha256_hex(&bytes);
     let cm = crate::modules::source::to_config_map("b", "ops", &bytes, "b", "1", &sha)
@@ -401,24 +401,10 @@ async fn a_module_slow_to_read_holds_no_other_reconcilers_load() {
         if r.path.ends_with("/configmaps/b") {
             return Answer::ok(&cm);
         }
-        Answer::with(
-            200,
-            Body::Trickle {
-                every: Duration::from_millis(500),
-                count: 1000,
-            },
-        )
+        Answer::trickle()
     })
     .await;
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let uri = format!("https://{}", h.addr)
-        .parse()
-        .unwrap_or_else(|e| panic!("{e}"));
-    let mut config = kube::Config::new(uri);
-    use rustls_pki_types::pem::PemObject;
-    let ca = rustls_pki_types::CertificateDer::from_pem_slice(h.ca_pem.as_bytes());
-    config.root_cert = Some(ca.into_iter().map(|c| c.to_vec()).collect());
-    let client = Client::try_from(config).unwrap_or_else(|e| panic!("{e}"));
+    let (client, _) = h.kube_client();
     let engine = tokio::task::spawn_blocking(|| Engine::new(&EngineConfig::default()))
         .await
         .unwrap_or_else(|e| panic!("{e}"))

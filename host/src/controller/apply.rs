@@ -1030,13 +1030,7 @@ pub(super) mod tests {
             Ok(r) => r,
             Err(e) => panic!("the fake discovery: {e}"),
         };
-        let primary: DynamicObject = match serde_json::from_value(json!({
-            "apiVersion": "v1", "kind": "ConfigMap",
-            "metadata": {"name": "primary", "namespace": "ns", "uid": "u-1", "resourceVersion": "1"}
-        })) {
-            Ok(p) => p,
-            Err(e) => panic!("literal: {e}"),
-        };
+        let primary = primary_configmap();
         let objects = (0..50)
             .map(|i| PreparedChild {
                 namespace: Some("ns".into()),
@@ -1118,6 +1112,17 @@ pub(super) mod tests {
         Client::new(service, "default")
     }
 
+    /// The primary of these tests: ConfigMap `ns/primary`, uid `u-1`.
+    fn primary_configmap() -> DynamicObject {
+        match serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "primary", "namespace": "ns", "uid": "u-1", "resourceVersion": "1"}
+        })) {
+            Ok(p) => p,
+            Err(e) => panic!("literal: {e}"),
+        }
+    }
+
     /// An applier of reconciler `t` writing and reading through `client`.
     fn test_applier(client: &Client, discovery: &Discovery) -> Applier {
         let reporter = Reporter {
@@ -1152,13 +1157,7 @@ pub(super) mod tests {
         let (posted, mut seen) = tokio::sync::watch::channel(0);
         let client = events_never_answered(Arc::new(posted));
         let applier = test_applier(&client, &Discovery::new(client.clone()));
-        let primary: DynamicObject = match serde_json::from_value(json!({
-            "apiVersion": "v1", "kind": "ConfigMap",
-            "metadata": {"name": "primary", "namespace": "ns", "uid": "u-1", "resourceVersion": "1"}
-        })) {
-            Ok(p) => p,
-            Err(e) => panic!("literal: {e}"),
-        };
+        let primary = primary_configmap();
         let resolved = Resolved {
             resource: kube::api::ApiResource::erase::<k8s_openapi::api::core::v1::ConfigMap>(&()),
             namespaced: true,
@@ -1229,13 +1228,7 @@ pub(super) mod tests {
             Ok(r) => r,
             Err(e) => panic!("the fake discovery: {e}"),
         };
-        let primary: DynamicObject = match serde_json::from_value(json!({
-            "apiVersion": "v1", "kind": "ConfigMap",
-            "metadata": {"name": "primary", "namespace": "ns", "uid": "u-1", "resourceVersion": "1"}
-        })) {
-            Ok(p) => p,
-            Err(e) => panic!("literal: {e}"),
-        };
+        let primary = primary_configmap();
         let child = PreparedChild {
             namespace: Some("ns".into()),
             name: "c".into(),
@@ -1292,13 +1285,7 @@ pub(super) mod tests {
                 Ok(r) => r,
                 Err(e) => panic!("the fake discovery: {e}"),
             };
-            let primary: DynamicObject = match serde_json::from_value(json!({
-                "apiVersion": "v1", "kind": "ConfigMap",
-                "metadata": {"name": "primary", "namespace": "ns", "uid": "u-1", "resourceVersion": "1"}
-            })) {
-                Ok(p) => p,
-                Err(e) => panic!("literal: {e}"),
-            };
+            let primary = primary_configmap();
             let validated = Validated {
                 children: vec![PreparedSet {
                     keep: Default::default(),

@@ -701,22 +701,11 @@ fn not_served(e: crate::discovery::DiscoveryError) -> SetupError {
 mod tests {
     use super::*;
     use crate::engine::{Engine, EngineConfig};
-    use crate::modules::hostile::{self, Answer, Body};
-    use rustls_pki_types::CertificateDer;
-    use rustls_pki_types::pem::PemObject;
+    use crate::modules::hostile::{self, Answer};
 
     /// A host context whose API server is `h`.
     fn context(h: &hostile::Hostile) -> Arc<HostContext> {
-        crate::install_crypto_provider();
-        let Ok(uri) = format!("https://{}", h.addr).parse() else {
-            panic!("a URI")
-        };
-        let mut config = kube::Config::new(uri);
-        let ca = CertificateDer::from_pem_slice(h.ca_pem.as_bytes());
-        config.root_cert = Some(ca.into_iter().map(|c| c.to_vec()).collect());
-        let Ok(client) = kube::Client::try_from(config.clone()) else {
-            panic!("a client")
-        };
+        let (client, config) = h.kube_client();
         let Ok(engine) = Engine::new(&EngineConfig::default()) else {
             panic!("an engine")
         };
@@ -779,16 +768,7 @@ mod tests {
     /// the manager's loop waits for a stopped supervisor.
     #[tokio::test]
     async fn a_stop_ends_a_set_up_stuck_on_a_slow_server() {
-        let h = hostile::start(|_| {
-            Answer::with(
-                200,
-                Body::Trickle {
-                    every: Duration::from_millis(500),
-                    count: 1000,
-                },
-            )
-        })
-        .await;
+        let h = hostile::start(|_| Answer::trickle()).await;
         let mut supervisor =
             Supervisor::new(context(&h), wr(), futures::channel::mpsc::unbounded().1);
         let (stop, stop_rx) = oneshot::channel();

@@ -35,6 +35,17 @@ impl Answer {
         Answer::with(200, Body::Bytes(body.to_vec()))
     }
 
+    /// 200 with a body trickled a byte every 0.5 s, 1000 bytes: a read that takes ~8 minutes.
+    pub(crate) fn trickle() -> Answer {
+        Answer::with(
+            200,
+            Body::Trickle {
+                every: Duration::from_millis(500),
+                count: 1000,
+            },
+        )
+    }
+
     pub(crate) fn with(status: u16, body: Body) -> Answer {
         Answer {
             status,
@@ -73,6 +84,22 @@ pub(crate) struct Hostile {
 }
 
 impl Hostile {
+    /// A kube client whose API server is this one (trusting its CA).
+    pub(crate) fn kube_client(&self) -> (kube::Client, kube::Config) {
+        use rustls_pki_types::pem::PemObject;
+        crate::install_crypto_provider();
+        let Ok(uri) = format!("https://{}", self.addr).parse() else {
+            panic!("a URI")
+        };
+        let mut config = kube::Config::new(uri);
+        let ca = rustls_pki_types::CertificateDer::from_pem_slice(self.ca_pem.as_bytes());
+        config.root_cert = Some(ca.into_iter().map(|c| c.to_vec()).collect());
+        let Ok(client) = kube::Client::try_from(config.clone()) else {
+            panic!("a client")
+        };
+        (client, config)
+    }
+
     pub(crate) fn sent(&self) -> u64 {
         self.sent.load(Ordering::SeqCst)
     }
