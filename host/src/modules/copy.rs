@@ -89,13 +89,17 @@ pub(crate) fn host_namespace() -> Option<String> {
         .filter(|s| !s.is_empty())
 }
 
-/// The copy's name for reconciler `reconciler`.
+/// The copy's name for reconciler `reconciler`: `wasmop-module.<reconciler>`, or for a name
+/// too long for that `wasmop-module-sha.<32 hex of its sha256>`, which no plain name gives.
 pub fn name_for(reconciler: &str) -> String {
     let name = format!("wasmop-module.{reconciler}");
     if name.len() <= MAX_NAME {
         return name;
     }
-    format!("wasmop-module.{}", &sha256_hex(reconciler.as_bytes())[..32])
+    format!(
+        "wasmop-module-sha.{}",
+        &sha256_hex(reconciler.as_bytes())[..32]
+    )
 }
 
 /// Where reconciler `reconciler`'s copy goes: the host's namespace, else `fallback_namespace` (the
@@ -244,5 +248,15 @@ mod tests {
         let n = name_for(&long);
         assert!(n.len() <= MAX_NAME, "{n}");
         assert_ne!(n, name_for(&"y".repeat(253)));
+    }
+
+    /// A long name's copy is named by a hash of it: a reconciler named exactly that hash must
+    /// not share it (each would overwrite the other's copy, and deleting one would delete the
+    /// other's).
+    #[test]
+    fn a_hashed_copy_name_is_no_plain_one() {
+        let long = "x".repeat(253);
+        let hash = &sha256_hex(long.as_bytes())[..32];
+        assert_ne!(name_for(&long), name_for(hash));
     }
 }
