@@ -554,9 +554,10 @@ async fn lead_and_run(
     lost: Option<tokio::sync::oneshot::Receiver<crate::sharding::ShardError>>,
 ) -> Result<(), HostError> {
     metrics::global().leader(false);
+    let mut since = std::time::Instant::now();
     if let Some(e) = &elector {
         tokio::select! {
-            _ = e.acquire() => {}
+            sent = e.acquire() => since = sent,
             _ = stopped(&stop) => return Ok(()),
         }
     }
@@ -571,7 +572,7 @@ async fn lead_and_run(
         (None, None) => run.await.map_err(HostError::from),
         (Some(e), _) => tokio::select! {
             r = run => r.map_err(HostError::from),
-            lost = e.hold() => {
+            lost = e.hold(since) => {
                 tracing::error!(error = %lost, "leadership lost; stopping reconcilers at once");
                 Err(HostError::Leadership(lost))
             }

@@ -296,14 +296,16 @@ impl Elector {
         }
     }
 
-    /// Tries every retry period until this replica leads.
-    pub async fn acquire(&self) {
+    /// Tries every retry period until this replica leads; returns when the winning attempt was
+    /// sent (what [`Elector::hold`] counts the renew deadline from).
+    pub async fn acquire(&self) -> Instant {
         let mut last_holder: Option<String> = None;
         loop {
+            let sent = Instant::now();
             match self.try_acquire_or_renew().await {
                 Ok(Attempt::Leading) => {
                     tracing::info!(identity = %self.config.identity, lease = %self.config.name, "acquired leadership");
-                    return;
+                    return sent;
                 }
                 Ok(Attempt::HeldBy(h)) => {
                     if last_holder.as_ref() != Some(&h) {
@@ -318,15 +320,22 @@ impl Elector {
         }
     }
 
-    /// Renews every retry period while leading; returns why leadership was lost.
-    pub async fn hold(&self) -> LeaderError {
-        let mut last_renewed = Instant::now();
+    /// Renews every retry period while leading, the last successful renewal sent at `since`
+    /// (from [`Elector::acquire`]); returns why leadership was lost.
+    ///
+    /// # Guarantees
+    /// The renew deadline counts from when the last successful write was *sent*, not from
+    /// when its answer came: the API server may have stored it (and the other replicas started
+    /// counting its lease duration) up to the whole wait for the answer earlier.
+    pub async fn hold(&self, since: Instant) -> LeaderError {
+        let mut last_renewed = since;
         loop {
             tokio::time::sleep(self.config.retry_period).await;
             let left = self
                 .config
                 .renew_deadline
                 .saturating_sub(last_renewed.elapsed());
+            let sent = Instant::now();
             let attempt = tokio::time::timeout(left, self.try_acquire_or_renew()).await;
             let lost = |reason: String| LeaderError::Lost {
                 namespace: self.config.namespace.clone(),
@@ -334,7 +343,7 @@ impl Elector {
                 reason,
             };
             match attempt {
-                Ok(Ok(Attempt::Leading)) => last_renewed = Instant::now(),
+                Ok(Ok(Attempt::Leading)) => last_renewed = sent,
                 Ok(Ok(Attempt::HeldBy(h))) => return lost(format!("{h} holds it")),
                 Ok(Ok(Attempt::Conflict)) => {}
                 Ok(Err(e)) => tracing::warn!(error = %e, "renewing leadership"),
