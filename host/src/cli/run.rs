@@ -326,6 +326,17 @@ fn shard_config(
     }))
 }
 
+/// Leadership or shard membership was lost: another replica may take over as soon as the
+/// lease lapses, so the process ends now. Returning would let the runtime's tasks (the
+/// supervisors finishing their reconciles) run on while `main` flushes the traces (up to 5 s
+/// with an OTLP endpoint): writes of two replicas at once. The queued spans are lost.
+fn lost(e: &dyn std::fmt::Display) -> ! {
+    tracing::error!(error = %e, "exiting now: another replica may take over");
+    eprintln!("wasmop: {e}");
+    crate::engine::exiting_process();
+    std::process::exit(1)
+}
+
 /// `--webhook-client-ca` and `--webhook-client-name`: who may call the webhook.
 fn client_auth(args: &Args) -> Option<crate::tls::ClientAuth> {
     let ca_file = args.webhook_client_ca.clone()?;
@@ -499,10 +510,10 @@ pub(crate) async fn run(args: Args) -> Result<ExitCode, CliError> {
     tokio::select! {
         r = host.wait() => {
             return match r {
-                // Leadership lost: exit at once, without writing anything more; a restart
-                // begins clean as a candidate.
-                Err(HostError::Leadership(e)) => Err(CliError::Other(e.to_string())),
-                Err(HostError::Sharding(e)) => Err(CliError::Other(e.to_string())),
+                // Leadership or membership lost: exit at once, without writing anything more;
+                // a restart begins clean as a candidate.
+                Err(HostError::Leadership(e)) => lost(&e),
+                Err(HostError::Sharding(e)) => lost(&e),
                 Err(e) => Err(CliError::Other(e.to_string())),
                 Ok(()) => Ok(ExitCode::FAILURE),
             };
