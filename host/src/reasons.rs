@@ -137,6 +137,8 @@ reasons! {
     INVALID_INTENTS = "InvalidIntents";
     /// The API server refused an intent.
     APPLY_FAILED = "ApplyFailed";
+    /// The module's inputs could not fit in its memory: it was not called.
+    INPUTS_TOO_LARGE = "InputsTooLarge";
     /// The module returned an error.
     MODULE_ERROR = "ModuleError";
     /// The module panicked.

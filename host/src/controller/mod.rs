@@ -158,6 +158,10 @@ pub enum ReconcileError {
     /// The module call task failed.
     #[error("the module call did not complete: {0}")]
     Join(String),
+    /// The inputs could not fit in the module's memory: the module was not called (not its
+    /// failure).
+    #[error("{0}")]
+    InputsTooLarge(String),
 }
 
 impl ReconcileError {

@@ -180,13 +180,16 @@ impl Shared {
     }
 
     /// The related objects the module asked for that the primary may see (in its namespace when
-    /// it is namespaced).
-    fn related_of(&self, related: &[RelatedKind], namespace: Option<&str>) -> Vec<KindObjects> {
+    /// it is namespaced), as the caches hold them (shared, not copied).
+    fn related_of(
+        &self,
+        related: &[RelatedKind],
+        namespace: Option<&str>,
+    ) -> Vec<(Gvk, Vec<Arc<str>>)> {
         related
             .iter()
-            .map(|rk| KindObjects {
-                kind: rk.kind.clone(),
-                objects: self
+            .map(|rk| {
+                let objects = self
                     .related
                     .iter()
                     .filter(|c| c.kind == rk.kind)
@@ -195,8 +198,9 @@ impl Shared {
                         None => c.cache.all(),
                     })
                     .filter(|(_, json)| rk.selector.matches(&cache::labels_of(json)))
-                    .map(|(_, json)| json.to_string())
-                    .collect(),
+                    .map(|(_, json)| json)
+                    .collect();
+                (rk.kind.clone(), objects)
             })
             .collect()
     }
@@ -488,6 +492,7 @@ fn outcome(result: &Result<Action, ReconcileError>) -> &'static str {
         Err(ReconcileError::Apply(_)) => "apply_failed",
         Err(ReconcileError::Api(_)) => "api_error",
         Err(ReconcileError::Join(_)) => "call_failed",
+        Err(ReconcileError::InputsTooLarge(_)) => "inputs_too_large",
     }
 }
 
@@ -510,17 +515,28 @@ pub(super) fn next_schedule(
 
 /// The module's request: the primary's text, its `children` and the related objects from the
 /// caches, unparsed (a reconcile whose inputs did not change ends before anything is parsed).
+///
+/// # Errors
+/// [`ReconcileError::InputsTooLarge`] when the texts add up to more than the module's memory
+/// cap (they are copied into its memory: they could never fit), found before any is copied.
 fn request(
     shared: &Shared,
     active: &Active,
     (primary, children): (String, &[KindTexts]),
     key: &ObjectKey,
     (trigger, attempt): (Trigger, u32),
-) -> ReconcileRequest {
+) -> Result<ReconcileRequest, ReconcileError> {
     let namespace = key
         .namespace
         .as_deref()
         .filter(|_| shared.settings.primary.resolved.namespaced);
+    let related = shared.related_of(&active.fit.related, namespace);
+    inputs_fit(
+        shared.settings.limits.memory_bytes,
+        &primary,
+        children,
+        &related,
+    )?;
     let owned = children
         .iter()
         .map(|c| KindObjects {
@@ -528,10 +544,17 @@ fn request(
             objects: c.objects.iter().map(|(_, json)| json.to_string()).collect(),
         })
         .collect();
-    ReconcileRequest {
+    let related = related
+        .into_iter()
+        .map(|(kind, objects)| KindObjects {
+            kind,
+            objects: objects.iter().map(|json| json.to_string()).collect(),
+        })
+        .collect();
+    Ok(ReconcileRequest {
         primary,
         owned,
-        related: shared.related_of(&active.fit.related, namespace),
+        related,
         context: Context {
             reconciler: shared.settings.name.clone(),
             trigger,
@@ -539,7 +562,38 @@ fn request(
             config: shared.settings.config.clone(),
             now_unix_ms: now_unix_ms(),
         },
+    })
+}
+
+/// Whether the texts of a request fit in a module memory of `cap` bytes: the primary, the
+/// children and the related objects summed by their lengths (no copy).
+///
+/// # Errors
+/// [`ReconcileError::InputsTooLarge`] naming the sizes.
+fn inputs_fit(
+    cap: u64,
+    primary: &str,
+    children: &[KindTexts],
+    related: &[(Gvk, Vec<Arc<str>>)],
+) -> Result<(), ReconcileError> {
+    let owned: usize = children
+        .iter()
+        .flat_map(|c| c.objects.iter())
+        .map(|(_, json)| json.len())
+        .sum();
+    let related: usize = related
+        .iter()
+        .flat_map(|(_, objects)| objects.iter())
+        .map(|json| json.len())
+        .sum();
+    let total = primary.len().saturating_add(owned).saturating_add(related);
+    if u64::try_from(total).unwrap_or(u64::MAX) <= cap {
+        return Ok(());
     }
+    Err(ReconcileError::InputsTooLarge(format!(
+        "the module's inputs are {total} bytes (primary {}, children {owned}, related objects {related}), more than its memory cap of {cap} bytes can hold: the module is not called (raise spec.limits.memory, or narrow the related kinds' selectors)",
+        primary.len()
+    )))
 }
 
 /// The children parsed for the host (the module is sent their texts). A text that does not
@@ -857,7 +911,16 @@ async fn run_once(
         Some(o) => serde_json::to_string(o)
             .map_err(|e| ReconcileError::Apply(format!("cannot serialize the primary: {e}")))?,
     };
-    let request = request(shared, active, (text, &children), &key, (trigger, attempt));
+    let request = match request(shared, active, (text, &children), &key, (trigger, attempt)) {
+        Ok(r) => r,
+        Err(e) => {
+            let message = e.to_string();
+            shared
+                .warn(&parse(primary, &key)?, reasons::INPUTS_TOO_LARGE, message)
+                .await;
+            return Err(e);
+        }
+    };
     let inputs = (export == Export::Reconcile)
         .then(|| inputs::fingerprint(&request, active.module.sha256()));
     if let Some(fingerprint) = inputs
@@ -1177,6 +1240,15 @@ mod tests {
             name: &str,
             child: &DynamicObject,
         ) -> (Arc<Shared>, Arc<Cache>, Seen, Bodies) {
+            named_with(name, child, Limits::default()).await
+        }
+
+        /// As [`named`], with the module calls' `limits`.
+        pub async fn named_with(
+            name: &str,
+            child: &DynamicObject,
+            limits: Limits,
+        ) -> (Arc<Shared>, Arc<Cache>, Seen, Bodies) {
             let module = tokio::task::spawn_blocking(|| {
                 let engine =
                     Engine::new(&EngineConfig::default()).unwrap_or_else(|e| panic!("engine: {e}"));
@@ -1227,7 +1299,7 @@ mod tests {
                 owned: Vec::new(),
                 related: Vec::new(),
                 namespaces: Vec::new(),
-                limits: Limits::default(),
+                limits,
                 concurrency: 1,
                 reconcile_limit: limit::ReconcileLimit::new(1),
                 resync: Duration::from_secs(600),
@@ -1285,6 +1357,35 @@ mod tests {
                 .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
                 .sum()
         }
+    }
+
+    /// What the host hands a module is copied into its memory: inputs larger than the module's
+    /// memory cap (a child or related objects someone else made huge) can never fit. They must
+    /// not be copied for the call, nor count as the module's failure (which would roll back a
+    /// good new module): the reconcile fails as the host's, before the call.
+    #[tokio::test]
+    async fn inputs_larger_than_the_modules_memory_are_refused_before_the_call() {
+        let mut child = harness::child("7");
+        child.data["data"]["big"] = serde_json::json!("x".repeat(2 << 20));
+        let limits = crate::engine::Limits {
+            memory_bytes: 1 << 20,
+            ..crate::engine::Limits::default()
+        };
+        let (shared, _, _, bodies) = harness::named_with("too-large", &child, limits).await;
+        let primary = Arc::new(harness::compact(&harness::primary()));
+        let active = shared.slot.active();
+        let ran = run_once(&primary, &shared, &active, Trigger::PrimaryChanged, 1).await;
+        let Err(e) = ran else {
+            panic!("a reconcile whose inputs cannot fit in the module's memory ran")
+        };
+        assert!(!e.is_module_failure(), "{e}");
+        assert!(e.to_string().contains("memory"), "{e}");
+        assert_eq!(harness::module_calls_of("too-large"), 0.0);
+        let bodies = bodies.lock().map(|b| b.clone()).unwrap_or_default();
+        let warned = bodies.iter().any(|(request, body)| {
+            request.contains("/events") && String::from_utf8_lossy(body).contains("InputsTooLarge")
+        });
+        assert!(warned, "no InputsTooLarge Warning on the primary");
     }
 
     #[tokio::test]
