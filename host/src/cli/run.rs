@@ -437,10 +437,10 @@ pub(crate) async fn run(args: Args) -> Result<ExitCode, CliError> {
                 "leader election needs retry period < renew deadline < lease duration".into(),
             ));
         }
-        if c.lease_duration > crate::sharding::membership::MAX_LEASE_DURATION {
+        if c.lease_duration > crate::operations::leader::MAX_LEASE_DURATION {
             return Err(CliError::Other(format!(
                 "--leader-election-lease-duration: at most {:?} (other replicas would not wait longer)",
-                crate::sharding::membership::MAX_LEASE_DURATION
+                crate::operations::leader::MAX_LEASE_DURATION
             )));
         }
         tracing::info!(identity = %c.identity, lease = %format!("{}/{}", c.namespace, c.name), "leader election on");

@@ -398,18 +398,21 @@ impl Elector {
     }
 }
 
+/// The longest validity a Lease may claim (`leaseDurationSeconds`), the leader's and, with
+/// sharding, a member's ([`crate::sharding::membership`] uses it): others judge a Lease by the
+/// duration it claims, and one claiming years would stop them for years.
+/// `--leader-election-lease-duration` and `--shard-lease-duration` are refused above it.
+pub const MAX_LEASE_DURATION: Duration = Duration::from_secs(300);
+
 /// How long the Lease `spec` may go unrenewed before it counts as expired: its claimed
 /// `leaseDurationSeconds` (`own` when it claims none), between 1 s and the bound a member
-/// Lease's claim has ([`crate::sharding::membership::MAX_LEASE_DURATION`]): whoever may write
+/// Lease's claim has ([`MAX_LEASE_DURATION`]): whoever may write
 /// the Lease must not make every replica wait for decades.
 fn claimed_duration(spec: &LeaseSpec, own: Duration) -> Duration {
     spec.lease_duration_seconds
         .and_then(|s| u64::try_from(s).ok())
         .map_or(own, Duration::from_secs)
-        .clamp(
-            Duration::from_secs(1),
-            crate::sharding::membership::MAX_LEASE_DURATION,
-        )
+        .clamp(Duration::from_secs(1), MAX_LEASE_DURATION)
 }
 
 #[cfg(test)]
@@ -428,7 +431,7 @@ mod tests {
         let own = Duration::from_secs(15);
         assert_eq!(
             claimed_duration(&claimed(i32::MAX), own),
-            crate::sharding::membership::MAX_LEASE_DURATION
+            MAX_LEASE_DURATION
         );
         assert_eq!(claimed_duration(&claimed(0), own), Duration::from_secs(1));
         assert_eq!(claimed_duration(&claimed(20), own), Duration::from_secs(20));

@@ -42,7 +42,7 @@ pub const HELD_ANNOTATION: &str = "wasmop.dev/shard-held";
 /// member by the duration its Lease claims; without a bound, one Lease claiming years would hold
 /// its ranges unserved for that long after its replica died. `--shard-lease-duration` is
 /// refused above it, so no live member claims more.
-pub const MAX_LEASE_DURATION: Duration = Duration::from_secs(300);
+pub const MAX_LEASE_DURATION: Duration = crate::operations::leader::MAX_LEASE_DURATION;
 
 /// How a replica takes part.
 #[derive(Debug, Clone, PartialEq, Eq)]
