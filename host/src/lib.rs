@@ -37,6 +37,7 @@ pub mod conflict;
 pub mod controller;
 pub mod crd;
 pub mod discovery;
+pub mod files;
 pub mod grant;
 pub mod host;
 pub mod lean;

@@ -156,7 +156,7 @@ fn write(path: &Path, docs: &[Value], keep_secrets: bool) -> Result<(), CliError
             to_yaml(&doc)
         })
         .collect();
-    crate::redact::write_private(path, text.join("---\n").as_bytes()).map_err(io)
+    crate::files::write_private(path, text.join("---\n").as_bytes()).map_err(io)
 }
 
 fn file_of(kind: &Gvk) -> String {

@@ -378,7 +378,7 @@ fn compare(args: &Args, output: &Value) -> Result<ExitCode, CliError> {
         return Ok(ExitCode::SUCCESS);
     };
     if args.update {
-        crate::redact::write_whole(expect, rendered.as_bytes()).map_err(|source| CliError::Io {
+        crate::files::write_whole(expect, rendered.as_bytes()).map_err(|source| CliError::Io {
             action: "cannot write",
             path: expect.clone(),
             source,

@@ -441,7 +441,7 @@ impl RecordWriter {
         };
         std::fs::create_dir_all(dir).map_err(io("cannot create", dir))?;
         self.make_room(dir)?;
-        crate::redact::write_private(&p.path, text.as_bytes()).map_err(io("cannot write", &p.path))
+        crate::files::write_private(&p.path, text.as_bytes()).map_err(io("cannot write", &p.path))
     }
 
     /// Deletes the oldest recordings until one more fits the count bound.
