@@ -54,7 +54,7 @@ impl Answer {
         }
     }
 
-    fn header(mut self, name: &str, value: String) -> Answer {
+    pub(crate) fn header(mut self, name: &str, value: String) -> Answer {
         self.headers.push((name.to_string(), value));
         self
     }
@@ -111,7 +111,7 @@ impl Hostile {
 
 /// Starts a server answering `route(path)`; `/v2/` answers 200 without a challenge.
 pub(crate) async fn start(route: impl Fn(&Request) -> Answer + Send + Sync + 'static) -> Hostile {
-    serve(route, false).await
+    serve(route, None).await
 }
 
 /// Starts a server answering `route(path)` that asks for a bearer token: `/v2/` answers 401
@@ -120,12 +120,20 @@ pub(crate) async fn start(route: impl Fn(&Request) -> Answer + Send + Sync + 'st
 pub(crate) async fn start_bearer(
     route: impl Fn(&Request) -> Answer + Send + Sync + 'static,
 ) -> Hostile {
-    serve(route, true).await
+    start_bearer_at(|addr| format!("https://{addr}/token"), route).await
+}
+
+/// As [`start_bearer`], with the challenge's realm `realm(addr)`.
+pub(crate) async fn start_bearer_at(
+    realm: impl Fn(&str) -> String,
+    route: impl Fn(&Request) -> Answer + Send + Sync + 'static,
+) -> Hostile {
+    serve(route, Some(&realm)).await
 }
 
 async fn serve(
     route: impl Fn(&Request) -> Answer + Send + Sync + 'static,
-    bearer: bool,
+    realm: Option<&dyn Fn(&str) -> String>,
 ) -> Hostile {
     let cert = ServingCert::generate(&["127.0.0.1".to_string()]);
     let Ok(cert) = cert else {
@@ -146,7 +154,9 @@ async fn serve(
     let paths = Arc::new(Mutex::new(Vec::new()));
     let requested = Arc::new(tokio::sync::Notify::new());
     let route = Arc::new(route);
-    let challenge = format!(r#"Bearer realm="https://{addr}/token",service="hostile""#);
+    let bearer = realm.is_some();
+    let realm = realm.map(|r| r(&addr)).unwrap_or_default();
+    let challenge = format!(r#"Bearer realm="{realm}",service="hostile""#);
     let (s, p, r) = (sent.clone(), paths.clone(), requested.clone());
     tokio::spawn(async move {
         while let Ok((tcp, _)) = listener.accept().await {

@@ -566,7 +566,14 @@ fn read_error(reference: &Reference, e: ReadError) -> OciError {
             reference: whole,
             detail,
         },
-        ReadError::Auth(_) => OciError::Unauthorized {
+        ReadError::Realm { status, .. } if *status >= 500 || *status == 429 => {
+            OciError::Unreachable {
+                registry,
+                reference: whole,
+                detail,
+            }
+        }
+        ReadError::Auth(_) | ReadError::Realm { .. } => OciError::Unauthorized {
             registry,
             reference: whole,
             detail,
@@ -916,6 +923,77 @@ mod tests {
             matches!(manifest, Some((_, Some(a))) if a == "Bearer t0ken"),
             "{seen:?}"
         );
+    }
+
+    /// A registry served over HTTPS names its token realm; a realm in clear would receive the
+    /// pull Secret's credentials in clear: the exchange is refused before anything is sent.
+    #[tokio::test]
+    async fn credentials_are_never_sent_to_a_token_realm_in_clear() {
+        let Ok(plain) = tokio::net::TcpListener::bind("127.0.0.1:0").await else {
+            panic!("a listener")
+        };
+        let plain_addr = plain
+            .local_addr()
+            .map(|a| a.to_string())
+            .unwrap_or_default();
+        let received = Arc::new(Mutex::new(Vec::new()));
+        let into = received.clone();
+        tokio::spawn(async move {
+            use tokio::io::AsyncReadExt as _;
+            while let Ok((mut tcp, _)) = plain.accept().await {
+                let mut buf = vec![0u8; 4096];
+                let n = tcp.read(&mut buf).await.unwrap_or(0);
+                if let Ok(mut r) = into.lock() {
+                    r.extend_from_slice(&buf[..n]);
+                }
+            }
+        });
+        let in_clear = format!("http://{plain_addr}/token");
+        let redirect = |r: &hostile::Request, to: &str| {
+            let location = format!("{to}?{}", r.path.split_once('?').unwrap_or_default().1);
+            Answer::with(307, Body::Bytes(Vec::new())).header("Location", location)
+        };
+        let realm = in_clear.clone();
+        let direct = hostile::start_bearer_at(move |_| realm.clone(), |_| Answer::ok(b"{}")).await;
+        let redirected = hostile::start_bearer(move |r| redirect(r, &in_clear)).await;
+        for h in [direct, redirected] {
+            let access = Access {
+                auth: Some(("user".into(), "hunter2".into())),
+                ca_pem: Some(h.ca_pem.clone()),
+            };
+            let got = pull(&hostile_pin(&h), &access, DEFAULT_MAX_MODULE_BYTES).await;
+            let Err(e) = got else {
+                panic!("a pull whose realm is in clear fails")
+            };
+            assert!(e.to_string().contains("not https"), "{e}");
+        }
+        let received = received.lock().map(|r| r.clone()).unwrap_or_default();
+        assert!(
+            received.is_empty(),
+            "the realm in clear received {}",
+            String::from_utf8_lossy(&received)
+        );
+    }
+
+    /// A token realm that fails (5xx, 429) is an outage, retried as one; one that refuses
+    /// (401, 403) is a credentials problem.
+    #[tokio::test]
+    async fn a_token_realm_that_fails_reads_as_unreachable_and_one_that_refuses_as_unauthorized() {
+        let cases = [
+            (503, reasons::REGISTRY_UNREACHABLE),
+            (429, reasons::REGISTRY_UNREACHABLE),
+            (401, reasons::REGISTRY_UNAUTHORIZED),
+            (403, reasons::REGISTRY_UNAUTHORIZED),
+        ];
+        for (status, reason) in cases {
+            let h =
+                hostile::start_bearer(move |_| Answer::with(status, Body::Bytes(b"{}".to_vec())))
+                    .await;
+            let Err(e) = pull_from(&h).await else {
+                panic!("{status}: a pull whose realm fails fails")
+            };
+            assert_eq!(e.reason(), reason, "{status}: {e}");
+        }
     }
 
     /// Item 2 of the reliability issue: a registry serving an endless manifest or error body.

@@ -13,6 +13,8 @@
 //! - An error body is read up to [`MAX_ERROR_BYTES`]; the registry's text that reaches a
 //!   message is made inert and cut to [`MAX_REGISTRY_TEXT`] bytes ([`registry_text`]).
 //! - The body of the `/v2/` probe that asks for the challenge is never read.
+//! - The pull Secret's credentials go to a token realm only over HTTPS; a realm that fails
+//!   (5xx, 429) is told from one that refuses ([`ReadError::Realm`]).
 
 use oci_client::Reference;
 use oci_client::manifest::{
@@ -64,6 +66,14 @@ pub enum ReadError {
     /// The token exchange failed.
     #[error("{0}")]
     Auth(String),
+    /// The token realm answered with an error status.
+    #[error("{text}")]
+    Realm {
+        /// The HTTP status.
+        status: u16,
+        /// What the realm said, inert and cut.
+        text: String,
+    },
 }
 
 impl ReadError {
@@ -110,6 +120,7 @@ impl Reader {
             .tls_certs_merge(certs)
             .connect_timeout(CONNECT_TIMEOUT)
             .read_timeout(READ_TIMEOUT)
+            .redirect(reqwest::redirect::Policy::custom(https_only))
             .build()
             .map_err(|e| ReadError::Transport(format!("cannot build the client: {e}")))?;
         Ok(Reader {
@@ -245,6 +256,12 @@ impl Reader {
                 challenge.realm
             )))
         })?;
+        if url.scheme() != "https" && self.access.auth.is_some() {
+            return Err(ReadError::Auth(registry_text(&format!(
+                "the token realm {} is not https: the pull Secret's credentials are not sent in clear",
+                challenge.realm
+            ))));
+        }
         let mut request = self.http.get(url);
         if let Some((user, password)) = &self.access.auth {
             request = request.basic_auth(user, Some(password));
@@ -254,10 +271,13 @@ impl Reader {
             let status = answer.status().as_u16();
             let body = read_prefix(answer).await;
             let text = String::from_utf8_lossy(&body);
-            return Err(ReadError::Auth(registry_text(&format!(
-                "the token realm {} answered HTTP {status}: {text}",
-                challenge.realm
-            ))));
+            return Err(ReadError::Realm {
+                status,
+                text: registry_text(&format!(
+                    "the token realm {} answered HTTP {status}: {text}",
+                    challenge.realm
+                )),
+            });
         }
         let body = read_capped(answer, MAX_TOKEN_BYTES, || {
             format!("the token answer of {}", challenge.realm)
@@ -265,6 +285,22 @@ impl Reader {
         .await?;
         token_of(body.bytes()).map(Some)
     }
+}
+
+/// The most redirects followed in one read (reqwest's default).
+const MAX_REDIRECTS: usize = 10;
+
+/// Follows a redirect only to HTTPS: a registry or realm served over HTTPS must not send a
+/// request (a token exchange with credentials, a read with its token) on in clear.
+fn https_only(attempt: reqwest::redirect::Attempt<'_>) -> reqwest::redirect::Action {
+    if attempt.url().scheme() != "https" {
+        let to = registry_text(attempt.url().as_str());
+        return attempt.error(format!("the redirect to {to} is not https: not followed"));
+    }
+    if attempt.previous().len() >= MAX_REDIRECTS {
+        return attempt.error(format!("more than {MAX_REDIRECTS} redirects"));
+    }
+    attempt.follow()
 }
 
 /// A registry's `Bearer` challenge: where to ask for a token.
