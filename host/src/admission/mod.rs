@@ -18,8 +18,11 @@
 //! server's path. Likewise only modules that declare `finalizes` get the finalizer webhook.
 //!
 //! # Guarantees
-//! - The module gets its own deadline: `spec.admission.timeoutSeconds` less one second, capped
-//!   by `spec.limits.deadline`; the host answers before the API server gives up.
+//! - A review's budget is `spec.admission.timeoutSeconds` less one second: the wait for a
+//!   follower's read of the module and the module's call (capped by `spec.limits.deadline`)
+//!   share it, so the host answers before the API server gives up. A read goes on past a
+//!   review that stopped waiting (on a task of its own, shared by the reviews after it); at
+//!   most [`MAX_COMPILES`] loads compile at once.
 //! - A denial carries the module's message prefixed with the offending field
 //!   (`spec.track: ...`) in `status.message` (what kubectl prints) and the field again in
 //!   `status.details.causes`.
@@ -92,6 +95,10 @@ use crate::modules::slot::ModuleSlot;
 use crate::operations::probes::text;
 use crate::operations::serving::{self, ServerLimits};
 use crate::{modules::source, operations::metrics, operations::readiness};
+
+/// How many of the webhook's module loads compile at once (a follower's look-ahead starts one
+/// per WasmReconciler; each compile takes up to a few hundred MiB for a large module).
+const MAX_COMPILES: usize = 2;
 
 /// The largest AdmissionReview accepted.
 pub const MAX_BODY: usize = 8 << 20;
@@ -195,59 +202,141 @@ struct Webhook {
     slots: Slots,
     /// Modules loaded from ConfigMaps, copies or registries (followers): name -> (sha, module).
     loaded: Mutex<HashMap<String, (String, Module)>>,
-    /// One lock per reconciler, held while a follower reads and loads its module, so
-    /// concurrent reviews read it once; another reconciler's read never waits on it (a module
-    /// slow to read must not hold the others' reviews past the API server's timeout).
-    loading: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// The reads and loads under way, one per reconciler, each on a task of its own: the
+    /// reviews waiting for a module share its read and wait at most their budget; another
+    /// reconciler's read never waits on it (a module slow to read must not hold the others'
+    /// reviews past the API server's timeout).
+    loading: Mutex<HashMap<String, Loading>>,
+    /// Permits of the loads' compiles ([`MAX_COMPILES`]).
+    compiles: Semaphore,
     /// How OCI modules are pulled (a follower pulls one its copy cannot hold).
     oci: crate::modules::oci::OciOptions,
 }
 
+/// A read and load of a reconciler's module under way: the active digest it reads, and its
+/// outcome, shared by every review waiting for it.
+#[derive(Clone)]
+struct Loading {
+    active: String,
+    done: futures::future::Shared<futures::future::BoxFuture<'static, Result<Module, String>>>,
+}
+
 impl Webhook {
-    fn limits(wr: &WasmReconciler) -> Limits {
-        let base = Limits::default();
+    /// How long a review of `wr` may take in all: `spec.admission.timeoutSeconds` (1-30) less
+    /// one second, at least 200 ms; the API server gives up after the timeout.
+    fn budget(wr: &WasmReconciler) -> Duration {
         let timeout = Duration::from_secs(
             u64::try_from(wr.spec.admission.timeout_seconds.clamp(1, 30)).unwrap_or(5),
         );
-        let budget = timeout
+        timeout
             .saturating_sub(Duration::from_secs(1))
-            .max(Duration::from_millis(200));
+            .max(Duration::from_millis(200))
+    }
+
+    fn limits(wr: &WasmReconciler) -> Limits {
+        let base = Limits::default();
         Limits {
             deadline: parse_duration(&wr.spec.limits.deadline)
                 .unwrap_or(base.deadline)
-                .min(budget),
+                .min(Self::budget(wr)),
             memory_bytes: parse_quantity(&wr.spec.limits.memory).unwrap_or(base.memory_bytes),
             ..base
         }
     }
 
-    /// The module judging `wr`'s reviews.
-    async fn module(&self, wr: &WasmReconciler) -> Result<Module, ModuleUnavailable> {
+    /// The module judging `wr`'s reviews, read and loaded if this process does not hold it.
+    ///
+    /// *Caveat:* waits for the read as long as it takes (a pull is bounded by its deadline);
+    /// a review waits through [`Webhook::module_within`].
+    async fn module(self: &Arc<Self>, wr: &WasmReconciler) -> Result<Module, String> {
+        match self.served_or_loading(wr)? {
+            Ok(m) => Ok(m),
+            Err(loading) => loading.await,
+        }
+    }
+
+    /// [`Webhook::module`], waiting at most `wait` for a read under way (which goes on for
+    /// the reviews after it).
+    async fn module_within(
+        self: &Arc<Self>,
+        wr: &WasmReconciler,
+        wait: Duration,
+    ) -> Result<Module, String> {
+        match self.served_or_loading(wr)? {
+            Ok(m) => Ok(m),
+            Err(loading) => tokio::time::timeout(wait, loading).await.map_err(|_| {
+                format!(
+                    "its module is still being read (not ready within {wait:?}); reviews fail by the failure policy until it is"
+                )
+            })?,
+        }
+    }
+
+    /// The module serving or loaded for `wr`, else the read and load of its active module
+    /// (started here unless one is under way).
+    #[allow(clippy::type_complexity)]
+    fn served_or_loading(
+        self: &Arc<Self>,
+        wr: &WasmReconciler,
+    ) -> Result<
+        Result<
+            Module,
+            futures::future::Shared<futures::future::BoxFuture<'static, Result<Module, String>>>,
+        >,
+        String,
+    > {
         let name = wr.name_any();
         if let Some(m) = self.slots.module(&name) {
-            return Ok(m);
+            return Ok(Ok(m));
         }
         let active = wr
             .status
             .as_ref()
             .and_then(|s| s.active_module.as_ref())
             .map(|a| a.sha256.clone())
-            .ok_or_else(|| ModuleUnavailable::NotActive(name.clone()))?;
+            .ok_or_else(|| ModuleUnavailable::NotActive(name.clone()).to_string())?;
+        let mut loading = self.loading.lock().unwrap_or_else(PoisonError::into_inner);
+        // Under the lock: a load that ends keeps its module before it leaves `loading`.
         if let Some(m) = self.already_loaded(&name, &active) {
-            return Ok(m);
+            return Ok(Ok(m));
         }
-        let lock = self.loading_lock(&name);
-        let _one = lock.lock().await;
-        if let Some(m) = self.already_loaded(&name, &active) {
-            return Ok(m);
+        if let Some(l) = loading.get(&name).filter(|l| l.active == active) {
+            return Ok(Err(l.done.clone()));
         }
-        self.load(wr, &name, &active).await
+        let done = self.spawn_load(wr.clone(), name.clone(), active.clone());
+        loading.insert(
+            name,
+            Loading {
+                active,
+                done: done.clone(),
+            },
+        );
+        Ok(Err(done))
     }
 
-    /// The lock of reconciler `name`'s loads.
-    fn loading_lock(&self, name: &str) -> Arc<tokio::sync::Mutex<()>> {
-        let mut locks = self.loading.lock().unwrap_or_else(PoisonError::into_inner);
-        locks.entry(name.to_string()).or_default().clone()
+    /// Reads and loads `wr`'s module `active` on a task of its own, which leaves `loading`
+    /// when it ends (a failed read is tried again by the next review).
+    fn spawn_load(
+        self: &Arc<Self>,
+        wr: WasmReconciler,
+        name: String,
+        active: String,
+    ) -> futures::future::Shared<futures::future::BoxFuture<'static, Result<Module, String>>> {
+        let webhook = self.clone();
+        let task = tokio::spawn(async move {
+            let loaded = webhook.load(&wr, &name, &active).await;
+            let mut loading = webhook
+                .loading
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            if loading.get(&name).is_some_and(|l| l.active == active) {
+                loading.remove(&name);
+            }
+            loaded.map_err(|e| e.to_string())
+        });
+        task.map(|ended| ended.unwrap_or_else(|e| Err(format!("the module's read ended: {e}"))))
+            .boxed()
+            .shared()
     }
 
     /// The module loaded for `name` earlier, if it is still the active one.
@@ -302,6 +391,12 @@ impl Webhook {
         };
         let found = bytes.bytes.sha256().to_string();
         let (engine, limits) = (self.engine.clone(), Self::limits(wr));
+        // Reads run side by side (one may stall); compiles, which take memory, two at a time.
+        let _compiling = self
+            .compiles
+            .acquire()
+            .await
+            .map_err(|e| ModuleUnavailable::Load(e.to_string()))?;
         let module =
             tokio::task::spawn_blocking(move || engine.load_digested(&bytes.bytes, &limits))
                 .await
@@ -342,7 +437,11 @@ impl Webhook {
         })
     }
 
-    async fn review(&self, name: &str, review: Result<Review, String>) -> AdmissionResponse {
+    async fn review(
+        self: &Arc<Self>,
+        name: &str,
+        review: Result<Review, String>,
+    ) -> AdmissionResponse {
         let request = match review {
             Ok(r) => r,
             Err(e) => return AdmissionResponse::invalid(format!("not an AdmissionReview: {e}")),
@@ -448,13 +547,17 @@ impl Webhook {
         })
     }
 
+    /// The module's verdict on `request`, within the review's budget: the wait for the module
+    /// (a follower's read) and the call together.
     async fn judge(
-        &self,
+        self: &Arc<Self>,
         wr: &WasmReconciler,
         request: &Review,
         operation: contract::Operation,
     ) -> Result<ValidateResponse, String> {
-        let module = self.module(wr).await.map_err(|e| e.to_string())?;
+        let started = std::time::Instant::now();
+        let budget = Self::budget(wr);
+        let module = self.module_within(wr, budget).await?;
         if !module.metadata().validates {
             return Ok(ValidateResponse::Allowed {
                 warnings: Vec::new(),
@@ -476,7 +579,14 @@ impl Webhook {
                 .unwrap_or_else(|| serde_json::json!({}))
                 .to_string(),
         };
-        let limits = Self::limits(wr);
+        let mut limits = Self::limits(wr);
+        // What the wait for the module left of the budget, at least 100 ms (a module that
+        // answers in it is still heard).
+        limits.deadline = limits.deadline.min(
+            budget
+                .saturating_sub(started.elapsed())
+                .max(Duration::from_millis(100)),
+        );
         let name = wr.name_any();
         let outcome = tokio::time::timeout(
             limits.deadline + Duration::from_millis(500),
@@ -638,6 +748,7 @@ pub async fn serve(
         slots,
         loaded: Mutex::default(),
         loading: Mutex::default(),
+        compiles: Semaphore::new(MAX_COMPILES),
         oci,
     });
     readiness::global().pending("admission");
@@ -935,6 +1046,11 @@ fn content_length<B>(req: &Request<B>) -> Option<u64> {
 
 /// Follows WasmReconcilers: loads follower modules ahead and, while leading, applies or removes
 /// each one's webhook configuration. Returns only if the watch ends.
+///
+/// *Guarantees:* each reconciler's look-ahead runs on a task of its own ([`look_ahead`]): a
+/// module slow to read holds neither the others' nor this loop (a deletion, a change of
+/// leadership); a newer change of a reconciler, or its deletion, ends the look-ahead of the
+/// one before, so an older spec's configuration is never applied after it.
 async fn keep_in_sync(
     webhook: Arc<Webhook>,
     reader: Store<WasmReconciler>,
@@ -944,7 +1060,9 @@ async fn keep_in_sync(
 ) {
     let mut events = std::pin::pin!(events);
     let mut ready = false;
+    let mut ahead: HashMap<String, tokio::task::JoinHandle<()>> = HashMap::new();
     loop {
+        ahead.retain(|_, task| !task.is_finished());
         let changed: Vec<Arc<WasmReconciler>> = tokio::select! {
             e = events.next() => match e {
                 None => return,
@@ -955,6 +1073,9 @@ async fn keep_in_sync(
                 Some(Ok(watcher::Event::Apply(wr) | watcher::Event::InitApply(wr))) => vec![Arc::new(wr)],
                 Some(Ok(watcher::Event::Delete(wr))) => {
                     let name = wr.name_any();
+                    if let Some(task) = ahead.remove(&name) {
+                        task.abort();
+                    }
                     if let Ok(mut l) = webhook.loaded.lock() {
                         l.remove(&name);
                     }
@@ -986,22 +1107,40 @@ async fn keep_in_sync(
                 reader.state()
             }
         };
-        let lead = *leading.borrow();
         for wr in changed {
-            // Load ahead (followers) and learn what the module declares.
-            let declared = match webhook.module(&wr).await {
-                Ok(m) => Some((m.metadata().validates, m.metadata().finalizes)),
-                Err(e) => {
-                    tracing::debug!(reconciler = %wr.name_any(), error = %e, "no module for admission yet");
-                    None
-                }
-            };
-            if let (Some(c), Some((validates, finalizes))) =
-                (configs.as_ref().filter(|_| lead), declared)
-            {
-                sync_configs(c, &wr, &reader.state(), (validates, finalizes)).await;
+            let task = tokio::spawn(look_ahead(
+                webhook.clone(),
+                wr.clone(),
+                reader.clone(),
+                configs.clone(),
+                leading.clone(),
+            ));
+            if let Some(before) = ahead.insert(wr.name_any(), task) {
+                before.abort();
             }
         }
+    }
+}
+
+/// Loads `wr`'s module ahead (a follower's reviews then find it loaded) and, while leading,
+/// applies or removes its webhook configurations as the module declares.
+async fn look_ahead(
+    webhook: Arc<Webhook>,
+    wr: Arc<WasmReconciler>,
+    reader: Store<WasmReconciler>,
+    configs: Option<WebhookConfigs>,
+    leading: watch::Receiver<bool>,
+) {
+    let module = match webhook.module(&wr).await {
+        Ok(m) => m,
+        Err(e) => {
+            tracing::debug!(reconciler = %wr.name_any(), error = %e, "no module for admission yet");
+            return;
+        }
+    };
+    let declared = (module.metadata().validates, module.metadata().finalizes);
+    if let Some(c) = configs.as_ref().filter(|_| *leading.borrow()) {
+        sync_configs(c, &wr, &reader.state(), declared).await;
     }
 }
 

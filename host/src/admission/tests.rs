@@ -83,6 +83,7 @@ async fn webhook_with(name: &'static str) -> Arc<Webhook> {
         slots,
         loaded: Mutex::default(),
         loading: Mutex::default(),
+        compiles: Semaphore::new(MAX_COMPILES),
         oci: crate::modules::oci::OciOptions::default(),
     })
 }
@@ -386,11 +387,9 @@ async fn every_answered_review_is_timed_by_its_webhook() {
     assert!(reviews_timed("finalizer") >= finalized + 1.0);
 }
 
-/// A follower loads the modules of reconcilers it does not serve for their reviews: one whose
-/// module is slow to read (a registry or an API server that trickles) must not hold the loads
-/// of the others, whose reviews the API server gives up on after their timeout.
-#[tokio::test]
-async fn a_module_slow_to_read_holds_no_other_reconcilers_load() {
+/// A follower's webhook whose API server serves ConfigMap `ops/b` (the misbehave module, its
+/// sha256 given) and trickles every other answer (1000 x 0.5 s).
+async fn trickling_webhook() -> (Arc<Webhook>, crate::modules::hostile::Hostile, String) {
     use crate::modules::hostile::{self, Answer};
     let bytes = wasmop_test_modules::bytes(wasmop_test_modules::MISBEHAVE);
     let sha = crate::engine::sha256_hex(&bytes);
@@ -416,22 +415,35 @@ async fn a_module_slow_to_read_holds_no_other_reconcilers_load() {
         slots: Slots::default(),
         loaded: Mutex::default(),
         loading: Default::default(),
+        compiles: Semaphore::new(MAX_COMPILES),
         oci: crate::modules::oci::OciOptions::default(),
     });
-    let serving = |name: &str, sha: &str| -> WasmReconciler {
-        serde_json::from_value(json!({
-            "apiVersion": "wasmop.dev/v1alpha1", "kind": "WasmReconciler",
-            "metadata": {"name": name, "uid": format!("u-{name}")},
-            "spec": {
-                "module": {"configMap": {"namespace": "ops", "name": name}},
-                "primary": {"apiVersion": "test.wasmop.dev/v1", "kind": "Widget"},
-                "serviceAccount": {"namespace": "ops", "name": "sa"}
-            },
-            "status": {"activeModule": {"sha256": sha, "name": name, "version": "1",
-                "loadedAt": "2026-11-30T00:00:00Z", "source": "configmap"}}
-        }))
-        .unwrap_or_else(|e| panic!("literal: {e}"))
-    };
+    (webhook, h, sha)
+}
+
+/// WasmReconciler `name` reading its module from ConfigMap `ops/<name>`, module `sha` active.
+fn serving(name: &str, sha: &str) -> WasmReconciler {
+    serde_json::from_value(json!({
+        "apiVersion": "wasmop.dev/v1alpha1", "kind": "WasmReconciler",
+        "metadata": {"name": name, "uid": format!("u-{name}")},
+        "spec": {
+            "module": {"configMap": {"namespace": "ops", "name": name}},
+            "primary": {"apiVersion": "test.wasmop.dev/v1", "kind": "Widget"},
+            "serviceAccount": {"namespace": "ops", "name": "sa"},
+            "admission": {"timeoutSeconds": 2, "failurePolicy": "Fail"}
+        },
+        "status": {"activeModule": {"sha256": sha, "name": name, "version": "1",
+            "loadedAt": "2026-11-30T00:00:00Z", "source": "configmap"}}
+    }))
+    .unwrap_or_else(|e| panic!("literal: {e}"))
+}
+
+/// A follower loads the modules of reconcilers it does not serve for their reviews: one whose
+/// module is slow to read (a registry or an API server that trickles) must not hold the loads
+/// of the others, whose reviews the API server gives up on after their timeout.
+#[tokio::test]
+async fn a_module_slow_to_read_holds_no_other_reconcilers_load() {
+    let (webhook, h, sha) = trickling_webhook().await;
     let slow = serving("a", &"ab".repeat(32));
     let requested = h.requested.notified();
     let stuck = {
@@ -448,4 +460,69 @@ async fn a_module_slow_to_read_holds_no_other_reconcilers_load() {
         other.map(|r| r.map(|_| ()).map_err(|e| e.to_string()))
     );
     stuck.abort();
+}
+
+/// A review whose own module is slow to read is answered (by its failure policy) within its
+/// admission timeout, after which the API server no longer waits and the review only holds one
+/// of the server's slots; the read goes on for the reviews after it, which share it.
+#[tokio::test]
+async fn a_review_waits_for_its_module_no_longer_than_its_timeout() {
+    let (webhook, h, _) = trickling_webhook().await;
+    let slow = serving("a", &"ab".repeat(32));
+    let text = review("u-slow", "ok", 0);
+    let request = review::parse(text.into_bytes()).unwrap_or_else(|e| panic!("{e}"));
+    for _ in 0..2 {
+        // timeoutSeconds 2: answered in about a second (60 s: generous).
+        let verdict = tokio::time::timeout(
+            Duration::from_secs(60),
+            webhook.judge(&slow, &request, contract::Operation::Create),
+        )
+        .await;
+        let Ok(Err(message)) = verdict else {
+            panic!(
+                "no failure within 60 s: {:?}",
+                verdict.map(|v| v.map(|_| ()))
+            )
+        };
+        assert!(message.contains("still being read"), "{message}");
+    }
+    let reads = h
+        .paths()
+        .iter()
+        .filter(|p| p.ends_with("/configmaps/a"))
+        .count();
+    assert_eq!(reads, 1, "{:?}", h.paths());
+}
+
+/// A follower loads every reconciler's module ahead as the WasmReconcilers change: one slow to
+/// read must not hold the look-ahead of the others (nor the loop that follows deletions and
+/// leadership).
+#[tokio::test]
+async fn a_look_ahead_slow_to_read_holds_no_other_reconcilers_look_ahead() {
+    let (webhook, h, sha) = trickling_webhook().await;
+    let events = futures::stream::iter([
+        Ok(watcher::Event::Apply(serving("a", &"ab".repeat(32)))),
+        Ok(watcher::Event::Apply(serving("b", &sha))),
+    ])
+    .chain(futures::stream::pending());
+    let (_lead, leading) = watch::channel(false);
+    let sync = tokio::spawn(keep_in_sync(
+        webhook.clone(),
+        reflector::store().0,
+        events,
+        None,
+        leading,
+    ));
+    // The slow read takes 1000 x 0.5 s; b's module loads at once (60 s: generous).
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while webhook.already_loaded("b", &sha).is_none() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "b's look-ahead waited on a's read: {:?}",
+            h.paths()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(h.paths().iter().any(|p| p.ends_with("/configmaps/a")));
+    sync.abort();
 }
