@@ -97,11 +97,12 @@ fn ring_members(live: &[String], members: &[Member], me: &str, withdrawn: bool) 
         .collect()
 }
 
-/// The ranges the live members other than `me` hold.
+/// The ranges the members other than `me` hold: the live ones', and those of a Lease gone or
+/// without a holder that has not expired yet ([`Member::holds`]).
 fn others_held(members: &[Member], me: &str) -> Ranges {
     members
         .iter()
-        .filter(|m| m.live && m.identity != me)
+        .filter(|m| m.holds && m.identity != me)
         .fold(Ranges::empty(), |acc, m| acc.union(&m.held))
 }
 
@@ -175,9 +176,28 @@ impl Handover {
             }
         }
         self.shards.set_active(Ranges::empty());
+        if !self.drained(config.renew_deadline).await {
+            tracing::warn!(
+                "reconciles still running after the shutdown; not releasing the member Lease: the others wait for it to expire"
+            );
+            return Ok(());
+        }
         self.membership.leave().await?;
         tracing::info!(identity = %self.me(), "left the shard group");
         Ok(())
+    }
+
+    /// Whether every admitted reconcile has finished, waiting at most `bound` (a reconcile the
+    /// shutdown grace gave up on may still be writing: its ranges are not released under it).
+    async fn drained(&self, bound: std::time::Duration) -> bool {
+        let until = Instant::now() + bound;
+        while self.shards.running_in(&Ranges::all()) > 0 {
+            if Instant::now() >= until {
+                return false;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+        true
     }
 
     /// Stops admitting reconciles at once.
@@ -269,7 +289,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn only_live_others_block_a_claim() {
+    fn only_holding_others_block_a_claim() {
         let a = Ranges::from_ranges([(0, 10)]);
         let b = Ranges::from_ranges([(20, 30)]);
         let members = vec![
