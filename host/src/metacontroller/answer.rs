@@ -78,8 +78,13 @@ pub struct Answer {
 /// Parses `body` for `spec`.
 ///
 /// # Errors
-/// Why the answer is refused (the hook's fault).
+/// Why the answer is refused (the hook's fault), inert (it quotes the hook's keys and kinds,
+/// and reaches logs and Events).
 pub fn parse(spec: &HookSpec, body: &str) -> Result<Answer, String> {
+    parse_answer(spec, body).map_err(|e| crate::text::inert(&e).into_owned())
+}
+
+fn parse_answer(spec: &HookSpec, body: &str) -> Result<Answer, String> {
     let value: Value =
         serde_json::from_str(body).map_err(|e| format!("the hook's answer is not JSON: {e}"))?;
     let Value::Object(mut map) = value else {
@@ -110,7 +115,7 @@ pub fn parse(spec: &HookSpec, body: &str) -> Result<Answer, String> {
     };
     let resync_after = match map.remove("resyncAfterSeconds") {
         None | Some(Value::Null) => None,
-        Some(v) => Some(seconds(&v)?),
+        Some(v) => seconds(&v)?,
     };
     Ok(Answer {
         status: status(map.remove("status").unwrap_or(Value::Null))?,
@@ -174,11 +179,18 @@ fn events(value: Value) -> Result<Vec<Event>, String> {
         .collect()
 }
 
-fn seconds(v: &Value) -> Result<Duration, String> {
-    v.as_f64()
-        .filter(|s| s.is_finite() && *s >= 0.0 && *s < 1e9)
-        .map(Duration::from_secs_f64)
-        .ok_or_else(|| format!("resyncAfterSeconds {v} is not a number of seconds"))
+/// The largest `resyncAfterSeconds` taken as given; more is held at it (the requeue is
+/// clamped further by the host).
+const MAX_RESYNC_SECONDS: f64 = 1e9;
+
+/// `resyncAfterSeconds`: a resync only when above 0, as Metacontroller (a Go hook sends 0 when
+/// it means none); a number too large is held at [`MAX_RESYNC_SECONDS`].
+fn seconds(v: &Value) -> Result<Option<Duration>, String> {
+    let s = v
+        .as_f64()
+        .filter(|s| s.is_finite())
+        .ok_or_else(|| "resyncAfterSeconds is not a number of seconds".to_string())?;
+    Ok((s > 0.0).then(|| Duration::from_secs_f64(s.min(MAX_RESYNC_SECONDS))))
 }
 
 fn children(spec: &HookSpec, field: &str, value: Value) -> Result<Vec<(Gvk, Vec<Value>)>, String> {
@@ -537,6 +549,39 @@ mod tests {
     fn desired(name: &str, image: &str) -> Value {
         json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
             "spec": {"containers": [{"name": "c", "image": image}]}})
+    }
+
+    /// Metacontroller resyncs only when `resyncAfterSeconds` is above 0 (a Go hook sends 0 by
+    /// default): 0 or a negative value asks for no resync (it requeued every 100 ms, for
+    /// ever); a huge one is held at the largest; only what is not a number is refused.
+    #[test]
+    fn resync_after_zero_or_negative_asks_for_none_and_huge_is_held() {
+        let spec = spec("InPlace");
+        let resync = |v: Value| {
+            parse(&spec, &json!({"resyncAfterSeconds": v}).to_string()).map(|a| a.resync_after)
+        };
+        assert_eq!(resync(json!(0)), Ok(None));
+        assert_eq!(resync(json!(0.0)), Ok(None));
+        assert_eq!(resync(json!(-1)), Ok(None));
+        assert_eq!(resync(json!(2.5)), Ok(Some(Duration::from_millis(2500))));
+        assert!(matches!(resync(json!(1e300)), Ok(Some(d)) if d >= Duration::from_secs(86_400)));
+        assert!(resync(json!("5")).is_err());
+    }
+
+    /// A refusal quotes the hook's keys and kinds: made inert, it cannot forge a log line or
+    /// hide text behind a bidi mark.
+    #[test]
+    fn a_refusal_quotes_the_hooks_text_inert() {
+        let bodies = [
+            json!({"labels": {"a\nINFO forged": 1}}),
+            json!({"attachments": [{"apiVersion": "v1\u{202e}x", "kind": "Pod\nINFO forged"}]}),
+        ];
+        for body in bodies {
+            let Err(e) = parse(&decorator_spec(false), &body.to_string()) else {
+                panic!("{body} is refused")
+            };
+            assert!(!e.contains('\n') && !e.contains('\u{202e}'), "{e:?}");
+        }
     }
 
     /// The written names and the kept names of the one set of `method`'s plan.

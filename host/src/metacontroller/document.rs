@@ -247,6 +247,10 @@ pub fn customize_document(spec: &HookSpec, observed: &Observed) -> Value {
 /// Why the answer is refused: not JSON, a resource `spec.wasmop.related` does not list, a
 /// selector that is not one, or a `namespaceSelector` (not served).
 pub fn related_map(spec: &HookSpec, observed: &Observed, body: &str) -> Result<Value, String> {
+    related_rules(spec, observed, body).map_err(|e| crate::text::inert(&e).into_owned())
+}
+
+fn related_rules(spec: &HookSpec, observed: &Observed, body: &str) -> Result<Value, String> {
     let answer: Value = serde_json::from_str(body)
         .map_err(|e| format!("the customize hook's answer is not JSON: {e}"))?;
     let rules = match answer.get("relatedResources") {
