@@ -153,12 +153,13 @@ fn classify(intent: String, target: &Gvk, e: &kube::Error) -> WriteFailure {
 /// The text reaches Warning Events, logs, traces and `wasmop diff`'s output: it is made inert
 /// and cut to [`MAX_FAILURE_MESSAGE`] bytes, and for a `v1/Secret` the API server's own text
 /// is withheld unless `show_secrets` (its typed-patch check quotes the value it rejects: the
-/// Secret's data); the code and reason stay. Kept for a Secret: the texts of 403 (who may not
-/// do what), 404 and 409, which name the object, never its data.
+/// Secret's data; so may an admission webhook's or policy's denial, whatever its code); the
+/// code and reason stay. Kept for a Secret: the texts of 403 (RBAC's: who may not do what),
+/// 404 and 409 that no admission check wrote, which name the object, never its data.
 pub fn write_error_text(target: &Gvk, e: &kube::Error, show_secrets: bool) -> String {
     let secret = target.api_version == "v1" && target.kind == "Secret";
     let text = match e {
-        kube::Error::Api(s) if secret && !show_secrets && !matches!(s.code, 403 | 404 | 409) => {
+        kube::Error::Api(s) if secret && !show_secrets && !names_only(s) => {
             format!(
                 "HTTP {} {}: the API server's message is withheld (it may quote the Secret's data)",
                 s.code, s.reason
@@ -168,6 +169,12 @@ pub fn write_error_text(target: &Gvk, e: &kube::Error, show_secrets: bool) -> St
         other => other.to_string(),
     };
     crate::text::cut(crate::text::inert(&text).into_owned(), MAX_FAILURE_MESSAGE)
+}
+
+/// Whether the API server's error `s` names the object only: RBAC's 403, a 404 or a 409, not
+/// written by an admission webhook or policy (`... denied the request: <their message>`).
+fn names_only(s: &kube::core::Status) -> bool {
+    matches!(s.code, 403 | 404 | 409) && !s.message.contains("denied")
 }
 
 /// How many children of one set are written at once (one apply each).
@@ -1267,6 +1274,51 @@ pub(super) mod tests {
         let message = &failures[0].message;
         assert!(message.len() <= 1024, "{} bytes", message.len());
         assert!(!message.contains('\u{1b}'), "{message}");
+    }
+
+    /// An admission webhook or policy that denies a Secret write answers with a code of its
+    /// choosing (403 when it names none) and a message that may quote the data it refused;
+    /// RBAC's 403, a 404 and a 409 name the object only and are kept.
+    #[test]
+    fn an_admission_denial_of_a_secret_write_quotes_no_value() {
+        let secret = Gvk::new("v1", "Secret");
+        let api = |code: u16, reason: &str, message: &str| {
+            kube::Error::Api(
+                kube::core::Status::failure(message, reason)
+                    .with_code(code)
+                    .boxed(),
+            )
+        };
+        let denials = [
+            api(
+                403,
+                "Forbidden",
+                r#"admission webhook "p.example.com" denied the request: hunter2 is weak"#,
+            ),
+            api(
+                403,
+                "Forbidden",
+                r#"secrets "s" is forbidden: ValidatingAdmissionPolicy 'p' with binding 'b' denied request: hunter2 is weak"#,
+            ),
+            api(
+                409,
+                "Conflict",
+                r#"admission webhook "p.example.com" denied the request: hunter2 is taken"#,
+            ),
+        ];
+        for e in &denials {
+            let text = write_error_text(&secret, e, false);
+            assert!(!text.contains("hunter2"), "{text}");
+            assert!(write_error_text(&secret, e, true).contains("hunter2"));
+        }
+        let rbac = r#"secrets "s" is forbidden: User "system:serviceaccount:ops:sa" cannot patch resource "secrets" in API group "" in the namespace "a""#;
+        assert!(
+            write_error_text(&secret, &api(403, "Forbidden", rbac), false).contains("cannot patch")
+        );
+        let missing = r#"namespaces "a" not found"#;
+        assert!(
+            write_error_text(&secret, &api(404, "NotFound", missing), false).contains("not found")
+        );
     }
 
     #[tokio::test]

@@ -34,7 +34,7 @@ use super::document::{DECORATOR_ANNOTATION, Observed};
 /// for. `Recreate` and the rolling methods compare it, not the object, with the next answer: the
 /// API server adds defaults and other admissions' fields (a Pod's service-account token
 /// volume), so an object never equals what was asked for.
-pub const DESIRED_ANNOTATION: &str = "metacontroller.wasmop.dev/desired";
+pub const DESIRED_ANNOTATION: &str = crate::redact::DESIRED_DIGEST;
 
 /// The fields a sync or finalize answer may have.
 const FIELDS: [&str; 5] = [

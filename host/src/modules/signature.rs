@@ -163,6 +163,20 @@ pub struct TrustedKey {
     pub source: String,
 }
 
+/// What is wrong with a PEM text, never quoting it (the parser's own errors quote the line it
+/// stopped at: the value of a Secret that holds something else).
+fn pem_problem(e: &rustls_pki_types::pem::Error) -> &'static str {
+    use rustls_pki_types::pem::Error;
+    match e {
+        Error::MissingSectionEnd { .. } => "a section has no END line",
+        Error::IllegalSectionStart { .. } => "a BEGIN line is malformed",
+        Error::Base64Decode(_) => "a section is not base64",
+        Error::NoItemsFound => "no PUBLIC KEY section",
+        Error::SectionTooLarge => "a section is too large",
+        _ => "it cannot be read",
+    }
+}
+
 impl TrustedKey {
     /// Parses a PEM public key (`cosign.pub`) read from `source`.
     ///
@@ -176,7 +190,8 @@ impl TrustedKey {
         };
         let der = SubjectPublicKeyInfoDer::from_pem_slice(pem.as_bytes()).map_err(|e| {
             bad(format!(
-                "not a PEM public key (-----BEGIN PUBLIC KEY-----, as in cosign.pub): {e}"
+                "not a PEM public key (-----BEGIN PUBLIC KEY-----, as in cosign.pub): {}",
+                pem_problem(&e)
             ))
         })?;
         CosignVerificationKey::try_from_der(der.as_ref()).map_err(|e| {
@@ -662,6 +677,25 @@ async fn add_signature(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A key Secret holding something else (a private key kept on one line with literal
+    /// `\n`s, as `.env` files make them): the PEM parser's error quotes the line it choked on,
+    /// i.e. the Secret's value; the refusal (a condition, an Event, a log) must not.
+    #[test]
+    fn a_key_that_is_not_one_is_refused_without_quoting_it() {
+        let one_line = "-----BEGIN PRIVATE KEY-----\\nc2VjcmV0\\n-----END PRIVATE KEY-----";
+        let torn = "-----BEGIN PUBLIC KEY-----\nc2VjcmV0c2VjcmV0\n";
+        for text in [one_line, torn, "-----BEGIN PUBLIC KEY c2VjcmV0\n"] {
+            let Err(e) = TrustedKey::from_pem(text, "Secret ops/k key k") else {
+                panic!("{text:?} is no key")
+            };
+            let message = e.to_string();
+            for secret in ["c2VjcmV0", "99, 50, 86"] {
+                assert!(!message.contains(secret), "{message}");
+            }
+            assert!(message.contains("Secret ops/k key k"), "{message}");
+        }
+    }
 
     // A P-256 public key (from rcgen), and a second one.
     fn key_pem() -> (String, String) {
