@@ -356,8 +356,26 @@ impl Webhook {
     ) -> Result<Module, ModuleUnavailable> {
         let name = name.to_string();
         let active = active.to_string();
-        let copy = wr.status.as_ref().and_then(|s| s.module_copy.as_ref());
+        // The copy holds no signature: under a signing policy the module is pulled and
+        // verified, never read from the copy; a host requiring signatures serves no ConfigMap.
+        let signed = self.oci.required_key.is_some()
+            || wr
+                .spec
+                .module
+                .oci
+                .as_ref()
+                .is_some_and(|o| o.verify.is_some());
+        let copy = wr
+            .status
+            .as_ref()
+            .and_then(|s| s.module_copy.as_ref())
+            .filter(|_| !signed);
         let bytes = match (&wr.spec.module.config_map, copy) {
+            (Some(_), _) if self.oci.required_key.is_some() => {
+                return Err(ModuleUnavailable::Load(
+                    "this host requires signed modules (--require-signed-modules): a ConfigMap module does not judge reviews".into(),
+                ));
+            }
             (Some(source), copy) => {
                 let bytes = source::fetch(&self.client, source).await?;
                 let found = bytes.bytes.sha256().to_string();

@@ -526,3 +526,82 @@ async fn a_look_ahead_slow_to_read_holds_no_other_reconcilers_look_ahead() {
     assert!(h.paths().iter().any(|p| p.ends_with("/configmaps/a")));
     sync.abort();
 }
+
+/// The host's copy of a module holds no signature: with a signing policy in force (the spec's
+/// `verify`, or the host's `--require-signed-modules`) a follower's review must not judge with
+/// it (a module the leader revoked for its signature would judge again, from the copy).
+#[tokio::test]
+async fn a_signing_policy_keeps_the_unsigned_copy_out_of_admission() {
+    use crate::modules::hostile::{self, Answer, Body};
+    let bytes = wasmop_test_modules::bytes(wasmop_test_modules::MISBEHAVE);
+    let sha = crate::engine::sha256_hex(&bytes);
+    let at = crate::modules::copy::location("signed", "ops");
+    let copy =
+        crate::modules::copy::encode(&at, &bytes, &sha, "1").unwrap_or_else(|e| panic!("{e}"));
+    let copy = serde_json::to_vec(&copy).unwrap_or_else(|e| panic!("{e}"));
+    let copy_path = format!("/configmaps/{}", at.name);
+    let h = hostile::start(move |r| {
+        if r.path.ends_with(&copy_path) {
+            return Answer::ok(&copy);
+        }
+        Answer::with(
+            404,
+            Body::Bytes(br#"{"kind":"Status","code":404}"#.to_vec()),
+        )
+    })
+    .await;
+    let (client, _) = h.kube_client();
+    let engine = tokio::task::spawn_blocking(|| Engine::new(&EngineConfig::default()))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .unwrap_or_else(|e| panic!("engine: {e}"));
+    let key = rcgen::KeyPair::generate()
+        .map(|p| p.public_key_pem())
+        .unwrap_or_else(|e| panic!("{e}"));
+    let host_key = crate::modules::signature::TrustedKey::from_pem(&key, "test")
+        .unwrap_or_else(|e| panic!("{e}"));
+    let policies = [(json!({"key": key}), None), (json!(null), Some(host_key))];
+    for (verify, required_key) in policies {
+        let webhook = Arc::new(Webhook {
+            client: client.clone(),
+            engine: engine.clone(),
+            reconcilers: reflector::store().0,
+            slots: Slots::default(),
+            loaded: Mutex::default(),
+            loading: Default::default(),
+            compiles: Semaphore::new(MAX_COMPILES),
+            oci: crate::modules::oci::OciOptions {
+                required_key,
+                ..Default::default()
+            },
+        });
+        let wr: WasmReconciler = serde_json::from_value(json!({
+            "apiVersion": "wasmop.dev/v1alpha1", "kind": "WasmReconciler",
+            "metadata": {"name": "signed", "uid": "u-signed"},
+            "spec": {
+                "module": {"oci": {"reference": format!("{}/mods/m@sha256:{sha}", h.addr),
+                    "verify": verify}},
+                "primary": {"apiVersion": "test.wasmop.dev/v1", "kind": "Widget"},
+                "serviceAccount": {"namespace": "ops", "name": "sa"}
+            },
+            "status": {"activeModule": {"sha256": sha, "name": "m", "version": "1",
+                "loadedAt": "2026-11-30T00:00:00Z", "source": "oci"},
+                "moduleCopy": {"namespace": at.namespace, "name": at.name}}
+        }))
+        .unwrap_or_else(|e| panic!("literal: {e}"));
+        let got = webhook.module(&wr).await;
+        assert!(
+            got.is_err(),
+            "the unsigned copy judged under {:?}",
+            wr.spec.module.oci
+        );
+        if webhook.oci.required_key.is_some() {
+            // A ConfigMap module (its ConfigMap is the copy here) is refused too.
+            let mut wr = wr;
+            wr.spec.module.oci = None;
+            wr.spec.module.config_map = Some(at.clone());
+            let got = webhook.module(&wr).await;
+            assert!(got.is_err_and(|e| e.contains("requires signed modules")));
+        }
+    }
+}
