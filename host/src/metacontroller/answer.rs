@@ -117,8 +117,17 @@ fn parse_answer(spec: &HookSpec, body: &str) -> Result<Answer, String> {
         None | Some(Value::Null) => None,
         Some(v) => seconds(&v)?,
     };
+    let status = status(map.remove("status").unwrap_or(Value::Null))?;
     Ok(Answer {
-        status: status(map.remove("status").unwrap_or(Value::Null))?,
+        // A composite controller's answer replaces the whole status (none: `{}`), as
+        // Metacontroller does; a decorator's missing status leaves the object's alone.
+        status: match spec.decorator {
+            None => Some(status.unwrap_or_else(|| Status {
+                fields: Value::Object(Map::new()),
+                conditions: Vec::new(),
+            })),
+            Some(_) => status,
+        },
         children,
         resync_after,
         finalized: map
@@ -279,12 +288,14 @@ fn condition(c: &Value) -> Result<Condition, String> {
     })
 }
 
-/// The namespace and name of `object`; a namespaced parent's children default to its namespace.
+/// The namespace and name of `object`; a namespaced parent's children default to its namespace
+/// (an empty `metadata.namespace` is unset, as Metacontroller takes it).
 fn key_of(object: &Value, parent_namespace: Option<&str>) -> ChildKey {
     let text = |p: &str| {
         object
             .pointer(p)
             .and_then(Value::as_str)
+            .filter(|t| !t.is_empty())
             .map(str::to_string)
     };
     ChildKey {
@@ -914,5 +925,44 @@ mod tests {
             response.actions[0].target().namespace.as_deref(),
             Some("ns")
         );
+    }
+
+    /// Metacontroller takes a child's `metadata.namespace: ""` as unset (the parent's): a
+    /// child the hook still returns with it is neither deleted at finalize nor written again
+    /// under `OnDelete`.
+    #[test]
+    fn an_empty_namespace_on_a_returned_child_is_the_parents() {
+        let observed = Observed {
+            parent: json!({"metadata": {"name": "p", "namespace": "ns"}}),
+            related: Vec::new(),
+            children: vec![(Gvk::new("v1", "Pod"), vec![pod("a", "v1", true)])],
+            foreign: Vec::new(),
+        };
+        let mut child = desired("a", "v1");
+        child["metadata"]["namespace"] = json!("");
+        let body = json!({"children": [child.clone()], "finalized": false}).to_string();
+        let answer = parse(&spec("OnDelete"), &body).unwrap_or_else(|e| panic!("{e}"));
+        let response = finalize_response(&observed, answer);
+        assert_eq!(response.actions.len(), 0, "{:?}", response.actions);
+        let (written, kept) = run("OnDelete", vec![child], vec![pod("a", "v2", true)]);
+        assert_eq!(
+            (written, kept),
+            (Vec::<String>::new(), vec!["a".to_string()])
+        );
+    }
+
+    /// A composite controller's hook that leaves `status` out (or null) once healthy: its old
+    /// (error) status must not stay, as Metacontroller replaces the whole status with `{}`; a
+    /// decorator's missing status leaves the decorated object's alone.
+    #[test]
+    fn a_composite_answer_without_status_replaces_it_with_an_empty_one() {
+        for body in [r#"{"children":[]}"#, r#"{"children":[],"status":null}"#] {
+            let answer = parse(&spec("InPlace"), body).unwrap_or_else(|e| panic!("{e}"));
+            let status = answer.status.unwrap_or_else(|| panic!("{body}: no status"));
+            assert_eq!(status.fields, json!({}));
+            assert!(status.conditions.is_empty());
+            let answer = parse(&decorator_spec(false), body).unwrap_or_else(|e| panic!("{e}"));
+            assert!(answer.status.is_none(), "{body}");
+        }
     }
 }
