@@ -125,15 +125,21 @@ async fn list(
         .await
         .map_err(other(format!("cannot list {kind}")))?
         .items;
-    for o in &mut items {
-        // List items may come without their type; the host hands objects over with it.
+    typed(&mut items, kind);
+    items.sort_by_key(|o| (o.namespace(), o.name_any()));
+    Ok(items)
+}
+
+/// Gives listed `items` of `kind` their type: list items may come without it (kube's lists of
+/// `DynamicObject` leave it empty; the API server sends none for built-in kinds), and the host
+/// hands objects over with it.
+pub(crate) fn typed(items: &mut [DynamicObject], kind: &Gvk) {
+    for o in items {
         o.types.get_or_insert_with(|| TypeMeta {
             api_version: kind.api_version.clone(),
             kind: kind.kind.clone(),
         });
     }
-    items.sort_by_key(|o| (o.namespace(), o.name_any()));
-    Ok(items)
 }
 
 /// Writes `docs` as one YAML file, owner-readable only, Secrets redacted unless `keep_secrets`.

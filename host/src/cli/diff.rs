@@ -423,7 +423,9 @@ pub async fn preview(args: &Args) -> Result<Vec<(String, Outcome)>, CliError> {
             .list(&ListParams::default())
             .await
             .map_err(|e| CliError::Other(format!("cannot list {primary_kind}: {e}")))?;
-        primaries.extend(list.items);
+        let mut items = list.items;
+        super::capture::typed(&mut items, &primary_kind);
+        primaries.extend(items);
     }
     primaries.sort_by_key(|p| (p.namespace(), p.name_any()));
     let stderr = std::io::stderr();
@@ -622,6 +624,20 @@ fn exit_status(outcomes: &[(String, Outcome)]) -> u8 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// kube's lists leave each item's type empty, and the API server sends none for built-in
+    /// kinds: a ConfigMap primary listed by `wasmop diff` must still be a primary.
+    #[test]
+    fn a_listed_built_in_primary_has_its_type() {
+        let item: DynamicObject = serde_json::from_value(
+            serde_json::json!({"metadata": {"name": "a", "namespace": "n"}}),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let mut items = vec![item];
+        super::super::capture::typed(&mut items, &Gvk::new("v1", "ConfigMap"));
+        let value = serde_json::to_value(&items[0]).unwrap_or_default();
+        assert!(Primary::from_object(&value).is_ok(), "{value}");
+    }
 
     /// A refused dry run of a Secret: the API server's message can quote the value it
     /// rejects; `wasmop diff` prints it only with `--show-secrets`, and never raw.
