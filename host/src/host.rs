@@ -72,6 +72,9 @@ impl WebhookOptions {
 /// with room for the host itself (its caches, compiles and servers).
 pub const DEFAULT_MODULE_MEMORY_BUDGET: u64 = 768 << 20;
 
+/// How long a shutdown waits for the failed requests queued for recording to be written.
+pub const RECORD_FLUSH: Duration = Duration::from_secs(5);
+
 /// How to run the host.
 #[derive(Debug, Clone)]
 pub struct HostOptions {
@@ -461,8 +464,11 @@ impl Host {
             }
         }
         if let Some(recorder) = self.recorder.take() {
-            // The writer is a plain thread; waiting for it blocks.
-            let _ = tokio::task::spawn_blocking(move || recorder.flush()).await;
+            // The writer is a plain thread; waiting for it blocks (at most RECORD_FLUSH).
+            let flushed = tokio::task::spawn_blocking(move || recorder.flush(RECORD_FLUSH)).await;
+            if !flushed.unwrap_or(true) {
+                tracing::warn!(bound = ?RECORD_FLUSH, "the recordings queued were not all written within the bound; shutting down without them");
+            }
         }
         // Only now, with every reconcile finished: the others take this replica's ranges.
         if let Some((leave, task)) = self.membership.take() {

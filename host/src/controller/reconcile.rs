@@ -619,7 +619,8 @@ fn parsed(children: &[KindTexts]) -> Vec<Observed> {
 /// Where a failed call's request is recorded (`--record-failures`), if anywhere.
 struct Failures<'a> {
     recorder: Option<&'a record::FailureRecorder>,
-    request: Option<ReconcileRequest>,
+    /// With a recorder: the request, or its size when it was too large to copy.
+    request: Option<Result<ReconcileRequest, usize>>,
     sha: &'a str,
     export: Export,
 }
@@ -628,9 +629,13 @@ impl Failures<'_> {
     /// Records the request that failed with `error`; what to add to the Warning about it.
     fn note(&self, error: &str) -> String {
         let finalize = self.export == Export::Finalize;
+        if let (Some(recorder), Some(Err(bytes))) = (self.recorder, &self.request) {
+            recorder.too_large(*bytes);
+            return String::new();
+        }
         record::note(
             self.recorder,
-            self.request.as_ref(),
+            self.request.as_ref().and_then(|r| r.as_ref().ok()),
             self.sha,
             error,
             finalize,
@@ -937,7 +942,11 @@ async fn run_once(
     let recorder = shared.settings.recorder.as_deref();
     let failures = Failures {
         recorder,
-        request: recorder.map(|_| request.clone()),
+        // A copy only of a request that may fit a recording (the module takes the request).
+        request: recorder.map(|r| {
+            let bytes = record::request_bytes(&request);
+            r.fits(&request).then(|| request.clone()).ok_or(bytes)
+        }),
         sha: active.module.sha256(),
         export,
     };

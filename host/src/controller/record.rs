@@ -25,7 +25,8 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::{Receiver, SyncSender, TrySendError};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError};
+use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -329,6 +330,13 @@ impl FailureRecorder {
         }
     }
 
+    /// Whether `request` may fit a recording: its JSON texts are at most twice
+    /// [`RecordOptions::max_bytes`] (YAML drops at most about half of JSON's bytes: quotes,
+    /// braces and commas). One that does not is neither copied, queued nor rendered.
+    pub fn fits(&self, request: &ReconcileRequest) -> bool {
+        request_bytes(request) <= self.options.max_bytes.saturating_mul(2)
+    }
+
     /// Queues a failed request; returns the file it is to be written to, or `None` when the
     /// queue is full (the recording is dropped and counted). Never blocks.
     pub fn record(
@@ -338,6 +346,10 @@ impl FailureRecorder {
         error: &str,
         finalize: bool,
     ) -> Option<PathBuf> {
+        if !self.fits(request) {
+            self.too_large(request_bytes(request));
+            return None;
+        }
         let seq = self.seq.fetch_add(1, Ordering::Relaxed) + 1;
         let path = self.options.dir.join(file_name(request, seq));
         let pending = Pending {
@@ -365,13 +377,36 @@ impl FailureRecorder {
         }
     }
 
-    /// Waits until every recording queued before it is written (or failed). Blocks: call it
-    /// off the async workers.
-    pub fn flush(&self) {
+    /// Counts a failed request of `bytes` that is not recorded: far over the cap.
+    pub fn too_large(&self, bytes: usize) {
+        self.counts.failed.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(
+            bytes,
+            max_bytes = self.options.max_bytes,
+            "the failed request is far larger than a recording may be; it is not recorded"
+        );
+    }
+
+    /// Waits until every recording queued before it is written (or failed), at most
+    /// `within` (a stalled disk, a queue of large renderings); false when it gave up. Blocks:
+    /// call it off the async workers.
+    pub fn flush(&self, within: Duration) -> bool {
+        let deadline = Instant::now() + within;
         let (done, wait) = std::sync::mpsc::channel();
-        if self.jobs.send(Job::Flush(done)).is_ok() {
-            let _ = wait.recv();
+        let mut job = Job::Flush(done);
+        loop {
+            match self.jobs.try_send(job) {
+                Ok(()) => break,
+                Err(TrySendError::Disconnected(_)) => return true,
+                Err(TrySendError::Full(back)) if Instant::now() < deadline => {
+                    job = back;
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                Err(TrySendError::Full(_)) => return false,
+            }
         }
+        let left = deadline.saturating_duration_since(Instant::now());
+        !matches!(wait.recv_timeout(left), Err(RecvTimeoutError::Timeout))
     }
 }
 
@@ -490,6 +525,15 @@ pub fn note(
     }
 }
 
+/// The bytes of `request`'s JSON texts: the primary, its children and related objects.
+pub fn request_bytes(request: &ReconcileRequest) -> usize {
+    let objects = request.owned.iter().chain(&request.related);
+    objects
+        .flat_map(|k| k.objects.iter())
+        .map(String::len)
+        .fold(request.primary.len(), usize::saturating_add)
+}
+
 /// The primary's name and namespace, read without the rest of it.
 #[derive(Deserialize, Default)]
 struct Named {
@@ -577,7 +621,7 @@ mod tests {
             .unwrap_or_default();
         let recorder = FailureRecorder::new(options(&dir, 10, false));
         let path = recorder.record(&request(SECRET), "abc", "boom", false);
-        recorder.flush();
+        recorder.flush(Duration::from_secs(60));
         let read = path.as_ref().map(|p| RecordedRequest::read(p));
         let Some(Ok(read)) = read else {
             panic!("no recording: {path:?} {read:?}");
@@ -603,7 +647,7 @@ mod tests {
         let mut last = None;
         for _ in 0..5 {
             last = recorder.record(&request(SECRET), "abc", "boom", false);
-            recorder.flush();
+            recorder.flush(Duration::from_secs(60));
         }
         let files = std::fs::read_dir(&dir).map(|d| d.count()).unwrap_or(0);
         assert_eq!(files, 2);
@@ -631,7 +675,7 @@ mod tests {
         let mut secret_primary = request(APPLIED_SECRET);
         secret_primary.primary = APPLIED_SECRET.into();
         let path = recorder.record(&secret_primary, "abc", "boom", false);
-        recorder.flush();
+        recorder.flush(Duration::from_secs(60));
         let path = path.unwrap_or_else(|| panic!("not queued: {:?}", recorder.counts()));
         let text = std::fs::read_to_string(&path).unwrap_or_default();
         assert!(
@@ -651,8 +695,10 @@ mod tests {
             .map(|d| d.path().to_path_buf())
             .unwrap_or_default();
         let mut o = options(&dir, 2, false);
-        o.max_bytes = 100;
+        // The request's texts (205 bytes) may fit twice the cap; its YAML does not fit once.
+        o.max_bytes = 110;
         let (recorder, writer) = FailureRecorder::paused(o, 4);
+        assert!(recorder.fits(&request(SECRET)));
         let path = recorder.record(&request(SECRET), "abc", "boom", false);
         writer.drain();
         assert!(path.is_some_and(|p| !p.exists()));
@@ -690,5 +736,51 @@ mod tests {
         let counts = recorder.counts();
         assert_eq!((counts.written, counts.dropped), (2, 4), "{counts:?}");
         assert!(queued.iter().flatten().all(|p| p.exists()));
+    }
+
+    /// A request far over the cap is refused before it is copied into the queue or rendered:
+    /// its related objects are bounded only by the module's memory (64 MiB here), and each
+    /// failure held a copy, 16 in the queue, then a YAML rendering of it, before the size
+    /// check refused it.
+    #[test]
+    fn a_request_far_over_the_cap_is_refused_before_it_is_queued() {
+        let dir = tempfile::tempdir().map_err(|e| e.to_string());
+        let dir = dir
+            .as_ref()
+            .map(|d| d.path().to_path_buf())
+            .unwrap_or_default();
+        let mut o = options(&dir, 2, false);
+        o.max_bytes = 1024;
+        let (recorder, _writer) = FailureRecorder::paused(o, 4);
+        let mut big = request(SECRET);
+        big.related[0].objects = vec![format!(r#"{{"pad":"{}"}}"#, "p".repeat(8 << 20))];
+        assert!(!recorder.fits(&big));
+        assert!(recorder.fits(&request(SECRET)));
+        assert_eq!(recorder.record(&big, "abc", "boom", false), None);
+        let counts = recorder.counts();
+        assert_eq!((counts.queued, counts.failed), (0, 1), "{counts:?}");
+    }
+
+    /// Shutdown waits for the queued recordings at most its bound: a writer that never
+    /// answers (a stalled disk) must not hold the shutdown (and the Leases it gives up after).
+    #[test]
+    fn a_flush_gives_up_at_its_bound_when_the_writer_does_not_answer() {
+        let dir = tempfile::tempdir().map_err(|e| e.to_string());
+        let dir = dir
+            .as_ref()
+            .map(|d| d.path().to_path_buf())
+            .unwrap_or_default();
+        // The writer is not running, and the queue (2) is full.
+        let (recorder, writer) = FailureRecorder::paused(options(&dir, 10, false), 2);
+        for _ in 0..2 {
+            assert!(
+                recorder
+                    .record(&request(SECRET), "abc", "boom", false)
+                    .is_some()
+            );
+        }
+        assert!(!recorder.flush(Duration::from_millis(200)));
+        writer.drain();
+        assert_eq!(recorder.counts().written, 2);
     }
 }
