@@ -49,6 +49,18 @@ pub fn redact(object: &mut Value) -> bool {
     true
 }
 
+/// Redacts every Secret inside `value` (an object, or any array or object holding some).
+pub fn redact_nested(value: &mut Value) {
+    if redact(value) {
+        return;
+    }
+    match value {
+        Value::Array(items) => items.iter_mut().for_each(redact_nested),
+        Value::Object(fields) => fields.values_mut().for_each(redact_nested),
+        _ => {}
+    }
+}
+
 /// Redacts `secret`'s data and the annotations derived from it, whatever its `kind` field says (for
 /// objects known to be Secrets from their watch, which may omit their type).
 pub fn redact_secret(secret: &mut Value) {

@@ -67,6 +67,11 @@ pub struct Args {
     /// Write the intents to the --expect file instead of comparing.
     #[arg(long, requires = "expect")]
     pub update: bool,
+    /// Print, write and compare Secret values (by default the data, string data and
+    /// last-applied annotations of Secrets in the intents and the golden file are
+    /// `<redacted>`: the golden file is meant to be committed).
+    #[arg(long)]
+    pub show_secrets: bool,
     /// The reconciler config handed to the module (JSON).
     #[arg(long, default_value = "{}")]
     pub config: String,
@@ -368,6 +373,13 @@ pub(crate) fn run(args: Args) -> Result<ExitCode, CliError> {
 /// Prints `output`, or writes it to the --expect file with --update, or compares it with
 /// that golden file (printing the differences).
 fn compare(args: &Args, output: &Value) -> Result<ExitCode, CliError> {
+    let shown_output;
+    let output = if args.show_secrets {
+        output
+    } else {
+        shown_output = redacted(output);
+        &shown_output
+    };
     let rendered = to_yaml(output);
     let shown = match args.output {
         Some(format) => output::render(format, output)?,
@@ -386,7 +398,10 @@ fn compare(args: &Args, output: &Value) -> Result<ExitCode, CliError> {
         eprintln!("wrote {}", expect.display());
         return Ok(ExitCode::SUCCESS);
     }
-    let golden = read_one(expect)?;
+    let mut golden = read_one(expect)?;
+    if !args.show_secrets {
+        crate::redact::redact_nested(&mut golden);
+    }
     if golden == *output {
         print!("{shown}");
         eprintln!("ok: the intents match {}", expect.display());
@@ -401,6 +416,13 @@ fn compare(args: &Args, output: &Value) -> Result<ExitCode, CliError> {
             .header(&expect.display().to_string(), "actual")
     );
     Err(CliError::Differs(expect.clone()))
+}
+
+/// `output` with the Secrets in it redacted.
+fn redacted(output: &Value) -> Value {
+    let mut output = output.clone();
+    crate::redact::redact_nested(&mut output);
+    output
 }
 
 #[cfg(test)]
@@ -462,5 +484,42 @@ mod tests {
             let mode = std::fs::metadata(&golden).map(|m| m.permissions().mode() & 0o777);
             assert_eq!(mode.ok(), Some(0o644), "the golden file's mode changed");
         }
+    }
+
+    /// A module's Secret children (their values from a `--keep-secrets` fixture or a recorded
+    /// request) reach the printed intents and the golden file, which is 0644 and committed: by
+    /// default their data is redacted on both sides of the comparison.
+    #[test]
+    fn a_secret_child_is_redacted_in_the_golden_file_unless_asked() {
+        let tmp = tempfile::tempdir().ok();
+        let dir = tmp
+            .as_ref()
+            .map(|d| d.path().to_path_buf())
+            .unwrap_or_default();
+        let golden = dir.join("expect.yaml");
+        let intents = serde_json::json!({"children": [{"kind": {"apiVersion": "v1", "kind": "Secret"},
+            "objects": [{"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "s"},
+                "stringData": {"password": "hunter2"}}]}]});
+        let args = |extra: &[&str]| {
+            let argv = ["wasmop-test", "m.wasm", "--object", "o.yaml", "--expect"];
+            let golden = golden.to_str().unwrap_or("");
+            let all = argv
+                .iter()
+                .copied()
+                .chain([golden])
+                .chain(extra.iter().copied());
+            Cli::try_parse_from(all)
+                .unwrap_or_else(|e| panic!("{e}"))
+                .args
+        };
+        assert!(compare(&args(&["--update"]), &intents).is_ok());
+        let written = std::fs::read_to_string(&golden).unwrap_or_default();
+        assert!(!written.contains("hunter2"), "{written}");
+        assert!(written.contains("password"), "the keys stay: {written}");
+        // The redacted golden file matches; another value is not told apart without the flag.
+        assert!(compare(&args(&[]), &intents).is_ok());
+        assert!(compare(&args(&["--update", "--show-secrets"]), &intents).is_ok());
+        let shown = std::fs::read_to_string(&golden).unwrap_or_default();
+        assert!(shown.contains("hunter2"), "{shown}");
     }
 }
