@@ -432,8 +432,12 @@ pub fn reconcile_response(
         .zip(&observed.children)
         .enumerate()
         .map(|(i, ((child, (_, desired)), (_, seen)))| {
+            // Another decorator's attachment (or the decorated object's own child) of a name
+            // the hook answers is left as it is, as Metacontroller's failed create leaves it.
+            let theirs: BTreeSet<ChildKey> = foreign(i).iter().map(|o| key_of(o, None)).collect();
             let desired = desired
                 .into_iter()
+                .filter(|d| !theirs.contains(&key_of(d, parent_ns)))
                 .map(|d| match decorator {
                     Some(name) => annotated(d, DECORATOR_ANNOTATION, name.to_string()),
                     None => d,
@@ -822,6 +826,22 @@ mod tests {
             *patch,
             json!({"metadata": {"labels": {"tier": "db"}, "annotations": {"note": null}}})
         );
+    }
+
+    /// Two decorators answering one name: the other's attachment is not taken over (written
+    /// with force and stamped as this one's, then back, for ever); Metacontroller's create
+    /// fails on the name and leaves it as it is.
+    #[test]
+    fn a_decorator_does_not_take_over_another_decorators_attachment() {
+        let spec = decorator_spec(false);
+        let body = json!({"attachments": [
+            {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "theirs"}}]});
+        let answer = parse(&spec, &body.to_string()).unwrap_or_else(|e| panic!("{e}"));
+        let response = reconcile_response(&spec, &statefulset(), answer);
+        let set = &response.children[0];
+        let written: Vec<&Value> = set.objects.iter().map(|o| &o["metadata"]["name"]).collect();
+        assert!(written.is_empty(), "{written:?}");
+        assert!(set.keep.iter().any(|k| k.name == "theirs"));
     }
 
     #[test]
