@@ -126,6 +126,34 @@ pub(super) fn hooks_refusal(
     ]
     .into_iter()
     .find_map(|(field, hook)| hook.as_ref().and_then(|h| hook_refusal(field, h)))
+    .or_else(|| mixed_versions_refusal(&hooks))
+}
+
+/// Refuses hooks whose versions or response modes differ from the sync hook's: wasmop speaks
+/// the sync hook's to every hook, where Metacontroller speaks each hook's own (a v1 finalize
+/// hook beside a v2 sync hook would get children keyed as it does not expect).
+fn mixed_versions_refusal(hooks: &super::api::Hooks) -> Option<Refusal> {
+    let version = |h: &Hook| h.version.clone().unwrap_or_else(|| "v1".into());
+    let mode = |h: &Hook| {
+        h.webhook
+            .as_ref()
+            .and_then(|w| w.response_unmarshall_mode.clone())
+    };
+    let sync = hooks.sync.as_ref()?;
+    [
+        ("spec.hooks.finalize", &hooks.finalize),
+        ("spec.hooks.customize", &hooks.customize),
+    ]
+    .into_iter()
+    .find_map(|(field, hook)| {
+        let hook = hook.as_ref()?;
+        (version(hook) != version(sync) || mode(hook) != mode(sync)).then(|| {
+            refuse(
+                field,
+                "its version or responseUnMarshallMode differs from the sync hook's: wasmop serves one for every hook of a controller",
+            )
+        })
+    })
 }
 
 /// Refuses a label selector (in `field`) that is not one.
@@ -447,6 +475,26 @@ mod tests {
         assert!(sync_on_status(None), "Metacontroller's default");
         assert!(sync_on_status(Some(false)));
         assert!(!sync_on_status(Some(true)));
+    }
+
+    /// Metacontroller speaks each hook's own version; wasmop the sync hook's to all: a
+    /// controller whose hooks differ is refused (naming the hook), not served wrongly.
+    #[test]
+    fn hooks_of_different_versions_are_refused() {
+        let mut cc = catset();
+        if let Some(h) = cc.spec.hooks.as_mut() {
+            h.finalize = Some(Hook {
+                version: Some("v2".into()),
+                ..Hook::default()
+            });
+        }
+        assert_eq!(refusal(&cc).map(|r| r.field), Some("spec.hooks.finalize"));
+        if let Some(h) = cc.spec.hooks.as_mut()
+            && let Some(sync) = h.sync.as_mut()
+        {
+            sync.version = Some("v2".into());
+        }
+        assert_eq!(refusal(&cc), None);
     }
 
     #[test]
