@@ -22,6 +22,37 @@ pub fn to_yaml(value: &impl serde::Serialize) -> String {
     text
 }
 
+/// Parses one YAML document (see [`yaml_options`]).
+///
+/// # Errors
+/// serde-saphyr's, when it is not valid YAML of a `T`.
+pub fn from_yaml<T: serde::de::DeserializeOwned>(text: &str) -> Result<T, serde_saphyr::Error> {
+    serde_saphyr::from_str_with_options(text, yaml_options(text.len()))
+}
+
+/// Parses YAML documents (see [`yaml_options`]).
+///
+/// # Errors
+/// serde-saphyr's, when it is not valid YAML.
+pub fn from_yaml_documents(text: &str) -> Result<Vec<serde_json::Value>, serde_saphyr::Error> {
+    serde_saphyr::from_str_multiple_with_options(text, yaml_options(text.len()))
+}
+
+/// serde-saphyr's options for a text of `len` bytes: its default budget (aliases, anchors,
+/// depth: what guards against a YAML bomb), with the counts that only grow with the text
+/// (documents, nodes, scalar bytes) scaled to it, so a file is never refused for its size
+/// alone (wasmop writes captures of thousands of objects and recordings of any size).
+pub fn yaml_options(len: usize) -> serde_saphyr::Options {
+    let mut budget = serde_saphyr::Budget::default();
+    budget.max_documents = budget.max_documents.max(len / 4);
+    budget.max_nodes = budget.max_nodes.max(len / 2);
+    budget.max_events = budget.max_events.max(len);
+    budget.max_total_scalar_bytes = budget.max_total_scalar_bytes.max(len);
+    let mut options = serde_saphyr::Options::default();
+    options.budget = Some(budget);
+    options
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -33,6 +64,25 @@ mod tests {
         assert!(text.contains("a: 1"), "{text:?}");
         let back: serde_json::Value = serde_saphyr::from_str(&text).unwrap_or_default();
         assert_eq!(back, serde_json::json!({"a": 1, "b": ["x"]}));
+    }
+
+    /// What wasmop writes, wasmop reads: a capture of 1,100 ConfigMaps (one document each)
+    /// and a recording of 260,000 nodes (130,000 labels) passed serde-saphyr's default budget (1,024
+    /// documents, 250,000 nodes) on the way out and not on the way back.
+    #[test]
+    fn many_documents_and_nodes_written_here_read_back() {
+        let docs: Vec<String> = (0..1100)
+            .map(|i| to_yaml(&serde_json::json!({"kind": "ConfigMap", "metadata": {"name": format!("c{i}")}})))
+            .collect();
+        let text = docs.join("---\n");
+        let read = from_yaml_documents(&text).map(|d| d.len());
+        assert_eq!(read.ok(), Some(1100));
+        let labels: serde_json::Map<String, serde_json::Value> = (0..130_000)
+            .map(|i| (format!("l{i}"), serde_json::json!(i)))
+            .collect();
+        let text = to_yaml(&serde_json::json!({"metadata": {"labels": labels}}));
+        let read: Result<serde_json::Value, _> = from_yaml(&text);
+        assert!(read.is_ok(), "{:?}", read.err().map(|e| e.to_string()));
     }
 
     #[test]

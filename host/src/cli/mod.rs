@@ -170,7 +170,7 @@ pub fn yaml_documents(
     text: &str,
     path: &std::path::Path,
 ) -> Result<Vec<serde_json::Value>, CliError> {
-    serde_saphyr::from_str_multiple::<serde_json::Value, Vec<serde_json::Value>>(text)
+    crate::text::from_yaml_documents(text)
         .map(|docs| docs.into_iter().filter(|d| !d.is_null()).collect())
         .map_err(|e| CliError::Input {
             path: path.to_path_buf(),

@@ -228,7 +228,7 @@ impl RecordedRequest {
             path: path.to_path_buf(),
             source,
         })?;
-        serde_saphyr::from_str(&text).map_err(|e| RecordError::Invalid {
+        crate::text::from_yaml(&text).map_err(|e| RecordError::Invalid {
             path: path.to_path_buf(),
             detail: e.to_string(),
         })
