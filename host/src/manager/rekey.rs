@@ -1,5 +1,7 @@
 //! Key rotation: the serving module's signatures checked again when the ConfigMap or Secret
-//! holding its policy's key (`spec.module.oci.verify.keyConfigMap` / `keySecret`) changes.
+//! holding its policy's key (`spec.module.oci.verify.keyConfigMap` / `keySecret`) changes, or
+//! when the spec names another key (`verify.key`, handed over once per spec), on every replica
+//! (a sharded follower too, which runs no swap of its own).
 //!
 //! While a reconciler serves, its supervisor follows that one object
 //! ([`signature::key_changes`]) and hands each change to [`recheck`].

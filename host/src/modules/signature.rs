@@ -299,7 +299,8 @@ pub type KeyChange = Result<TrustedKey, SignatureError>;
 
 /// The changes of the ConfigMap or Secret (in `namespace`) holding `policy`'s key, each as the
 /// key it then holds: a watch of that one object (a field selector on its name), which lists it
-/// first. Never ends; nothing for a key written in the spec (it changes with the spec).
+/// first. Never ends; a key written in the spec is handed over once (it changes with the spec:
+/// the supervisor asks again for each spec).
 ///
 /// Caveats: an object deleted while the watch relists (after the watch expired) is not seen
 /// until it is created again or the reconciler is set up again.
@@ -323,6 +324,14 @@ pub fn key_changes(
             object_changes(api, &key.name.clone(), move |s| {
                 secret_key(Ok(s), &ns, &key)
             })
+        }
+        // A key written in the spec changes with the spec: handed over once, when the
+        // supervisor follows this spec.
+        (Some(pem), None, None) => {
+            let key = TrustedKey::from_pem(pem, "spec.module.oci.verify.key");
+            futures::stream::once(std::future::ready(key))
+                .chain(futures::stream::pending())
+                .boxed()
         }
         _ => futures::stream::pending().boxed(),
     }
@@ -695,6 +704,35 @@ mod tests {
             }
             assert!(message.contains("Secret ops/k key k"), "{message}");
         }
+    }
+
+    /// A key written in the spec is handed over once, when its supervisor follows the spec
+    /// (its set-up, or a change of the spec): so every replica, followers included, checks
+    /// the serving module against a policy added or changed inline, as it does for a key in a
+    /// ConfigMap or Secret (whose watch lists it first). It was never handed over: a follower
+    /// kept serving a module the new inline key refuses.
+    #[tokio::test]
+    async fn a_key_written_in_the_spec_is_handed_over_once() {
+        use futures::StreamExt as _;
+        crate::install_crypto_provider();
+        let Ok(url) = "http://127.0.0.1:9".parse() else {
+            panic!("a URL")
+        };
+        let Ok(client) = Client::try_from(kube::Config::new(url)) else {
+            panic!("a client")
+        };
+        let (pem, _) = key_pem();
+        let policy = SignaturePolicy {
+            key: Some(pem),
+            key_config_map: None,
+            key_secret: None,
+        };
+        let mut changes = key_changes(&client, "ops", &policy);
+        let first = tokio::time::timeout(std::time::Duration::from_secs(60), changes.next()).await;
+        assert!(matches!(first, Ok(Some(Ok(_)))), "no key handed over");
+        let second =
+            tokio::time::timeout(std::time::Duration::from_millis(100), changes.next()).await;
+        assert!(second.is_err(), "handed over once");
     }
 
     // A P-256 public key (from rcgen), and a second one.
