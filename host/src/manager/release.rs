@@ -368,7 +368,7 @@ async fn release_deleted_once(
         }
     }
     if let Some(copy) = wr.status.as_ref().and_then(|s| s.module_copy.as_ref())
-        && let Err(e) = copy::delete(&ctx.client, copy).await
+        && let Err(e) = copy::delete(&ctx.client, copy, &wr.name_any()).await
     {
         tracing::warn!(reconciler = %wr.name_any(), error = %e, "cannot delete the module copy");
     }

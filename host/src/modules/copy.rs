@@ -154,7 +154,9 @@ pub async fn save(
         name: at.name.clone(),
         source,
     };
-    if holds(client, at, sha).await? {
+    // Skipped only when the copy's bytes are the module's (not by its annotation alone: a
+    // copy overwritten with its annotation kept would be refused when read, for ever).
+    if holds(client, at, sha).await? && load(client, at, sha).await.is_ok() {
         return Ok(());
     }
     // Compressing a large module takes a while: off the async threads, and given up as soon as
@@ -220,13 +222,39 @@ pub async fn load(
     Ok(bytes)
 }
 
-/// Deletes the copy at `at` (the reconciler is gone). A missing copy is not an error.
+/// Deletes the copy at `at` of `reconciler` (the reconciler is gone), only if it is that
+/// reconciler's copy (the annotation [`save`] writes), as read, conditioned on its uid. A
+/// missing copy is not an error; another object at `at` is left (logged).
 ///
 /// # Errors
 /// [`CopyError::Write`].
-pub async fn delete(client: &Client, at: &ConfigMapKey) -> Result<(), CopyError> {
+pub async fn delete(client: &Client, at: &ConfigMapKey, reconciler: &str) -> Result<(), CopyError> {
     let api: Api<ConfigMap> = Api::namespaced(client.clone(), &at.namespace);
-    match api.delete(&at.name, &DeleteParams::default()).await {
+    let write = |source| CopyError::Write {
+        namespace: at.namespace.clone(),
+        name: at.name.clone(),
+        source,
+    };
+    let Some(existing) = api.get_opt(&at.name).await.map_err(write)? else {
+        return Ok(());
+    };
+    if existing
+        .annotations()
+        .get(RECONCILER_ANNOTATION)
+        .map(String::as_str)
+        != Some(reconciler)
+    {
+        tracing::warn!(namespace = %at.namespace, name = %at.name, %reconciler, "the module copy the status names is not this reconciler's; left as it is");
+        return Ok(());
+    }
+    let dp = DeleteParams {
+        preconditions: Some(kube::api::Preconditions {
+            uid: existing.metadata.uid.clone(),
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    };
+    match api.delete(&at.name, &dp).await {
         Ok(_) => Ok(()),
         Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
         Err(source) => Err(CopyError::Write {
@@ -258,5 +286,67 @@ mod tests {
         let long = "x".repeat(253);
         let hash = &sha256_hex(long.as_bytes())[..32];
         assert_ne!(name_for(&long), name_for(hash));
+    }
+
+    use crate::modules::hostile::{self, Answer, Body};
+    use std::sync::{Arc, Mutex};
+
+    /// An API server serving ConfigMap `cm` at every GET and recording every other request's
+    /// method.
+    async fn serving(cm: serde_json::Value) -> (hostile::Hostile, Arc<Mutex<Vec<String>>>) {
+        let writes = Arc::new(Mutex::new(Vec::new()));
+        let w = writes.clone();
+        let body = cm.to_string();
+        let h = hostile::start(move |r| {
+            if r.method == "GET" {
+                return Answer::ok(body.as_bytes());
+            }
+            if let Ok(mut w) = w.lock() {
+                w.push(r.method.clone());
+            }
+            Answer::with(200, Body::Bytes(body.as_bytes().to_vec()))
+        })
+        .await;
+        (h, writes)
+    }
+
+    fn at() -> ConfigMapKey {
+        ConfigMapKey {
+            namespace: "ops".into(),
+            name: name_for("web"),
+            key: None,
+        }
+    }
+
+    /// A copy whose data was changed but whose digest annotation was kept (a GitOps tool's
+    /// overwrite, a restore) is written again, not skipped for its annotation: `load` refuses
+    /// it, so the rollback target would be lost.
+    #[tokio::test]
+    async fn a_copy_whose_data_does_not_match_its_annotation_is_written_again() {
+        let bytes = wasmop_test_modules::bytes(wasmop_test_modules::MISBEHAVE);
+        let sha = sha256_hex(&bytes);
+        let other = encode(&at(), b"\0asm\x01\0\0\0", &sha, "1").unwrap_or_else(|e| panic!("{e}"));
+        let mut cm = serde_json::to_value(&other).unwrap_or_default();
+        cm["metadata"]["annotations"][SHA_ANNOTATION] = serde_json::json!(sha);
+        let (h, writes) = serving(cm).await;
+        let (client, _) = h.kube_client();
+        let saved = save(&client, &at(), "web", Arc::new(bytes), &sha, "1").await;
+        assert!(saved.is_ok(), "{:?}", saved.err().map(|e| e.to_string()));
+        let writes = writes.lock().map(|w| w.clone()).unwrap_or_default();
+        assert_eq!(writes, ["PATCH"], "the copy was not written again");
+    }
+
+    /// The copy a reconciler's status names is deleted with it only when it is that
+    /// reconciler's copy (the annotation `save` writes): anything else is left.
+    #[tokio::test]
+    async fn only_the_reconcilers_own_copy_is_deleted() {
+        let cm = serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": name_for("web"), "namespace": "ops", "uid": "u1",
+                "resourceVersion": "5", "annotations": {RECONCILER_ANNOTATION: "someone-else"}}});
+        let (h, writes) = serving(cm).await;
+        let (client, _) = h.kube_client();
+        assert!(delete(&client, &at(), "web").await.is_ok());
+        let writes = writes.lock().map(|w| w.clone()).unwrap_or_default();
+        assert_eq!(writes, Vec::<String>::new(), "another's ConfigMap deleted");
     }
 }
