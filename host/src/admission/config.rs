@@ -92,6 +92,11 @@ fn builtin_group(group: &str) -> bool {
 
 /// Why `group`/`kind` gets no webhook, if it does not.
 fn refusal(group: &str, kind: &str, builtin: &BuiltinKinds) -> Option<String> {
+    if group == "wasmop.dev" || group == "metacontroller.k8s.io" {
+        return Some(format!(
+            "{group}/{kind} never gets a webhook: a module must not stand in the way of the WasmReconcilers and controllers that configure wasmop (nor of their deletion)"
+        ));
+    }
     if group == "coordination.k8s.io" && kind == "Lease" {
         return Some(
             "Leases never get a webhook: node heartbeats and leader elections must not wait for a module".into(),
@@ -535,6 +540,13 @@ mod tests {
                 "coordination.k8s.io/v1",
                 "Lease",
                 "coordination.k8s.io/Lease",
+                false,
+            ),
+            ("wasmop.dev/v1alpha1", "WasmReconciler", "", false),
+            (
+                "metacontroller.k8s.io/v1alpha1",
+                "CompositeController",
+                "metacontroller.k8s.io/CompositeController",
                 false,
             ),
             ("v1", "ConfigMap", "", false),

@@ -1157,9 +1157,30 @@ async fn look_ahead(
         }
     };
     let declared = (module.metadata().validates, module.metadata().finalizes);
+    if !accepted(&wr) {
+        tracing::debug!(reconciler = %wr.name_any(), "its current spec is not served (yet): its webhook configurations are left as they are");
+        return;
+    }
     if let Some(c) = configs.as_ref().filter(|_| *leading.borrow()) {
         sync_configs(c, &wr, &reader.state(), declared).await;
     }
+}
+
+/// Whether the manager serves `wr`'s current spec: `Ready=True` for its generation. Only
+/// then are its webhook configurations written from that spec: a spec the manager refused
+/// (another tenant's primary kind, namespaces its ServiceAccount may not read) must not put
+/// the module, loaded for the spec before, in the path of that kind's writes.
+fn accepted(wr: &WasmReconciler) -> bool {
+    let Some(status) = &wr.status else {
+        return false;
+    };
+    let current = status.observed_generation.is_some()
+        && status.observed_generation == wr.metadata.generation;
+    current
+        && status
+            .conditions
+            .iter()
+            .any(|c| c.type_ == "Ready" && c.status == "True")
 }
 
 /// Applies or removes `wr`'s webhook configurations as its module declares (`validates`,

@@ -605,3 +605,39 @@ async fn a_signing_policy_keeps_the_unsigned_copy_out_of_admission() {
         }
     }
 }
+
+/// A WasmReconciler's webhook configurations are written from its spec only once the manager
+/// serves that spec (`Ready=True` for its generation): a creator who edits an active
+/// reconciler's primary to another tenant's kind (refused by the manager) must not get the
+/// old module, with `failurePolicy: Fail`, in the path of that kind's writes.
+#[test]
+fn only_a_spec_the_manager_serves_gets_webhook_configurations() {
+    let with = |generation: i64, observed: Option<i64>, ready: &str| {
+        let mut wr = serving("a", &"ab".repeat(32));
+        wr.metadata.generation = Some(generation);
+        if let Some(s) = wr.status.as_mut() {
+            s.observed_generation = observed;
+            s.conditions = vec![k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+                type_: "Ready".into(),
+                status: ready.into(),
+                reason: "Served".into(),
+                message: String::new(),
+                last_transition_time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                    k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+                ),
+                observed_generation: None,
+            }];
+        }
+        wr
+    };
+    assert!(accepted(&with(2, Some(2), "True")));
+    assert!(
+        !accepted(&with(3, Some(2), "True")),
+        "an edit not served yet"
+    );
+    assert!(
+        !accepted(&with(3, Some(3), "False")),
+        "an edit the manager refused"
+    );
+    assert!(!accepted(&with(1, None, "True")));
+}
