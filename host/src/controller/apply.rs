@@ -570,10 +570,11 @@ impl Applier {
                     return Err(taken(intent, &existing));
                 }
                 Ok(Some(_)) => {}
-                // Deleted since: the apply creates it.
+                // Deleted since: created again, still only if nobody holds the name (someone
+                // may have taken it since the GET).
                 Ok(None) => {
                     return api
-                        .patch(&child.name, params, &Patch::Apply(&child.object))
+                        .patch(&child.name, params, &Patch::Apply(&create))
                         .await
                         .map(|_| (target, fingerprint, Wrote::Created))
                         .map_err(|e| classify(intent, &set.kind, &e));
@@ -684,7 +685,13 @@ impl Applier {
                 .regarding
                 .clone()
                 .unwrap_or_else(|| regarding_primary(primary));
-            let uid = (regarding.name == primary.name_any()
+            // The primary's uid only for the primary: a child may share its name.
+            let same_kind = primary
+                .types
+                .as_ref()
+                .is_none_or(|t| t.kind == regarding.kind && t.api_version == regarding.api_version);
+            let uid = (same_kind
+                && regarding.name == primary.name_any()
                 && regarding.namespace == primary.namespace())
             .then(|| primary_uid.to_string());
             let ev = KubeEvent {
@@ -1198,6 +1205,52 @@ pub(super) mod tests {
         assert!(matches!(sent, Ok(Ok(_))), "the lane never sent the Event");
     }
 
+    /// An Event about a child named like the primary (App `ns/web` owns Deployment `ns/web`)
+    /// carries no uid of the primary: tagged with it, `kubectl describe` of the Deployment
+    /// did not show it and the Recorder counted it in the App's series.
+    #[tokio::test]
+    async fn an_event_about_a_child_named_like_the_primary_is_not_tagged_with_its_uid() {
+        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let bodies: Bodies = Arc::default();
+        let client = recording_bodies(seen, bodies.clone());
+        let applier = test_applier(&client, &Discovery::new(client.clone()));
+        let primary = primary_configmap();
+        let resolved = Resolved {
+            resource: kube::api::ApiResource::erase::<k8s_openapi::api::core::v1::ConfigMap>(&()),
+            namespaced: true,
+        };
+        let validated = Validated {
+            events: vec![crate::contract::Event {
+                type_: EventType::Normal,
+                reason: "Scaled".into(),
+                message: "m".into(),
+                action: "Scaling".into(),
+                regarding: Some(ObjectRef {
+                    api_version: "apps/v1".into(),
+                    kind: "Deployment".into(),
+                    namespace: Some("ns".into()),
+                    name: "primary".into(),
+                }),
+            }],
+            ..Validated::default()
+        };
+        let hold = (Applied::new(), StatusHold::NEVER);
+        let report = applier
+            .apply(&primary, &resolved, &[], validated, hold)
+            .await;
+        assert_eq!(report.events, 1);
+        applier.close().await;
+        let bodies = bodies.lock().map(|b| b.clone()).unwrap_or_default();
+        let posted: Vec<Value> = bodies
+            .iter()
+            .filter(|(what, _)| what.starts_with("POST") && what.contains("/events"))
+            .filter_map(|(_, body)| serde_json::from_slice(body).ok())
+            .collect();
+        assert_eq!(posted.len(), 1, "{bodies:?}");
+        assert_eq!(posted[0]["regarding"]["kind"], "Deployment");
+        assert_ne!(posted[0]["regarding"]["uid"], "u-1", "{}", posted[0]);
+    }
+
     /// A fake API server that answers discovery for ConfigMaps and Secrets and refuses every
     /// other request with HTTP 500 and `message`.
     fn refusing_client(message: String) -> Client {
@@ -1256,6 +1309,86 @@ pub(super) mod tests {
             .apply(&primary, &resolved, &[], validated, hold)
             .await
             .failures
+    }
+
+    /// A new child's create-only apply meets a name held (409), whose holder is gone by the
+    /// GET (404): the apply that follows must still be create-only, or an object someone
+    /// made in between would be taken over (force) and later pruned.
+    #[tokio::test]
+    async fn a_child_deleted_since_its_conflict_is_created_only_if_the_name_is_still_free() {
+        let patches: Bodies = Arc::default();
+        let recorded = patches.clone();
+        let service = tower::service_fn(move |req: http::Request<Body>| {
+            let recorded = recorded.clone();
+            async move {
+                let (method, path) = (req.method().clone(), req.uri().path().to_string());
+                let body = req.into_body().collect().await?.to_bytes().to_vec();
+                let answer = |status: u16, body: Value| {
+                    http::Response::builder()
+                        .status(status)
+                        .body(Body::from(serde_json::to_vec(&body).unwrap_or_default()))
+                };
+                if path == "/api/v1" {
+                    let list = json!({"kind": "APIResourceList", "groupVersion": "v1", "resources": [
+                        {"name": "configmaps", "singularName": "configmap", "namespaced": true,
+                         "kind": "ConfigMap", "verbs": ["get", "list", "patch"]}]});
+                    return Ok::<_, BoxError>(answer(200, list)?);
+                }
+                if method == http::Method::GET {
+                    return Ok(answer(
+                        404,
+                        json!({"kind": "Status", "code": 404, "reason": "NotFound"}),
+                    )?);
+                }
+                let first = recorded.lock().map(|r| r.is_empty()).unwrap_or(true);
+                if let Ok(mut r) = recorded.lock() {
+                    r.push((format!("{method} {path}"), body.clone()));
+                }
+                if first {
+                    return Ok(answer(
+                        409,
+                        json!({"kind": "Status", "code": 409, "reason": "Conflict"}),
+                    )?);
+                }
+                Ok(answer(
+                    200,
+                    serde_json::from_slice(&body).unwrap_or_default(),
+                )?)
+            }
+        });
+        let client = Client::new(service, "default");
+        let discovery = Discovery::new(client.clone());
+        let applier = test_applier(&client, &discovery);
+        let resolved = match discovery.resolve(&Gvk::new("v1", "ConfigMap")).await {
+            Ok(r) => r,
+            Err(e) => panic!("the fake discovery: {e}"),
+        };
+        let validated = Validated {
+            children: vec![PreparedSet {
+                keep: Default::default(),
+                kind: Gvk::new("v1", "ConfigMap"),
+                namespaced: true,
+                objects: vec![PreparedChild {
+                    namespace: Some("ns".into()),
+                    name: "c".into(),
+                    object: json!({"apiVersion": "v1", "kind": "ConfigMap",
+                        "metadata": {"name": "c", "namespace": "ns"}}),
+                }],
+            }],
+            ..Validated::default()
+        };
+        let hold = (Applied::new(), StatusHold::NEVER);
+        let report = applier
+            .apply(&primary_configmap(), &resolved, &[], validated, hold)
+            .await;
+        assert!(report.failures.is_empty(), "{:?}", report.failures);
+        let patches = patches.lock().map(|p| p.clone()).unwrap_or_default();
+        assert_eq!(patches.len(), 2, "{patches:?}");
+        let second: Value = serde_json::from_slice(&patches[1].1).unwrap_or_default();
+        assert_eq!(
+            second["metadata"]["resourceVersion"], CREATE_ONLY,
+            "{second}"
+        );
     }
 
     /// The API server's message for a refused apply can quote the object's values (its typed

@@ -59,6 +59,9 @@ pub const REQUEUE_MAX: Duration = Duration::from_secs(24 * 3600);
 pub const MAX_CONDITIONS: usize = 64;
 /// Longest condition message kept (the API's limit).
 pub const MAX_CONDITION_MESSAGE: usize = 32768;
+/// The bytes a condition takes besides its type, reason and message (field names, status,
+/// the transition time and observed generation the host adds).
+const CONDITION_OVERHEAD: usize = 128;
 
 /// The observed children of one primary (objects of owned kinds whose controller
 /// ownerReference is the primary): what patches and deletes of owned kinds may target.
@@ -469,6 +472,7 @@ impl Checker<'_> {
         self.check_name(intent, &name);
         for forbidden in [
             "ownerReferences",
+            "finalizers",
             "uid",
             "resourceVersion",
             "managedFields",
@@ -736,6 +740,21 @@ impl Checker<'_> {
             if let std::borrow::Cow::Owned(escaped) = inert(&c.message) {
                 c.message = cut(escaped, MAX_CONDITION_MESSAGE);
             }
+        }
+        // The whole status is written as one object: each part within its bound is not
+        // enough (64 conditions of 32 KiB messages are 2 MiB).
+        let conditions: usize = status
+            .conditions
+            .iter()
+            .map(|c| c.type_.len() + c.reason.len() + c.message.len() + CONDITION_OVERHEAD)
+            .sum();
+        let total = size.saturating_add(conditions);
+        if ok && total > MAX_OBJECT_BYTES {
+            self.bad(
+                "status",
+                format!("{total} bytes with its conditions, over the {MAX_OBJECT_BYTES}-byte limit of an object"),
+            );
+            ok = false;
         }
         ok.then_some(status)
     }
@@ -1113,6 +1132,47 @@ mod tests {
             p.iter().any(|p| p.contains("does not know whether")),
             "a ClusterRole of unknown scope was accepted as namespaced: {p:?}"
         );
+    }
+
+    /// A child carrying finalizers: nothing could ever remove them (patches of
+    /// `metadata.finalizers` are refused, finalize applies no children, and nothing reconciles
+    /// once the primary is gone), so the child, and its namespace's deletion, would hang.
+    #[test]
+    fn a_child_with_finalizers_is_refused() {
+        let mut child = deployment("web");
+        child["metadata"]["finalizers"] = json!(["x.io/hold"]);
+        let p = problems(check(ReconcileResponse {
+            children: vec![ChildSet {
+                keep: Vec::new(),
+                kind: Gvk::new("apps/v1", "Deployment"),
+                objects: vec![child],
+            }],
+            ..Default::default()
+        }));
+        assert!(p.iter().any(|p| p.contains("metadata.finalizers")), "{p:?}");
+    }
+
+    /// The whole status must fit an object: 64 conditions of 32 KiB messages beside 1 MiB of
+    /// fields passed each check alone, then the API server refused the write at every retry
+    /// (a transient error, for ever) instead of the module's answer being refused.
+    #[test]
+    fn a_status_larger_than_an_object_is_refused() {
+        let conditions = (0..64)
+            .map(|i| Condition {
+                type_: format!("C{i}"),
+                status: ConditionStatus::True,
+                reason: "Big".into(),
+                message: "x".repeat(MAX_CONDITION_MESSAGE),
+            })
+            .collect();
+        let p = problems(check(ReconcileResponse {
+            status: Some(Status {
+                fields: json!({}),
+                conditions,
+            }),
+            ..Default::default()
+        }));
+        assert!(p.iter().any(|p| p.contains("status")), "{p:?}");
     }
 
     #[test]
