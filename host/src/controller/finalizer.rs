@@ -16,7 +16,7 @@
 
 use kube::ResourceExt;
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
-use serde_json::json;
+use serde_json::{Value, json};
 
 use super::{ReconcileError, Settings};
 use crate::crd::{finalizer_for, is_finalizer_of};
@@ -108,35 +108,82 @@ pub(super) async fn set(
     primary: &DynamicObject,
     present: bool,
 ) -> Result<DynamicObject, ReconcileError> {
-    let reconciler = &settings.name;
-    let mut finalizers: Vec<String> = primary.finalizers().to_vec();
-    finalizers.retain(|f| !is_finalizer_of(f, reconciler));
-    if present {
-        finalizers.push(finalizer_for(reconciler));
-    }
-    let patch = json!({"metadata": {"finalizers": finalizers, "resourceVersion": primary.resource_version()}});
+    let patch = finalizer_patch(primary, &settings.name, present)?;
     let resolved = &settings.primary.resolved;
     let api: Api<DynamicObject> = match (resolved.namespaced, primary.namespace()) {
         (true, Some(ns)) => Api::namespaced_with(impersonated.clone(), &ns, &resolved.resource),
         _ => Api::all_with(impersonated.clone(), &resolved.resource),
     };
-    api.patch(
-        &primary.name_any(),
-        &PatchParams::default(),
-        &Patch::Merge(&patch),
-    )
-    .await
-    .map_err(|e| match &e {
-        kube::Error::Api(s) if s.code == 409 => {
-            ReconcileError::Conflict(format!("finalizer of {}", primary.name_any()))
-        }
-        _ => ReconcileError::Api(e),
-    })
+    api.patch(&primary.name_any(), &PatchParams::default(), &patch)
+        .await
+        .map_err(|e| match &e {
+            // 409: the resourceVersion moved; 422: the finalizers list is not as read (the
+            // JSON patch's test).
+            kube::Error::Api(s) if s.code == 409 || s.code == 422 => {
+                ReconcileError::Conflict(format!("finalizer of {}", primary.name_any()))
+            }
+            _ => ReconcileError::Api(e),
+        })
+}
+
+/// The patch adding (`present`) or removing `reconciler`'s finalizer on `primary`.
+///
+/// *Guarantees:* adding is a merge patch conditioned on the resourceVersion read; removing is a
+/// JSON patch that tests the finalizers list as read, then replaces it. The host's own writes
+/// since the read (the status a finalize returned, a module's patch of its primary) move the
+/// resourceVersion, not the list: conditioned on the version, the removal failed with 409 at
+/// every finalize that wrote a status, and a status that differs at every call (a timestamp)
+/// held the finalizer, and the namespace's deletion, for ever. Anyone else's change of the list
+/// still fails the test.
+fn finalizer_patch(
+    primary: &DynamicObject,
+    reconciler: &str,
+    present: bool,
+) -> Result<Patch<Value>, ReconcileError> {
+    let read: Vec<String> = primary.finalizers().to_vec();
+    let mut finalizers = read.clone();
+    finalizers.retain(|f| !is_finalizer_of(f, reconciler));
+    if present {
+        finalizers.push(finalizer_for(reconciler));
+        let patch = json!({"metadata": {"finalizers": finalizers, "resourceVersion": primary.resource_version()}});
+        return Ok(Patch::Merge(patch));
+    }
+    let ops = json!([
+        {"op": "test", "path": "/metadata/finalizers", "value": read},
+        {"op": "replace", "path": "/metadata/finalizers", "value": finalizers},
+    ]);
+    serde_json::from_value(ops)
+        .map(Patch::Json)
+        .map_err(|e| ReconcileError::Apply(format!("the finalizer patch: {e}")))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Removing the finalizer does not depend on the resourceVersion read: the host's own
+    /// status write of the same finalize moves it.
+    #[test]
+    fn the_finalizer_is_removed_by_the_list_as_read_not_the_version() {
+        let primary: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "p", "namespace": "ns", "resourceVersion": "7",
+                "finalizers": ["other.dev/x", finalizer_for("r")]}
+        }))
+        .unwrap_or_else(|e| panic!("{e}"));
+        let Ok(Patch::Json(patch)) = finalizer_patch(&primary, "r", false) else {
+            panic!("a JSON patch")
+        };
+        let ops = serde_json::to_value(&patch).unwrap_or_default();
+        assert!(!ops.to_string().contains("resourceVersion"), "{ops}");
+        assert_eq!(ops[0]["op"], "test");
+        assert_eq!(ops[0]["value"], json!(["other.dev/x", finalizer_for("r")]));
+        assert_eq!(ops[1]["value"], json!(["other.dev/x"]));
+        let Ok(Patch::Merge(add)) = finalizer_patch(&primary, "r", true) else {
+            panic!("a merge patch")
+        };
+        assert_eq!(add["metadata"]["resourceVersion"], "7");
+    }
 
     fn own() -> Vec<String> {
         vec![finalizer_for("r")]
