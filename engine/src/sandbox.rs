@@ -97,12 +97,28 @@ impl Host for State {
     }
 }
 
-/// Caps linear memory and records the high-water mark.
+/// Caps the call's linear memory, all its memories together, and records the high-water mark;
+/// caps its table elements and how many instances, memories and tables it may create.
+///
+/// *Guarantees:* the cap is on the sum of every memory of the call's store (a component may
+/// instantiate a core module many times, each with a memory of its own), whichever allocator
+/// serves it (the fast tier's on-demand allocator has no pool limits).
 pub(crate) struct Limiter {
     cap: u64,
+    /// The bytes of every memory of the store, and of every table's elements.
+    memory: u64,
+    elements: u64,
     pub(crate) peak: u64,
     pub(crate) denied: Option<u64>,
 }
+
+/// The most table elements a call's tables hold together.
+pub(crate) const MAX_TABLE_ELEMENTS: u64 = 1_000_000;
+/// The most core instances, memories and tables a call creates (a Python module takes 14 core
+/// instances; a module needs at most `MAX_CORE_INSTANCES_PER_MODULE` to load).
+pub(crate) const MAX_STORE_INSTANCES: usize = 64;
+pub(crate) const MAX_STORE_MEMORIES: usize = 64;
+pub(crate) const MAX_STORE_TABLES: usize = 256;
 
 /// The error a denied memory growth traps with (found again in the error chain).
 #[derive(Debug)]
@@ -120,6 +136,8 @@ impl Limiter {
     fn new(cap: u64) -> Self {
         Limiter {
             cap,
+            memory: 0,
+            elements: 0,
             peak: 0,
             denied: None,
         }
@@ -129,32 +147,85 @@ impl Limiter {
 impl ResourceLimiter for Limiter {
     fn memory_growing(
         &mut self,
-        _current: usize,
+        current: usize,
         desired: usize,
         _maximum: Option<usize>,
     ) -> wasmtime::Result<bool> {
-        let desired = desired as u64;
-        if desired > self.cap {
-            self.denied = Some(desired);
+        // A memory's first allocation comes here too, from 0.
+        let total = self
+            .memory
+            .saturating_sub(current as u64)
+            .saturating_add(desired as u64);
+        if total > self.cap {
+            self.denied = Some(total);
             return Err(wasmtime::Error::new(MemoryCapExceeded));
         }
-        self.peak = self.peak.max(desired);
+        self.memory = total;
+        self.peak = self.peak.max(total);
         Ok(true)
     }
 
     fn table_growing(
         &mut self,
-        _current: usize,
+        current: usize,
         desired: usize,
         _maximum: Option<usize>,
     ) -> wasmtime::Result<bool> {
-        Ok(desired <= 1_000_000)
+        let total = self
+            .elements
+            .saturating_sub(current as u64)
+            .saturating_add(desired as u64);
+        if total > MAX_TABLE_ELEMENTS {
+            return Ok(false);
+        }
+        self.elements = total;
+        Ok(true)
+    }
+
+    fn instances(&self) -> usize {
+        MAX_STORE_INSTANCES
+    }
+
+    fn memories(&self) -> usize {
+        MAX_STORE_MEMORIES
+    }
+
+    fn tables(&self) -> usize {
+        MAX_STORE_TABLES
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::inert;
+    use super::{Limiter, MAX_TABLE_ELEMENTS};
+    use wasmtime::ResourceLimiter as _;
+
+    /// The memory cap is the call's: four memories of 16 MiB under a 16 MiB cap (a component
+    /// instantiating a core module four times) are refused at the second, not allowed each.
+    #[test]
+    fn the_memory_cap_counts_every_memory_of_the_call() {
+        const MIB: usize = 1 << 20;
+        let mut limiter = Limiter::new(16 << 20);
+        assert!(limiter.memory_growing(0, 8 * MIB, None).is_ok_and(|ok| ok));
+        assert!(
+            limiter
+                .memory_growing(8 * MIB, 12 * MIB, None)
+                .is_ok_and(|ok| ok)
+        );
+        assert!(limiter.memory_growing(0, 4 * MIB, None).is_ok_and(|ok| ok));
+        assert!(
+            limiter.memory_growing(0, MIB, None).is_err(),
+            "17 MiB in all"
+        );
+        assert_eq!(limiter.peak, 16 << 20);
+        assert_eq!(limiter.denied, Some(17 << 20));
+        let mut tables = Limiter::new(16 << 20);
+        let half = usize::try_from(MAX_TABLE_ELEMENTS / 2).unwrap_or(usize::MAX);
+        assert!(tables.table_growing(0, half, None).is_ok_and(|ok| ok));
+        assert!(tables.table_growing(0, half, None).is_ok_and(|ok| ok));
+        assert!(tables.table_growing(0, 1, None).is_ok_and(|ok| !ok));
+    }
 
     #[test]
     fn module_log_lines_cannot_forge_host_lines_or_drive_the_terminal() {
