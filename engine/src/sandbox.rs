@@ -5,6 +5,8 @@
 //! - A module's log line is inert: control characters (newline, carriage return, ESC, NUL...),
 //!   Unicode line separators and bidirectional overrides are escaped (`\n`, `\u{1b}`...), so a
 //!   line cannot forge a host log line, move the cursor or recolour a terminal.
+//! - A call logs at most its line budget and [`MAX_LOG_BYTES`] of escaped text, each line at
+//!   most 4 KiB after escaping; the rest is dropped and counted.
 
 use wasmtime::ResourceLimiter;
 use wasmtime::component::ResourceTable;
@@ -19,6 +21,8 @@ use super::text::{cut, inert};
 const STDERR_CAPACITY: usize = 64 * 1024;
 /// The longest log line kept (`...` included); longer lines are cut.
 const LOG_LINE_MAX: usize = 4096;
+/// The most bytes of log lines one call emits (escaped); lines past it are dropped, counted.
+pub(crate) const MAX_LOG_BYTES: usize = 256 << 10;
 
 /// The store data of one call.
 pub(crate) struct State {
@@ -28,6 +32,8 @@ pub(crate) struct State {
     pub(crate) stderr: MemoryOutputPipe,
     module: std::sync::Arc<str>,
     log_budget: usize,
+    /// The bytes of the lines logged so far (at most [`MAX_LOG_BYTES`]).
+    pub(crate) log_bytes: usize,
     pub(crate) logs_dropped: usize,
 }
 
@@ -56,6 +62,7 @@ impl State {
             stderr,
             module,
             log_budget,
+            log_bytes: 0,
             logs_dropped: 0,
         }
     }
@@ -83,9 +90,15 @@ impl Host for State {
             self.logs_dropped += 1;
             return;
         }
+        // Escaped first, then cut: escaping grows a line up to six times.
+        let message = cut(inert(&message).into_owned(), LOG_LINE_MAX);
+        if self.log_bytes + message.len() > MAX_LOG_BYTES {
+            self.log_budget = 0;
+            self.logs_dropped += 1;
+            return;
+        }
         self.log_budget -= 1;
-        let message = cut(message, LOG_LINE_MAX);
-        let message = inert(&message);
+        self.log_bytes += message.len();
         let module = &*self.module;
         match level {
             LogLevel::Trace => tracing::trace!(target: "wasmop::module", module, "{message}"),
@@ -200,6 +213,29 @@ mod tests {
     use super::inert;
     use super::{Limiter, MAX_TABLE_ELEMENTS};
     use wasmtime::ResourceLimiter as _;
+
+    /// A call's logs are bounded in bytes, not only in lines: 1,000 lines of 4 KiB of control
+    /// characters (each escaped to up to 6 bytes) made ~24 MiB of log per call, at every
+    /// requeue.
+    #[test]
+    fn a_calls_log_lines_are_bounded_in_bytes() {
+        use super::super::bindings::wasmop::reconciler::host::{Host as _, LogLevel};
+        let mut state = super::State::new(
+            "m".into(),
+            16 << 20,
+            1000,
+            &super::super::determinism::Entropy::FIXED,
+        );
+        for _ in 0..1000 {
+            state.log(LogLevel::Trace, "\u{1}".repeat(4096));
+        }
+        assert!(
+            state.log_bytes <= super::MAX_LOG_BYTES,
+            "{} bytes logged",
+            state.log_bytes
+        );
+        assert!(state.logs_dropped > 0);
+    }
 
     /// The memory cap is the call's: four memories of 16 MiB under a 16 MiB cap (a component
     /// instantiating a core module four times) are refused at the second, not allowed each.
