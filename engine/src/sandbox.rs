@@ -21,6 +21,8 @@ use super::text::{cut, inert};
 const STDERR_CAPACITY: usize = 64 * 1024;
 /// The longest log line kept (`...` included); longer lines are cut.
 const LOG_LINE_MAX: usize = 4096;
+/// The most WASI resource handles a call holds at once (streams, pollables, descriptors).
+pub(crate) const MAX_HANDLES: usize = 10_000;
 /// The most bytes of log lines one call emits (escaped); lines past it are dropped, counted.
 pub(crate) const MAX_LOG_BYTES: usize = 256 << 10;
 
@@ -55,9 +57,11 @@ impl State {
             .allow_ip_name_lookup(false);
         entropy.install(&mut wasi);
         let wasi = wasi.build();
+        let mut table = ResourceTable::new();
+        table.set_max_capacity(MAX_HANDLES);
         State {
             wasi,
-            table: ResourceTable::new(),
+            table,
             limiter: Limiter::new(memory_cap),
             stderr,
             module,
@@ -213,6 +217,24 @@ mod tests {
     use super::inert;
     use super::{Limiter, MAX_TABLE_ELEMENTS};
     use wasmtime::ResourceLimiter as _;
+
+    /// A guest's WASI handles (a pollable per `subscribe-duration`, never dropped) live in
+    /// host memory no limiter sees: at most [`super::MAX_HANDLES`] per call, not wasmtime's
+    /// default of 1,000,000 (hundreds of MiB per call).
+    #[test]
+    fn a_calls_wasi_handles_are_bounded() {
+        let mut state = super::State::new(
+            "m".into(),
+            16 << 20,
+            1000,
+            &super::super::determinism::Entropy::FIXED,
+        );
+        let pushed = (0..=super::MAX_HANDLES)
+            .map(|_| state.table.push(()))
+            .take_while(Result::is_ok)
+            .count();
+        assert_eq!(pushed, super::MAX_HANDLES);
+    }
 
     /// A call's logs are bounded in bytes, not only in lines: 1,000 lines of 4 KiB of control
     /// characters (each escaped to up to 6 bytes) made ~24 MiB of log per call, at every
