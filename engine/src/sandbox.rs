@@ -218,17 +218,22 @@ mod tests {
     use super::{Limiter, MAX_TABLE_ELEMENTS};
     use wasmtime::ResourceLimiter as _;
 
+    /// A call's state: a 16 MiB cap, 1,000 log lines.
+    fn state() -> super::State {
+        super::State::new(
+            "m".into(),
+            16 << 20,
+            1000,
+            &super::super::determinism::Entropy::FIXED,
+        )
+    }
+
     /// A guest's WASI handles (a pollable per `subscribe-duration`, never dropped) live in
     /// host memory no limiter sees: at most [`super::MAX_HANDLES`] per call, not wasmtime's
     /// default of 1,000,000 (hundreds of MiB per call).
     #[test]
     fn a_calls_wasi_handles_are_bounded() {
-        let mut state = super::State::new(
-            "m".into(),
-            16 << 20,
-            1000,
-            &super::super::determinism::Entropy::FIXED,
-        );
+        let mut state = state();
         let pushed = (0..=super::MAX_HANDLES)
             .map(|_| state.table.push(()))
             .take_while(Result::is_ok)
@@ -242,12 +247,7 @@ mod tests {
     #[test]
     fn a_calls_log_lines_are_bounded_in_bytes() {
         use super::super::bindings::wasmop::reconciler::host::{Host as _, LogLevel};
-        let mut state = super::State::new(
-            "m".into(),
-            16 << 20,
-            1000,
-            &super::super::determinism::Entropy::FIXED,
-        );
+        let mut state = state();
         for _ in 0..1000 {
             state.log(LogLevel::Trace, "\u{1}".repeat(4096));
         }

@@ -387,6 +387,14 @@ async fn every_answered_review_is_timed_by_its_webhook() {
     assert!(reviews_timed("finalizer") >= finalized + 1.0);
 }
 
+/// An engine of the default configuration, built off the test's workers.
+async fn engine() -> Engine {
+    tokio::task::spawn_blocking(|| Engine::new(&EngineConfig::default()))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .unwrap_or_else(|e| panic!("engine: {e}"))
+}
+
 /// A follower's webhook whose API server serves ConfigMap `ops/b` (the misbehave module, its
 /// sha256 given) and trickles every other answer (1000 x 0.5 s).
 async fn trickling_webhook() -> (Arc<Webhook>, crate::modules::hostile::Hostile, String) {
@@ -404,10 +412,7 @@ async fn trickling_webhook() -> (Arc<Webhook>, crate::modules::hostile::Hostile,
     })
     .await;
     let (client, _) = h.kube_client();
-    let engine = tokio::task::spawn_blocking(|| Engine::new(&EngineConfig::default()))
-        .await
-        .unwrap_or_else(|e| panic!("{e}"))
-        .unwrap_or_else(|e| panic!("engine: {e}"));
+    let engine = engine().await;
     let webhook = Arc::new(Webhook {
         client,
         engine,
@@ -551,10 +556,7 @@ async fn a_signing_policy_keeps_the_unsigned_copy_out_of_admission() {
     })
     .await;
     let (client, _) = h.kube_client();
-    let engine = tokio::task::spawn_blocking(|| Engine::new(&EngineConfig::default()))
-        .await
-        .unwrap_or_else(|e| panic!("{e}"))
-        .unwrap_or_else(|e| panic!("engine: {e}"));
+    let engine = engine().await;
     let key = rcgen::KeyPair::generate()
         .map(|p| p.public_key_pem())
         .unwrap_or_else(|e| panic!("{e}"));

@@ -436,18 +436,23 @@ mod tests {
         args: Args,
     }
 
+    /// A golden file's path in a temporary directory (kept while the first value lives).
+    fn golden_path() -> (Option<tempfile::TempDir>, std::path::PathBuf) {
+        let tmp = tempfile::tempdir().ok();
+        let dir = tmp
+            .as_ref()
+            .map(|d| d.path().to_path_buf())
+            .unwrap_or_default();
+        (tmp, dir.join("expect.yaml"))
+    }
+
     /// `--update` rewrites a golden file meant for commits: a write interrupted half-way (a
     /// full disk, Ctrl-C, which exits at once) must not leave it empty or cut, and it stays
     /// readable as the author made it.
     #[test]
     fn an_updated_golden_file_is_replaced_whole_and_keeps_its_mode() {
         use std::io::Read;
-        let tmp = tempfile::tempdir().ok();
-        let dir = tmp
-            .as_ref()
-            .map(|d| d.path().to_path_buf())
-            .unwrap_or_default();
-        let golden = dir.join("expect.yaml");
+        let (_tmp, golden) = golden_path();
         assert!(std::fs::write(&golden, "old: text\n").is_ok());
         #[cfg(unix)]
         {
@@ -491,12 +496,7 @@ mod tests {
     /// default their data is redacted on both sides of the comparison.
     #[test]
     fn a_secret_child_is_redacted_in_the_golden_file_unless_asked() {
-        let tmp = tempfile::tempdir().ok();
-        let dir = tmp
-            .as_ref()
-            .map(|d| d.path().to_path_buf())
-            .unwrap_or_default();
-        let golden = dir.join("expect.yaml");
+        let (_tmp, golden) = golden_path();
         let intents = serde_json::json!({"children": [{"kind": {"apiVersion": "v1", "kind": "Secret"},
             "objects": [{"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "s"},
                 "stringData": {"password": "hunter2"}}]}]});

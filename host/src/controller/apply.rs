@@ -1166,16 +1166,21 @@ pub(super) mod tests {
         Client::new(service, "default")
     }
 
+    /// ConfigMaps, resolved as discovery would.
+    fn configmaps() -> Resolved {
+        Resolved {
+            resource: kube::api::ApiResource::erase::<k8s_openapi::api::core::v1::ConfigMap>(&()),
+            namespaced: true,
+        }
+    }
+
     #[tokio::test]
     async fn an_events_api_that_never_answers_does_not_hold_the_reconcile() {
         let (posted, mut seen) = tokio::sync::watch::channel(0);
         let client = events_never_answered(Arc::new(posted));
         let applier = test_applier(&client, &Discovery::new(client.clone()));
         let primary = primary_configmap();
-        let resolved = Resolved {
-            resource: kube::api::ApiResource::erase::<k8s_openapi::api::core::v1::ConfigMap>(&()),
-            namespaced: true,
-        };
+        let resolved = configmaps();
         let validated = Validated {
             events: vec![crate::contract::Event {
                 type_: EventType::Normal,
@@ -1215,10 +1220,7 @@ pub(super) mod tests {
         let client = recording_bodies(seen, bodies.clone());
         let applier = test_applier(&client, &Discovery::new(client.clone()));
         let primary = primary_configmap();
-        let resolved = Resolved {
-            resource: kube::api::ApiResource::erase::<k8s_openapi::api::core::v1::ConfigMap>(&()),
-            namespaced: true,
-        };
+        let resolved = configmaps();
         let validated = Validated {
             events: vec![crate::contract::Event {
                 type_: EventType::Normal,

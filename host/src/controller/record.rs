@@ -601,6 +601,16 @@ mod tests {
         }
     }
 
+    /// A temporary directory (kept while the first value lives) and its path.
+    fn temp_dir() -> (Option<tempfile::TempDir>, PathBuf) {
+        let tmp = tempfile::tempdir().ok();
+        let dir = tmp
+            .as_ref()
+            .map(|d| d.path().to_path_buf())
+            .unwrap_or_default();
+        (tmp, dir)
+    }
+
     const SECRET: &str = r#"{"apiVersion":"v1","kind":"Secret","metadata":{"name":"s"},"data":{"password":"aHVudGVyMg=="},"stringData":{"token":"t"}}"#;
 
     fn options(dir: &Path, max_files: usize, secrets: bool) -> RecordOptions {
@@ -614,11 +624,7 @@ mod tests {
 
     #[test]
     fn a_recording_round_trips_with_secrets_redacted() {
-        let dir = tempfile::tempdir().map_err(|e| e.to_string());
-        let dir = dir
-            .as_ref()
-            .map(|d| d.path().to_path_buf())
-            .unwrap_or_default();
+        let (_tmp, dir) = temp_dir();
         let recorder = FailureRecorder::new(options(&dir, 10, false));
         let path = recorder.record(&request(SECRET), "abc", "boom", false);
         recorder.flush(Duration::from_secs(60));
@@ -638,11 +644,7 @@ mod tests {
 
     #[test]
     fn secrets_stay_when_allowed_and_the_count_is_bounded() {
-        let dir = tempfile::tempdir().map_err(|e| e.to_string());
-        let dir = dir
-            .as_ref()
-            .map(|d| d.path().to_path_buf())
-            .unwrap_or_default();
+        let (_tmp, dir) = temp_dir();
         let recorder = FailureRecorder::new(options(&dir, 2, true));
         let mut last = None;
         for _ in 0..5 {
@@ -666,11 +668,7 @@ mod tests {
 
     #[test]
     fn a_recording_hides_a_secret_primary_and_last_applied_data_and_is_private() {
-        let dir = tempfile::tempdir().map_err(|e| e.to_string());
-        let dir = dir
-            .as_ref()
-            .map(|d| d.path().to_path_buf())
-            .unwrap_or_default();
+        let (_tmp, dir) = temp_dir();
         let recorder = FailureRecorder::new(options(&dir, 10, false));
         let mut secret_primary = request(APPLIED_SECRET);
         secret_primary.primary = APPLIED_SECRET.into();
@@ -689,11 +687,7 @@ mod tests {
 
     #[test]
     fn an_oversized_request_is_not_recorded() {
-        let dir = tempfile::tempdir().map_err(|e| e.to_string());
-        let dir = dir
-            .as_ref()
-            .map(|d| d.path().to_path_buf())
-            .unwrap_or_default();
+        let (_tmp, dir) = temp_dir();
         let mut o = options(&dir, 2, false);
         // The request's texts (205 bytes) may fit twice the cap; its YAML does not fit once.
         o.max_bytes = 110;
@@ -708,11 +702,7 @@ mod tests {
 
     #[test]
     fn a_full_queue_drops_and_counts_recordings_and_never_waits() {
-        let dir = tempfile::tempdir().map_err(|e| e.to_string());
-        let dir = dir
-            .as_ref()
-            .map(|d| d.path().to_path_buf())
-            .unwrap_or_default();
+        let (_tmp, dir) = temp_dir();
         // The writer is not running: a recorder that waited for it would hang here.
         let (recorder, writer) = FailureRecorder::paused(options(&dir, 10, false), 2);
         let queued: Vec<Option<PathBuf>> = (0..5)
@@ -744,11 +734,7 @@ mod tests {
     /// check refused it.
     #[test]
     fn a_request_far_over_the_cap_is_refused_before_it_is_queued() {
-        let dir = tempfile::tempdir().map_err(|e| e.to_string());
-        let dir = dir
-            .as_ref()
-            .map(|d| d.path().to_path_buf())
-            .unwrap_or_default();
+        let (_tmp, dir) = temp_dir();
         let mut o = options(&dir, 2, false);
         o.max_bytes = 1024;
         let (recorder, _writer) = FailureRecorder::paused(o, 4);
@@ -765,11 +751,7 @@ mod tests {
     /// answers (a stalled disk) must not hold the shutdown (and the Leases it gives up after).
     #[test]
     fn a_flush_gives_up_at_its_bound_when_the_writer_does_not_answer() {
-        let dir = tempfile::tempdir().map_err(|e| e.to_string());
-        let dir = dir
-            .as_ref()
-            .map(|d| d.path().to_path_buf())
-            .unwrap_or_default();
+        let (_tmp, dir) = temp_dir();
         // The writer is not running, and the queue (2) is full.
         let (recorder, writer) = FailureRecorder::paused(options(&dir, 10, false), 2);
         for _ in 0..2 {
