@@ -113,19 +113,20 @@ fn remove_stale_partials(dir: &Path, now: SystemTime) {
     }
 }
 
+/// A temporary directory for a test (kept while the first value lives) and its path.
+#[cfg(test)]
+pub(crate) fn temp_dir() -> (Option<tempfile::TempDir>, std::path::PathBuf) {
+    let tmp = tempfile::tempdir().ok();
+    let dir = tmp
+        .as_ref()
+        .map(|d| d.path().to_path_buf())
+        .unwrap_or_default();
+    (tmp, dir)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// A temporary directory (kept while the first value lives) and its path.
-    fn temp_dir() -> (Option<tempfile::TempDir>, std::path::PathBuf) {
-        let tmp = tempfile::tempdir().ok();
-        let dir = tmp
-            .as_ref()
-            .map(|d| d.path().to_path_buf())
-            .unwrap_or_default();
-        (tmp, dir)
-    }
 
     /// A write interrupted half-way (Ctrl-C during `wasmop test --from-cluster`, a host killed
     /// while recording) must not leave half a file where a whole one was: the new text goes

@@ -329,15 +329,7 @@ fn remove_stale(path: &Path) -> Result<(), CliError> {
 mod tests {
     use super::*;
 
-    /// A temporary directory (deleted when the first value drops) and its path.
-    fn temp_dir() -> (Option<tempfile::TempDir>, PathBuf) {
-        let tmp = tempfile::tempdir().ok();
-        let dir = tmp
-            .as_ref()
-            .map(|d| d.path().to_path_buf())
-            .unwrap_or_default();
-        (tmp, dir)
-    }
+    use crate::files::temp_dir;
 
     /// A capture over an earlier one: a kind that has no objects now must not keep the earlier
     /// run's file, or the fixture shows children (or related Secrets, kept with

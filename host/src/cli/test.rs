@@ -438,11 +438,7 @@ mod tests {
 
     /// A golden file's path in a temporary directory (kept while the first value lives).
     fn golden_path() -> (Option<tempfile::TempDir>, std::path::PathBuf) {
-        let tmp = tempfile::tempdir().ok();
-        let dir = tmp
-            .as_ref()
-            .map(|d| d.path().to_path_buf())
-            .unwrap_or_default();
+        let (tmp, dir) = crate::files::temp_dir();
         (tmp, dir.join("expect.yaml"))
     }
 

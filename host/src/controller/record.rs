@@ -601,15 +601,7 @@ mod tests {
         }
     }
 
-    /// A temporary directory (kept while the first value lives) and its path.
-    fn temp_dir() -> (Option<tempfile::TempDir>, PathBuf) {
-        let tmp = tempfile::tempdir().ok();
-        let dir = tmp
-            .as_ref()
-            .map(|d| d.path().to_path_buf())
-            .unwrap_or_default();
-        (tmp, dir)
-    }
+    use crate::files::temp_dir;
 
     const SECRET: &str = r#"{"apiVersion":"v1","kind":"Secret","metadata":{"name":"s"},"data":{"password":"aHVudGVyMg=="},"stringData":{"token":"t"}}"#;
 
