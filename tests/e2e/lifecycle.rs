@@ -634,10 +634,7 @@ async fn a_follower_serves_the_active_module_after_a_refused_push() -> anyhow::R
         .webhook_addr
         .ok_or_else(|| anyhow::anyhow!("the follower serves no webhook"))?;
     let app = app("web", &[])?;
-    let response = eventually("the follower answers", WAIT, || async {
-        Ok(review(addr, &wr, &env.namespace, &app).await.ok())
-    })
-    .await?;
+    let response = follower_review(addr, &wr, &env.namespace, &app).await?;
     assert_eq!(
         response["response"]["allowed"],
         json!(true),

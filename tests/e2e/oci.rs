@@ -341,11 +341,7 @@ async fn a_module_over_one_mib_loads_from_the_registry() -> anyhow::Result<()> {
             "metadata": {"name": format!("valid-{i}")},
             "spec": {"image": "nginx:1.27", "replicas": 1, "port": 8080}
         }))?;
-        // A follower just started answers 503 until its caches listed: waited for.
-        let response = eventually("the follower answers", WAIT, || async {
-            Ok(review(addr, &wr, &env.namespace, &app).await.ok())
-        })
-        .await?;
+        let response = follower_review(addr, &wr, &env.namespace, &app).await?;
         assert_eq!(
             response["response"]["allowed"],
             json!(true),

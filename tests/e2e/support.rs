@@ -825,6 +825,26 @@ pub async fn review(
     Ok(serde_json::from_str(&client.request_text(request).await?)?)
 }
 
+/// A follower's answer to a review of `app`, once it has one with its module: a follower just
+/// started answers 503 until its caches listed, and a review that came before its read of the
+/// module finished is answered by the failure policy ("still being read", within the review's
+/// budget) while the read goes on. Both are waited for.
+pub async fn follower_review(
+    addr: SocketAddr,
+    wr: &str,
+    ns: &str,
+    app: &DynamicObject,
+) -> anyhow::Result<Value> {
+    eventually("the follower answers with its module", WAIT, || async {
+        let answer = review(addr, wr, ns, app).await.ok();
+        Ok(answer.filter(|a| {
+            let message = a["response"]["status"]["message"].as_str().unwrap_or("");
+            !message.contains("still being read")
+        }))
+    })
+    .await
+}
+
 /// Starts a host in this process that never leads (someone else holds its Lease `held` for an
 /// hour) and serves the admission webhook on a free port, with `configure` applied to its
 /// options.
