@@ -1174,6 +1174,20 @@ pub(super) mod tests {
         }
     }
 
+    /// Intents of one Normal Event about `regarding` (the primary when `None`).
+    fn one_event(regarding: Option<ObjectRef>) -> Validated {
+        Validated {
+            events: vec![crate::contract::Event {
+                type_: EventType::Normal,
+                reason: "Noted".into(),
+                message: "m".into(),
+                action: "Testing".into(),
+                regarding,
+            }],
+            ..Validated::default()
+        }
+    }
+
     #[tokio::test]
     async fn an_events_api_that_never_answers_does_not_hold_the_reconcile() {
         let (posted, mut seen) = tokio::sync::watch::channel(0);
@@ -1181,16 +1195,7 @@ pub(super) mod tests {
         let applier = test_applier(&client, &Discovery::new(client.clone()));
         let primary = primary_configmap();
         let resolved = configmaps();
-        let validated = Validated {
-            events: vec![crate::contract::Event {
-                type_: EventType::Normal,
-                reason: "Noted".into(),
-                message: "m".into(),
-                action: "Testing".into(),
-                regarding: None,
-            }],
-            ..Validated::default()
-        };
+        let validated = one_event(None);
         let hold = (Applied::new(), StatusHold::NEVER);
         let apply = applier.apply(&primary, &resolved, &[], validated, hold);
         // Generous: the reconcile must not wait for the Event at all (before the lane it waited
@@ -1221,21 +1226,12 @@ pub(super) mod tests {
         let applier = test_applier(&client, &Discovery::new(client.clone()));
         let primary = primary_configmap();
         let resolved = configmaps();
-        let validated = Validated {
-            events: vec![crate::contract::Event {
-                type_: EventType::Normal,
-                reason: "Scaled".into(),
-                message: "m".into(),
-                action: "Scaling".into(),
-                regarding: Some(ObjectRef {
-                    api_version: "apps/v1".into(),
-                    kind: "Deployment".into(),
-                    namespace: Some("ns".into()),
-                    name: "primary".into(),
-                }),
-            }],
-            ..Validated::default()
-        };
+        let validated = one_event(Some(ObjectRef {
+            api_version: "apps/v1".into(),
+            kind: "Deployment".into(),
+            namespace: Some("ns".into()),
+            name: "primary".into(),
+        }));
         let hold = (Applied::new(), StatusHold::NEVER);
         let report = applier
             .apply(&primary, &resolved, &[], validated, hold)

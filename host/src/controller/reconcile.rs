@@ -943,9 +943,9 @@ async fn run_once(
     let failures = Failures {
         recorder,
         // A copy only of a request that may fit a recording (the module takes the request).
-        request: recorder.map(|r| {
-            let bytes = record::request_bytes(&request);
-            r.fits(&request).then(|| request.clone()).ok_or(bytes)
+        request: recorder.map(|r| match r.fits(&request) {
+            true => Ok(request.clone()),
+            false => Err(record::request_bytes(&request)),
         }),
         sha: active.module.sha256(),
         export,
