@@ -1174,6 +1174,21 @@ pub(super) mod tests {
         }
     }
 
+    /// The set of one child `ns/c` of `kind`.
+    fn set_of_c(kind: Gvk) -> PreparedSet {
+        PreparedSet {
+            keep: Default::default(),
+            objects: vec![PreparedChild {
+                namespace: Some("ns".into()),
+                name: "c".into(),
+                object: json!({"apiVersion": kind.api_version, "kind": kind.kind,
+                    "metadata": {"name": "c", "namespace": "ns"}}),
+            }],
+            kind,
+            namespaced: true,
+        }
+    }
+
     /// Intents of one Normal Event about `regarding` (the primary when `None`).
     fn one_event(regarding: Option<ObjectRef>) -> Validated {
         Validated {
@@ -1287,19 +1302,8 @@ pub(super) mod tests {
             Err(e) => panic!("the fake discovery: {e}"),
         };
         let primary = primary_configmap();
-        let child = PreparedChild {
-            namespace: Some("ns".into()),
-            name: "c".into(),
-            object: json!({"apiVersion": kind.api_version, "kind": kind.kind,
-                "metadata": {"name": "c", "namespace": "ns"}}),
-        };
         let validated = Validated {
-            children: vec![PreparedSet {
-                keep: Default::default(),
-                kind,
-                namespaced: true,
-                objects: vec![child],
-            }],
+            children: vec![set_of_c(kind)],
             ..Validated::default()
         };
         let hold = (Applied::new(), StatusHold::NEVER);
@@ -1362,17 +1366,7 @@ pub(super) mod tests {
             Err(e) => panic!("the fake discovery: {e}"),
         };
         let validated = Validated {
-            children: vec![PreparedSet {
-                keep: Default::default(),
-                kind: Gvk::new("v1", "ConfigMap"),
-                namespaced: true,
-                objects: vec![PreparedChild {
-                    namespace: Some("ns".into()),
-                    name: "c".into(),
-                    object: json!({"apiVersion": "v1", "kind": "ConfigMap",
-                        "metadata": {"name": "c", "namespace": "ns"}}),
-                }],
-            }],
+            children: vec![set_of_c(Gvk::new("v1", "ConfigMap"))],
             ..Validated::default()
         };
         let hold = (Applied::new(), StatusHold::NEVER);
@@ -1470,17 +1464,7 @@ pub(super) mod tests {
             };
             let primary = primary_configmap();
             let validated = Validated {
-                children: vec![PreparedSet {
-                    keep: Default::default(),
-                    kind,
-                    namespaced: true,
-                    objects: vec![PreparedChild {
-                        namespace: Some("ns".into()),
-                        name: "c".into(),
-                        object: json!({"apiVersion": "v1", "kind": "ConfigMap",
-                            "metadata": {"name": "c", "namespace": "ns"}}),
-                    }],
-                }],
+                children: vec![set_of_c(kind)],
                 status: Some(crate::contract::Status {
                     fields: json!({"phase": "Creating"}),
                     conditions: vec![],
