@@ -679,23 +679,22 @@ impl Engine {
             }
             return Ok(module);
         }
-        let metadata = module
-            .call(
-                "load",
-                limits,
-                METADATA_OUTPUT_MAX,
-                Entropy::FIXED,
-                async |g, s| g.guest()?.call_metadata(s).await.map(Ok),
-            )
-            .result
-            .map_err(|e| match e {
-                CallError::Interface { detail } => LoadError::TypeMismatch {
-                    detail,
-                    supported: WIT_VERSION,
-                },
-                e if e.is_module_fault() => LoadError::Metadata(format!("failed: {e}")),
-                e => LoadError::Busy(e),
-            })?;
+        let metadata = blocking(module.call(
+            "load",
+            limits,
+            METADATA_OUTPUT_MAX,
+            Entropy::FIXED,
+            |g, s| Box::pin(async move { g.guest()?.call_metadata(s).await.map(Ok) }),
+        ))
+        .result
+        .map_err(|e| match e {
+            CallError::Interface { detail } => LoadError::TypeMismatch {
+                detail,
+                supported: WIT_VERSION,
+            },
+            e if e.is_module_fault() => LoadError::Metadata(format!("failed: {e}")),
+            e => LoadError::Busy(e),
+        })?;
         let metadata = convert::metadata_out(metadata);
         check_metadata_size(&metadata)?;
         check_metadata(&metadata)?;
@@ -1140,7 +1139,7 @@ impl Module {
     ///
     /// # Panics
     /// If called on an async runtime's worker thread (the call blocks its thread): call it from
-    /// `tokio::task::spawn_blocking` or a plain thread.
+    /// `tokio::task::spawn_blocking` or a plain thread, or await [`Module::reconcile_async`].
     pub fn reconcile(
         &self,
         request: ReconcileRequest,
@@ -1149,12 +1148,43 @@ impl Module {
         if let Some(adapter) = &self.adapter {
             return adapter.reconcile(self, request, limits);
         }
+        blocking(self.reconcile_guest(request, limits))
+    }
+
+    /// Runs `reconcile` as [`Module::reconcile`] does, as an async task: the guest runs on the
+    /// task's own thread and yields to the runtime every epoch tick, so no thread is handed the
+    /// call and none blocks. A hook module's adapter (synchronous) still runs on a blocking
+    /// thread.
+    ///
+    /// # Panics
+    /// Outside a Tokio runtime with timers.
+    pub async fn reconcile_async(
+        &self,
+        request: ReconcileRequest,
+        limits: &Limits,
+    ) -> Outcome<ReconcileResponse> {
+        match &self.adapter {
+            Some(adapter) => {
+                let adapter = adapter.clone();
+                off_the_workers(self, limits, move |m, l| adapter.reconcile(m, request, l)).await
+            }
+            None => self.reconcile_guest(request, limits).await,
+        }
+    }
+
+    async fn reconcile_guest(
+        &self,
+        request: ReconcileRequest,
+        limits: &Limits,
+    ) -> Outcome<ReconcileResponse> {
         let entropy = Entropy::of_reconcile(&request);
         let request = convert::request_in(request);
         let lane = request.context.reconciler.clone();
-        let out = self.call(&lane, limits, limits.output_bytes, entropy, async |g, s| {
-            g.guest()?.call_reconcile(s, &request).await
-        });
+        let out = self
+            .call(&lane, limits, limits.output_bytes, entropy, move |g, s| {
+                Box::pin(async move { g.guest()?.call_reconcile(s, &request).await })
+            })
+            .await;
         flatten(
             out,
             limits.output_bytes,
@@ -1175,12 +1205,40 @@ impl Module {
         if let Some(adapter) = &self.adapter {
             return adapter.finalize(self, request, limits);
         }
+        blocking(self.finalize_guest(request, limits))
+    }
+
+    /// Runs `finalize` as an async task, as [`Module::reconcile_async`] runs `reconcile`.
+    ///
+    /// # Panics
+    /// As [`Module::reconcile_async`].
+    pub async fn finalize_async(
+        &self,
+        request: ReconcileRequest,
+        limits: &Limits,
+    ) -> Outcome<FinalizeResponse> {
+        match &self.adapter {
+            Some(adapter) => {
+                let adapter = adapter.clone();
+                off_the_workers(self, limits, move |m, l| adapter.finalize(m, request, l)).await
+            }
+            None => self.finalize_guest(request, limits).await,
+        }
+    }
+
+    async fn finalize_guest(
+        &self,
+        request: ReconcileRequest,
+        limits: &Limits,
+    ) -> Outcome<FinalizeResponse> {
         let entropy = Entropy::of_reconcile(&request);
         let request = convert::request_in(request);
         let lane = request.context.reconciler.clone();
-        let out = self.call(&lane, limits, limits.output_bytes, entropy, async |g, s| {
-            g.guest()?.call_finalize(s, &request).await
-        });
+        let out = self
+            .call(&lane, limits, limits.output_bytes, entropy, move |g, s| {
+                Box::pin(async move { g.guest()?.call_finalize(s, &request).await })
+            })
+            .await;
         flatten(
             out,
             limits.output_bytes,
@@ -1195,13 +1253,27 @@ impl Module {
     /// # Panics
     /// As [`Module::reconcile`].
     pub fn validate(&self, request: ValidateRequest, limits: &Limits) -> Outcome<ValidateResponse> {
+        blocking(self.validate_async(request, limits))
+    }
+
+    /// Runs `validate` as an async task, as [`Module::reconcile_async`] runs `reconcile`.
+    ///
+    /// # Panics
+    /// As [`Module::reconcile_async`].
+    pub async fn validate_async(
+        &self,
+        request: ValidateRequest,
+        limits: &Limits,
+    ) -> Outcome<ValidateResponse> {
         let entropy = Entropy::of_validate(&request);
         let request = convert::validate_in(request);
         let cap = limits.output_bytes.min(VALIDATE_OUTPUT_MAX);
         let lane = format!("validate/{}", self.name);
-        let out = self.call(&lane, limits, cap, entropy, async |g, s| {
-            g.guest()?.call_validate(s, &request).await.map(Ok)
-        });
+        let out = self
+            .call(&lane, limits, cap, entropy, move |g, s| {
+                Box::pin(async move { g.guest()?.call_validate(s, &request).await.map(Ok) })
+            })
+            .await;
         flatten(out, cap, convert::validate_size, |v| {
             Ok(convert::validate_out(v))
         })
@@ -1268,14 +1340,16 @@ impl Module {
             body: request.body,
         };
         let cap = limits.output_bytes;
-        let out = self.call(lane, limits, cap, entropy, async |g, s| {
-            let answer = g.hooks()?.call_call(s, &call).await?;
-            Ok(
-                answer.map_err(|e| bindings::wasmop::reconciler::types::ReconcileError {
-                    message: format!("the hook answered HTTP {}: {}", e.status, e.message),
-                }),
-            )
-        });
+        let out = blocking(self.call(lane, limits, cap, entropy, move |g, s| {
+            Box::pin(async move {
+                let answer = g.hooks()?.call_call(s, &call).await?;
+                Ok(
+                    answer.map_err(|e| bindings::wasmop::reconciler::types::ReconcileError {
+                        message: format!("the hook answered HTTP {}: {}", e.status, e.message),
+                    }),
+                )
+            })
+        }));
         flatten(out, cap, String::len, Ok)
     }
 
@@ -1283,39 +1357,37 @@ impl Module {
     /// `f` in it, all within the deadline, turning every failure into a [`CallError`]. `f`
     /// returns the module's own result (`Err` = the module's error). `output_cap` sets the
     /// hostcall fuel; `entropy` the sandbox's clocks and randomness.
-    fn call<T>(
+    ///
+    /// The guest runs on the thread that polls the returned future, and yields at every epoch
+    /// tick (see [`Module::store`]): awaited on an async worker, its code gives the worker back
+    /// each tick (the engine's own steps between, instantiation and the conversions, do not
+    /// yield); driven by [`blocking`], it blocks its caller's thread.
+    async fn call<T: Send>(
         &self,
         lane: &str,
         limits: &Limits,
         output_cap: usize,
         entropy: Entropy,
-        f: impl AsyncFnOnce(
-            &Exports,
-            &mut Store<State>,
-        ) -> wasmtime::Result<
-            Result<T, bindings::wasmop::reconciler::types::ReconcileError>,
-        >,
+        f: impl for<'a> FnOnce(&'a Exports, &'a mut Store<State>) -> GuestCall<'a, T> + Send,
     ) -> Outcome<T> {
         let started = Instant::now();
         let deadline_at = started + limits.deadline;
         let mut stats = CallStats::default();
         let engine = &self.engine;
-        let slot = engine.queue.acquire(lane, deadline_at, limits.memory_bytes);
+        let slot = engine
+            .queue
+            .acquire_async(lane, deadline_at, limits.memory_bytes)
+            .await;
         stats.queued = started.elapsed();
-        let admitted = slot
-            .map_err(|e| CallError::Queued {
-                deadline: limits.deadline,
-                slots: e.slots,
-            })
-            .and_then(|slot| Ok((slot, driver()?)));
         // `_slot` holds the queue's slot until the call returns.
-        let (_slot, driver) = match admitted {
-            Ok(admitted) => admitted,
+        let _slot = match slot {
+            Ok(slot) => slot,
             Err(e) => {
-                return Outcome {
-                    result: Err(e),
-                    stats,
-                };
+                let result = Err(CallError::Queued {
+                    deadline: limits.deadline,
+                    slots: e.slots,
+                });
+                return Outcome { result, stats };
             }
         };
         let remaining = deadline_at.saturating_duration_since(Instant::now());
@@ -1327,7 +1399,7 @@ impl Module {
             .clone();
         // Declared before the store: the epoch advances until the store is gone.
         let _ticking = self.engine.ticker.running();
-        let mut store = self.store(pre.engine(), limits, output_cap, entropy, remaining);
+        let mut store = self.store(pre.engine(), limits, output_cap, entropy, deadline_at);
         let instantiating = Instant::now();
         let mut instantiated = None;
         let run = async {
@@ -1345,8 +1417,7 @@ impl Module {
         };
         // Dropping `run` at the deadline abandons the guest wherever it is (in a WASI sleep,
         // too) and frees its instance.
-        // The timer is made inside the driver's runtime: callers may be plain threads.
-        let result = driver.block_on(async { tokio::time::timeout(remaining, run).await });
+        let result = tokio::time::timeout(remaining, run).await;
         let done = Instant::now();
         match instantiated {
             Some(at) => {
@@ -1365,15 +1436,15 @@ impl Module {
     }
 
     /// A fresh store for one call: the memory cap and log budget, clocks and randomness from
-    /// `entropy`, hostcall fuel for `output_cap`, and an epoch deadline `remaining` from now
-    /// that traps.
+    /// `entropy`, hostcall fuel for `output_cap`, and an epoch deadline at `deadline_at` that
+    /// traps. Until then the guest yields to the async runtime at every epoch tick.
     fn store(
         &self,
         engine: &wasmtime::Engine,
         limits: &Limits,
         output_cap: usize,
         entropy: Entropy,
-        remaining: Duration,
+        deadline_at: Instant,
     ) -> Store<State> {
         let state = State::new(
             self.name.clone(),
@@ -1384,10 +1455,8 @@ impl Module {
         let mut store = Store::new(engine, state);
         store.limiter(|s| &mut s.limiter);
         store.set_hostcall_fuel(hostcall_fuel(output_cap));
-        let tick_nanos = self.engine.tick.as_nanos().max(1);
-        let ticks = remaining.as_nanos().div_ceil(tick_nanos) + 1;
-        store.set_epoch_deadline(u64::try_from(ticks).unwrap_or(u64::MAX));
-        store.epoch_deadline_trap();
+        store.set_epoch_deadline(1);
+        store.epoch_deadline_callback(move |_| Ok(at_tick(deadline_at, Instant::now())));
         store
     }
 }
@@ -1432,9 +1501,64 @@ fn settle<T>(
     }
 }
 
-/// The runtime that drives the timers of guests' WASI calls (sleeps, clock subscriptions) and
-/// of call deadlines. Calls run on their caller's thread (`block_on`); its one worker thread
-/// only drives timers. Process-wide and never dropped.
+/// A guest call's future, borrowing the call's exports and store.
+type GuestCall<'a, T> = std::pin::Pin<
+    Box<
+        dyn std::future::Future<
+                Output = wasmtime::Result<
+                    Result<T, bindings::wasmop::reconciler::types::ReconcileError>,
+                >,
+            > + Send
+            + 'a,
+    >,
+>;
+
+/// What a call's store does when its epoch deadline comes (every tick, see [`Module::store`]):
+/// traps once `deadline_at` has passed, else yields to the async runtime (at the back of its
+/// queue, so other tasks run) and looks again at the next tick.
+fn at_tick(deadline_at: Instant, now: Instant) -> wasmtime::UpdateDeadline {
+    if now >= deadline_at {
+        wasmtime::UpdateDeadline::Interrupt
+    } else {
+        wasmtime::UpdateDeadline::YieldCustom(1, Box::pin(tokio::task::yield_now()))
+    }
+}
+
+/// Drives a call on this thread, blocking it ([`Module::reconcile`] and the other synchronous
+/// calls).
+///
+/// # Panics
+/// On an async runtime's worker thread (Tokio refuses to block one).
+fn blocking<T>(call: impl std::future::Future<Output = Outcome<T>>) -> Outcome<T> {
+    match driver() {
+        Ok(driver) => driver.block_on(call),
+        Err(e) => Outcome {
+            result: Err(e),
+            stats: CallStats::default(),
+        },
+    }
+}
+
+/// Runs `f` (a hook adapter's synchronous calls) on a blocking thread of the current runtime.
+async fn off_the_workers<T: Send + 'static>(
+    module: &Module,
+    limits: &Limits,
+    f: impl FnOnce(&Module, &Limits) -> Outcome<T> + Send + 'static,
+) -> Outcome<T> {
+    let (module, limits) = (module.clone(), *limits);
+    tokio::task::spawn_blocking(move || f(&module, &limits))
+        .await
+        .unwrap_or_else(|e| Outcome {
+            result: Err(CallError::Sandbox {
+                detail: format!("the hook adapter's thread did not complete: {e}"),
+            }),
+            stats: CallStats::default(),
+        })
+}
+
+/// The runtime that drives the synchronous calls ([`blocking`]): the guest runs on the caller's
+/// thread (`block_on`); the runtime's one worker thread only drives timers (guests' WASI sleeps
+/// and clock subscriptions, call deadlines). Process-wide and never dropped.
 fn driver() -> Result<&'static tokio::runtime::Runtime, CallError> {
     static DRIVER: std::sync::OnceLock<Result<tokio::runtime::Runtime, String>> =
         std::sync::OnceLock::new();

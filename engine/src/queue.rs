@@ -17,6 +17,9 @@
 //!   cannot starve another reconciler.
 //! - A call that cannot get a slot before its deadline gives up with [`QueueTimeout`]; it never
 //!   holds anything afterwards. A slot is released when its [`Slot`] is dropped, whatever happens.
+//! - Threads ([`CallQueue::acquire`]) and async tasks ([`CallQueue::acquire_async`]) wait in the
+//!   same lanes. An async waiter dropped while it waits (its task aborted) leaves nothing behind:
+//!   its ticket is forgotten, or the slot it was just granted is handed on.
 //!
 //! # Errors
 //! [`QueueTimeout`] when the deadline passes while queued.
@@ -62,6 +65,8 @@ struct Inner {
     budget: u64,
     state: Mutex<State>,
     freed: Condvar,
+    /// Wakes the async waiters when slots were granted (the threads wait on `freed`).
+    granted: tokio::sync::Notify,
 }
 
 /// A held slot; dropping it lets the next call in.
@@ -74,17 +79,22 @@ pub struct Slot {
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        let mut state = self.inner.lock();
-        state.running = state.running.saturating_sub(1);
-        state.reserved = state.reserved.saturating_sub(self.bytes);
-        let mut granted = false;
-        while grant_next(&self.inner, &mut state) {
-            granted = true;
-        }
-        if granted {
-            drop(state);
-            self.inner.freed.notify_all();
-        }
+        release(&self.inner, self.bytes);
+    }
+}
+
+/// Gives back a slot that reserved `bytes`, and hands the room to the next waiters.
+fn release(inner: &Inner, bytes: u64) {
+    let mut state = inner.lock();
+    state.running = state.running.saturating_sub(1);
+    state.reserved = state.reserved.saturating_sub(bytes);
+    let mut granted = false;
+    while grant_next(inner, &mut state) {
+        granted = true;
+    }
+    if granted {
+        drop(state);
+        inner.wake();
     }
 }
 
@@ -127,6 +137,83 @@ impl Inner {
         // are still consistent (every update is a single statement).
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
+
+    /// Wakes every waiter, thread or task, to look whether its ticket was granted.
+    fn wake(&self) {
+        self.freed.notify_all();
+        self.granted.notify_waiters();
+    }
+
+    /// A slot for a call reserving `bytes`, at once, when one is free and nobody waits.
+    fn take_free(self: &Arc<Self>, state: &mut State, bytes: u64) -> Option<Slot> {
+        let free = state.running < self.slots
+            && state.lanes.is_empty()
+            && state.reserved.saturating_add(bytes) <= self.budget;
+        free.then(|| {
+            state.running += 1;
+            state.reserved = state.reserved.saturating_add(bytes);
+            Slot {
+                inner: self.clone(),
+                bytes,
+            }
+        })
+    }
+
+    /// Queues a waiter of `lane` reserving `bytes`; its ticket.
+    fn enqueue(&self, state: &mut State, lane: &Arc<str>, bytes: u64) -> u64 {
+        let ticket = state.next_ticket;
+        state.next_ticket += 1;
+        let tickets = state.waiting.entry(lane.clone()).or_default();
+        tickets.push_back((ticket, bytes));
+        if tickets.len() == 1 {
+            state.lanes.push_back(lane.clone());
+        }
+        // A slot may be free while others wait only for an instant (a grant in flight);
+        // hand it out now so nobody sleeps on a free slot.
+        if grant_next(self, state) {
+            self.wake();
+        }
+        ticket
+    }
+
+    /// Whether `ticket` was granted a slot (then it is the ticket's: taken off the list).
+    fn take_granted(state: &mut State, ticket: u64) -> bool {
+        let at = state.granted.iter().position(|t| *t == ticket);
+        at.map(|i| state.granted.swap_remove(i)).is_some()
+    }
+
+    /// A waiter of `lane` with `ticket` gives up: forgotten, and those it held back may pass.
+    fn give_up(&self, state: &mut State, lane: &Arc<str>, ticket: u64) {
+        forget(state, lane, ticket);
+        if grant_next(self, state) {
+            self.wake();
+        }
+    }
+}
+
+/// An async waiter's ticket; dropped before it got its slot, it leaves the queue as it was.
+struct Waiting {
+    inner: Arc<Inner>,
+    lane: Arc<str>,
+    ticket: u64,
+    bytes: u64,
+    settled: bool,
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        if self.settled {
+            return;
+        }
+        let mut state = self.inner.lock();
+        if Inner::take_granted(&mut state, self.ticket) {
+            // Granted while nobody was polling: hand the slot on.
+            drop(state);
+            release(&self.inner, self.bytes);
+        } else {
+            self.inner.give_up(&mut state, &self.lane, self.ticket);
+        }
+    }
 }
 
 impl CallQueue {
@@ -144,6 +231,7 @@ impl CallQueue {
                 budget: budget.max(1),
                 state: Mutex::new(State::default()),
                 freed: Condvar::new(),
+                granted: tokio::sync::Notify::new(),
             }),
         }
     }
@@ -179,33 +267,13 @@ impl CallQueue {
         let inner = &self.inner;
         let bytes = bytes.min(inner.budget);
         let mut state = inner.lock();
-        if state.running < inner.slots
-            && state.lanes.is_empty()
-            && state.reserved.saturating_add(bytes) <= inner.budget
-        {
-            state.running += 1;
-            state.reserved = state.reserved.saturating_add(bytes);
-            return Ok(Slot {
-                inner: inner.clone(),
-                bytes,
-            });
+        if let Some(slot) = inner.take_free(&mut state, bytes) {
+            return Ok(slot);
         }
-        let ticket = state.next_ticket;
-        state.next_ticket += 1;
         let lane: Arc<str> = Arc::from(lane);
-        let tickets = state.waiting.entry(lane.clone()).or_default();
-        tickets.push_back((ticket, bytes));
-        if tickets.len() == 1 {
-            state.lanes.push_back(lane.clone());
-        }
-        // A slot may be free while others wait only for an instant (a grant in flight);
-        // hand it out now so nobody sleeps on a free slot.
-        if grant_next(inner, &mut state) {
-            inner.freed.notify_all();
-        }
+        let ticket = inner.enqueue(&mut state, &lane, bytes);
         loop {
-            if let Some(i) = state.granted.iter().position(|t| *t == ticket) {
-                state.granted.swap_remove(i);
+            if Inner::take_granted(&mut state, ticket) {
                 return Ok(Slot {
                     inner: inner.clone(),
                     bytes,
@@ -213,21 +281,75 @@ impl CallQueue {
             }
             let now = Instant::now();
             if now >= deadline {
-                forget(&mut state, &lane, ticket);
-                // A waiter that held the others back is gone: they may fit now.
-                if grant_next(inner, &mut state) {
-                    inner.freed.notify_all();
-                }
-                return Err(QueueTimeout {
-                    waited: started.elapsed(),
-                    slots: inner.slots,
-                });
+                inner.give_up(&mut state, &lane, ticket);
+                return Err(self.timeout(started));
             }
             state = inner
                 .freed
                 .wait_timeout(state, deadline - now)
                 .map(|(s, _)| s)
                 .unwrap_or_else(|p| p.into_inner().0);
+        }
+    }
+
+    /// As [`CallQueue::acquire`], waiting as an async task (on a Tokio runtime with timers)
+    /// instead of blocking its thread.
+    ///
+    /// # Errors
+    /// [`QueueTimeout`] if no slot was free by then.
+    pub async fn acquire_async(
+        &self,
+        lane: &str,
+        deadline: Instant,
+        bytes: u64,
+    ) -> Result<Slot, QueueTimeout> {
+        let started = Instant::now();
+        let inner = &self.inner;
+        let bytes = bytes.min(inner.budget);
+        let lane: Arc<str> = Arc::from(lane);
+        let mut waiting = {
+            let mut state = inner.lock();
+            if let Some(slot) = inner.take_free(&mut state, bytes) {
+                return Ok(slot);
+            }
+            let ticket = inner.enqueue(&mut state, &lane, bytes);
+            Waiting {
+                inner: inner.clone(),
+                lane,
+                ticket,
+                bytes,
+                settled: false,
+            }
+        };
+        loop {
+            // Registered before the look, so a grant between the look and the wait wakes it.
+            let notified = inner.granted.notified();
+            let mut notified = std::pin::pin!(notified);
+            notified.as_mut().enable();
+            {
+                let mut state = inner.lock();
+                if Inner::take_granted(&mut state, waiting.ticket) {
+                    waiting.settled = true;
+                    return Ok(Slot {
+                        inner: inner.clone(),
+                        bytes,
+                    });
+                }
+                if Instant::now() >= deadline {
+                    inner.give_up(&mut state, &waiting.lane, waiting.ticket);
+                    waiting.settled = true;
+                    return Err(self.timeout(started));
+                }
+            }
+            let until = tokio::time::Instant::from_std(deadline);
+            let _ = tokio::time::timeout_at(until, notified).await;
+        }
+    }
+
+    fn timeout(&self, started: Instant) -> QueueTimeout {
+        QueueTimeout {
+            waited: started.elapsed(),
+            slots: self.inner.slots,
         }
     }
 }
@@ -330,5 +452,52 @@ mod tests {
         let alone = q.acquire("huge", soon(10), 1_000).expect("runs alone");
         assert_eq!(q.reserved(), 100);
         drop(alone);
+    }
+
+    /// Polls `f` once, as a task that is then dropped or left would.
+    fn poll_once<F: std::future::Future>(f: std::pin::Pin<&mut F>) -> std::task::Poll<F::Output> {
+        f.poll(&mut std::task::Context::from_waker(std::task::Waker::noop()))
+    }
+
+    #[tokio::test]
+    async fn an_async_waiter_dropped_while_it_waits_leaves_nothing_behind() {
+        let q = CallQueue::new(1);
+        let held = q.acquire("a", soon(10), 0).expect("free");
+        // Queued, then its task is aborted: its ticket goes.
+        let mut gone = Box::pin(q.acquire_async("b", soon(60_000), 0));
+        assert!(poll_once(gone.as_mut()).is_pending());
+        assert_eq!(q.waiting(), 1);
+        drop(gone);
+        assert_eq!(q.waiting(), 0, "the dropped waiter's ticket is forgotten");
+        // Granted the freed slot, then dropped before it looked: the slot is handed on.
+        let mut late = Box::pin(q.acquire_async("b", soon(60_000), 0));
+        assert!(poll_once(late.as_mut()).is_pending());
+        drop(held);
+        drop(late);
+        let _c = q
+            .acquire("c", soon(10), 0)
+            .expect("the granted slot was handed on");
+        assert_eq!(q.waiting(), 0);
+    }
+
+    #[tokio::test]
+    async fn an_async_waiter_is_woken_by_a_slot_a_thread_frees_and_times_out_holding_nothing() {
+        let q = CallQueue::new(1);
+        let held = q.acquire("a", soon(10), 0).expect("free");
+        let err = q.acquire_async("b", soon(50), 0).await.expect_err("full");
+        assert!(err.waited >= Duration::from_millis(50), "{err:?}");
+        assert_eq!(q.waiting(), 0, "a timed-out waiter is forgotten");
+        let waiter = tokio::spawn({
+            let q = q.clone();
+            async move { q.acquire_async("b", soon(60_000), 0).await.is_ok() }
+        });
+        while q.waiting() < 1 {
+            tokio::task::yield_now().await;
+        }
+        std::thread::spawn(move || drop(held))
+            .join()
+            .expect("freed");
+        assert!(waiter.await.expect("the waiter ran"), "served");
+        assert_eq!(q.reserved(), 0);
     }
 }

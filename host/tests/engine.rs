@@ -426,6 +426,50 @@ fn a_guest_sleeping_in_wasi_is_stopped_at_its_deadline_and_frees_its_sandbox() {
     });
 }
 
+/// Awaited on an async runtime, a call runs its guest on the task's own thread: a guest that
+/// never returns must give that thread back to the runtime's other tasks at every epoch tick,
+/// and still be stopped at its deadline. On a runtime of one thread, a 10 ms timer of another
+/// task fires while the guest spins (without the yields, only after the 2 s deadline).
+#[test]
+fn an_async_call_yields_its_thread_to_other_tasks_until_its_deadline() {
+    let engine = engine();
+    let module = load(&engine, modules::MISBEHAVE);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .expect("runtime");
+    let two_seconds = Limits {
+        deadline: Duration::from_secs(2),
+        ..limits()
+    };
+    let (called, timer_fired) = runtime.block_on(async {
+        let call = async {
+            let out = module.reconcile_async(widget("loop"), &two_seconds).await;
+            (out.result, Instant::now())
+        };
+        let timer = async {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            Instant::now()
+        };
+        tokio::join!(call, timer)
+    });
+    let (result, call_ended) = called;
+    assert_eq!(
+        result.expect_err("an endless loop"),
+        CallError::Deadline {
+            deadline: Duration::from_secs(2)
+        }
+    );
+    assert!(
+        timer_fired < call_ended,
+        "the other task ran only after the guest was stopped"
+    );
+    // The same module goes on serving, awaited or not.
+    let out = runtime.block_on(module.reconcile_async(widget("good"), &limits()));
+    assert!(out.result.is_ok(), "{:?}", out.result);
+    assert_good(&module);
+}
+
 #[test]
 fn a_call_that_finds_every_sandbox_busy_waits_and_is_not_the_modules_fault() {
     let engine = small_engine(1);

@@ -606,13 +606,15 @@ impl Webhook {
                 .max(Duration::from_millis(100)),
         );
         let name = wr.name_any();
+        // A panic in the call (a host or engine bug) fails this review only.
+        let validating = std::panic::AssertUnwindSafe(module.validate_async(call, &limits));
         let outcome = tokio::time::timeout(
             limits.deadline + Duration::from_millis(500),
-            tokio::task::spawn_blocking(move || module.validate(call, &limits)),
+            futures::FutureExt::catch_unwind(validating),
         )
         .await
         .map_err(|_| format!("no verdict within {:?}", limits.deadline))?
-        .map_err(|e| e.to_string())?;
+        .map_err(|_| "the module call panicked".to_string())?;
         metrics::global().module_call(&name, "validate", &outcome.stats);
         outcome.result.map_err(|e| e.to_string())
     }

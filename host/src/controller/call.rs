@@ -5,8 +5,11 @@
 //! self-check all go through here, so what the tools check is what production runs.
 //!
 //! # Guarantees
-//! - A module call never runs on an async worker thread ([`call`] moves it to a blocking
-//!   thread; [`call_blocking`] is for callers already on one).
+//! - A module call never blocks an async worker: [`call`] awaits the engine's async call (the
+//!   guest yields to the runtime every epoch tick; a hook module's adapter runs on a blocking
+//!   thread); [`call_blocking`] is for callers on a thread of their own.
+//! - A panic in a call (a host or engine bug, never the guest's code: a guest traps) fails that
+//!   call only ([`Failure::Join`]), as it did on a thread of its own.
 //! - Validation is [`intents::validate`] with the caller's grant, scopes and observed
 //!   children: no caller has its own checks.
 //!
@@ -18,8 +21,10 @@ use kube::ResourceExt;
 
 use super::apply::Observed;
 use super::intents::{self, Grant, ObservedChildren, Primary, Rejected, Scopes, Validated};
-use crate::contract::{Context, Gvk, KindObjects, ReconcileRequest, ReconcileResponse, Trigger};
-use crate::engine::{CallError, CallStats, Limits, Module};
+use crate::contract::{
+    Context, FinalizeResponse, Gvk, KindObjects, ReconcileRequest, ReconcileResponse, Trigger,
+};
+use crate::engine::{CallError, CallStats, Limits, Module, Outcome};
 use crate::modules::slot::Fit;
 
 /// The module export a call runs.
@@ -76,48 +81,68 @@ pub fn call_blocking(
     limits: &Limits,
 ) -> Called {
     match export {
-        Export::Finalize => {
-            let o = module.finalize(request, limits);
-            let result = o.result.map(|r| {
-                let (done, response) = r.into_response();
-                Response {
-                    done: Some(done),
-                    response,
-                }
-            });
-            Called {
-                result,
-                stats: o.stats,
-            }
-        }
-        Export::Reconcile => {
-            let o = module.reconcile(request, limits);
-            let result = o.result.map(|response| Response {
-                done: None,
-                response,
-            });
-            Called {
-                result,
-                stats: o.stats,
-            }
-        }
+        Export::Finalize => finalized(module.finalize(request, limits)),
+        Export::Reconcile => reconciled(module.reconcile(request, limits)),
     }
 }
 
-/// Calls `export` of `module` on a blocking thread.
+/// Calls `export` of `module` as part of this task (see the module's guarantees).
 ///
 /// # Errors
-/// [`Failure::Join`] when the call's thread did not complete (it panicked or was cancelled).
+/// [`Failure::Join`] when the call panicked.
 pub async fn call(
     module: &Module,
     export: Export,
     request: ReconcileRequest,
     limits: Limits,
 ) -> Result<Called, Failure> {
-    let module = module.clone();
-    tokio::task::spawn_blocking(move || call_blocking(&module, export, request, &limits))
+    use futures::FutureExt;
+    let called = async {
+        match export {
+            Export::Finalize => finalized(module.finalize_async(request, &limits).await),
+            Export::Reconcile => reconciled(module.reconcile_async(request, &limits).await),
+        }
+    };
+    std::panic::AssertUnwindSafe(called)
+        .catch_unwind()
         .await
-        .map_err(|e| Failure::Join(e.to_string()))
+        .map_err(|panic| Failure::Join(format!("the module call panicked: {}", panic_text(&panic))))
+}
+
+/// What a caught panic said.
+fn panic_text(panic: &(dyn std::any::Any + Send)) -> &str {
+    panic
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("no message")
+}
+
+/// A `finalize` call's outcome as the host reads it.
+fn finalized(o: Outcome<FinalizeResponse>) -> Called {
+    let result = o.result.map(|r| {
+        let (done, response) = r.into_response();
+        Response {
+            done: Some(done),
+            response,
+        }
+    });
+    Called {
+        result,
+        stats: o.stats,
+    }
+}
+
+/// A `reconcile` call's outcome as the host reads it.
+fn reconciled(o: Outcome<ReconcileResponse>) -> Called {
+    let result = o.result.map(|response| Response {
+        done: None,
+        response,
+    });
+    Called {
+        result,
+        stats: o.stats,
+    }
 }
 
 /// What a response is validated against.
