@@ -38,7 +38,8 @@
 //!   `wasmop_server_rejected_total{server="admission",reason}`.
 //! - At most `--webhook-max-reviews` bodies, and at most `--webhook-max-review-bytes` of them,
 //!   are held at a time, each capped at 8 MiB and read within `--webhook-read-timeout` (408
-//!   otherwise); parsing runs on the blocking pool, not on the async workers. Connections are
+//!   otherwise); a body over [`INLINE_PARSE_MAX`] is parsed on the blocking pool, not on the
+//!   async workers (a smaller one, a few tens of microseconds, where it was read). Connections are
 //!   capped and timed out as [`crate::operations::serving`] says.
 //! - With `--webhook-client-ca`, a client that does not present a certificate of that CA (and
 //!   name, with `--webhook-client-name`) fails the TLS handshake: nothing of it is read or
@@ -620,6 +621,21 @@ impl Webhook {
     }
 }
 
+/// The largest review parsed on the async worker that read it: parsing it takes less than
+/// the two context switches of a hop to the blocking pool and back.
+pub const INLINE_PARSE_MAX: usize = 64 << 10;
+
+/// Parses a review's body: where it was read when small, else on the blocking pool.
+///
+/// # Errors
+/// The blocking thread's failure (the parse's own is in the inner result).
+async fn parse_review(body: Vec<u8>) -> Result<Result<Review, String>, tokio::task::JoinError> {
+    if body.len() <= INLINE_PARSE_MAX {
+        return Ok(review::parse(body));
+    }
+    tokio::task::spawn_blocking(move || review::parse(body)).await
+}
+
 /// The answer allowing `request` (what a verdict starts from).
 fn allowed(request: &Review) -> AdmissionResponse {
     let mut r = AdmissionResponse::invalid("");
@@ -937,7 +953,7 @@ where
             );
         }
     };
-    let parsed = match tokio::task::spawn_blocking(move || review::parse(body)).await {
+    let parsed = match parse_review(body).await {
         Ok(p) => p,
         Err(e) => {
             return text(
