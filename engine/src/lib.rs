@@ -33,6 +33,7 @@
 //! [`CallError`] when a call fails.
 
 mod cache;
+mod charge;
 mod compile;
 pub mod contract;
 mod convert;
@@ -74,6 +75,7 @@ use crate::contract::{
     FinalizeResponse, ModuleMetadata, ReconcileRequest, ReconcileResponse, ValidateRequest,
     ValidateResponse, WIT_PACKAGE, WIT_VERSION,
 };
+use charge::Charge;
 use compile::Compiler;
 use determinism::Entropy;
 use sandbox::{MemoryCapExceeded, State};
@@ -1358,10 +1360,11 @@ impl Module {
     /// returns the module's own result (`Err` = the module's error). `output_cap` sets the
     /// hostcall fuel; `entropy` the sandbox's clocks and randomness.
     ///
-    /// The guest runs on the thread that polls the returned future, and yields at every epoch
-    /// tick (see [`Module::store`]): awaited on an async worker, its code gives the worker back
+    /// The guest runs on the thread that polls the returned future, and yields at its epoch
+    /// ticks (see [`Module::store`]): awaited on an async worker, its code gives the worker back
     /// each tick (the engine's own steps between, instantiation and the conversions, do not
-    /// yield); driven by [`blocking`], it blocks its caller's thread.
+    /// yield), its waits for the worker not charged to its deadline ([`Charge`]); driven by
+    /// [`blocking`], it blocks its caller's thread.
     async fn call<T: Send>(
         &self,
         lane: &str,
@@ -1372,6 +1375,7 @@ impl Module {
     ) -> Outcome<T> {
         let started = Instant::now();
         let deadline_at = started + limits.deadline;
+        let charge = Charge::new(started, limits.deadline, self.engine.tick);
         let mut stats = CallStats::default();
         let engine = &self.engine;
         let slot = engine
@@ -1390,7 +1394,6 @@ impl Module {
                 return Outcome { result, stats };
             }
         };
-        let remaining = deadline_at.saturating_duration_since(Instant::now());
         // The build current now serves this whole call, even if the optimized one lands.
         let pre = self
             .pre
@@ -1399,7 +1402,7 @@ impl Module {
             .clone();
         // Declared before the store: the epoch advances until the store is gone.
         let _ticking = self.engine.ticker.running();
-        let mut store = self.store(pre.engine(), limits, output_cap, entropy, deadline_at);
+        let mut store = self.store(pre.engine(), limits, output_cap, entropy, &charge);
         let instantiating = Instant::now();
         let mut instantiated = None;
         let run = async {
@@ -1417,7 +1420,7 @@ impl Module {
         };
         // Dropping `run` at the deadline abandons the guest wherever it is (in a WASI sleep,
         // too) and frees its instance.
-        let result = tokio::time::timeout(remaining, run).await;
+        let result = charge.within(run).await;
         let done = Instant::now();
         match instantiated {
             Some(at) => {
@@ -1436,15 +1439,15 @@ impl Module {
     }
 
     /// A fresh store for one call: the memory cap and log budget, clocks and randomness from
-    /// `entropy`, hostcall fuel for `output_cap`, and an epoch deadline at `deadline_at` that
-    /// traps. Until then the guest yields to the async runtime at every epoch tick.
+    /// `entropy`, hostcall fuel for `output_cap`, and an epoch deadline that traps when
+    /// `charge` is due. Until then the guest yields to the async runtime at its epoch ticks.
     fn store(
         &self,
         engine: &wasmtime::Engine,
         limits: &Limits,
         output_cap: usize,
         entropy: Entropy,
-        deadline_at: Instant,
+        charge: &Arc<Charge>,
     ) -> Store<State> {
         let state = State::new(
             self.name.clone(),
@@ -1456,7 +1459,8 @@ impl Module {
         store.limiter(|s| &mut s.limiter);
         store.set_hostcall_fuel(hostcall_fuel(output_cap));
         store.set_epoch_deadline(1);
-        store.epoch_deadline_callback(move |_| Ok(at_tick(deadline_at, Instant::now())));
+        let charge = Arc::clone(charge);
+        store.epoch_deadline_callback(move |_| Ok(charge.at_tick(Instant::now())));
         store
     }
 }
@@ -1512,17 +1516,6 @@ type GuestCall<'a, T> = std::pin::Pin<
             + 'a,
     >,
 >;
-
-/// What a call's store does when its epoch deadline comes (every tick, see [`Module::store`]):
-/// traps once `deadline_at` has passed, else yields to the async runtime (at the back of its
-/// queue, so other tasks run) and looks again at the next tick.
-fn at_tick(deadline_at: Instant, now: Instant) -> wasmtime::UpdateDeadline {
-    if now >= deadline_at {
-        wasmtime::UpdateDeadline::Interrupt
-    } else {
-        wasmtime::UpdateDeadline::YieldCustom(1, Box::pin(tokio::task::yield_now()))
-    }
-}
 
 /// Drives a call on this thread, blocking it ([`Module::reconcile`] and the other synchronous
 /// calls).

@@ -470,6 +470,53 @@ fn an_async_call_yields_its_thread_to_other_tasks_until_its_deadline() {
     assert_good(&module);
 }
 
+/// A guest's deadline bounds its own work, not the host's: the time a call spends given back
+/// to the runtime at its ticks, while other tasks run, is not charged to it. On a runtime of one
+/// thread, a task that holds the thread for 10 ms each time it runs (as a flood of TLS
+/// handshakes does on a loaded host) sits beside a guest of bounded work (the `slow` widget,
+/// 100 ms of its sandbox clock) with a 1 s deadline: the guest finishes. Charged for its waits
+/// (and yielding again at once after each wait, before any work), it ran past its deadline
+/// (the review of issue 27's flood test on CI).
+#[test]
+fn the_time_a_guest_is_given_back_to_other_tasks_is_not_charged_to_its_deadline() {
+    let engine = engine();
+    let module = load(&engine, modules::MISBEHAVE);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .expect("runtime");
+    let one_second = Limits {
+        deadline: Duration::from_secs(1),
+        ..limits()
+    };
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let (result, hogged) = runtime.block_on(async {
+        let call = async {
+            let out = module.reconcile_async(widget("slow"), &one_second).await;
+            done.store(true, std::sync::atomic::Ordering::Relaxed);
+            out.result
+        };
+        let hog = async {
+            let mut turns = 0u32;
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_millis(10));
+                turns += 1;
+                tokio::task::yield_now().await;
+            }
+            turns
+        };
+        tokio::join!(call, hog)
+    });
+    assert!(
+        result.is_ok(),
+        "the guest's own work fits its deadline ({hogged} turns of the other task): {result:?}"
+    );
+    assert!(
+        hogged > 1,
+        "the other task ran while the guest did: {hogged}"
+    );
+}
+
 #[test]
 fn a_call_that_finds_every_sandbox_busy_waits_and_is_not_the_modules_fault() {
     let engine = small_engine(1);
