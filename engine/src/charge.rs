@@ -4,8 +4,9 @@
 //! An awaited call runs its guest on an async worker and gives the worker back at every epoch
 //! tick ([`Charge::at_tick`]), so that other tasks run. How long the guest then waits for the
 //! worker depends on the host's load, not on the module: a flood of TLS handshakes on a loaded
-//! machine kept a 1 ms review waiting past its 500 ms deadline (the e2e flood test on CI,
-//! 2026-12-01). Those waits are not the module's, so they are not charged to it.
+//! machine kept a review of a few milliseconds' work waiting past its 500 ms deadline (the e2e
+//! flood test on CI, 2026-12-01). Those waits are not the module's, so they are not charged to
+//! it.
 //!
 //! # Guarantees
 //! - A guest is charged for everything but its waits at a yield: its own work, its WASI
