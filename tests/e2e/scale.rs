@@ -415,6 +415,10 @@ async fn converging_apps_reads_nothing_and_writes_each_child_once() -> anyhow::R
         o.webhook = Some(WebhookOptions::new(([127, 0, 0, 1], 0).into()));
     })
     .await?;
+    // Its module serving: until then the validating webhook, registered before, refuses the
+    // creates below by its failure policy (a fresh clone's `make test` on a loaded machine:
+    // "its module is still being read (not ready within 4s)").
+    wait_wr_ready(&env.client, &reconciler).await?;
     let finalizer = finalizer_for(&reconciler);
     finalizer_added_on_create(&apps, &finalizer).await?;
     // The API server adds it itself (Kubernetes 1.37 serves MutatingAdmissionPolicies): the
