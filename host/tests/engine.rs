@@ -54,6 +54,23 @@ fn limits() -> Limits {
     }
 }
 
+/// [`limits`] with `deadline`.
+fn with_deadline(deadline: Duration) -> Limits {
+    Limits {
+        deadline,
+        ..limits()
+    }
+}
+
+/// An async runtime of one thread (with timers): a guest awaited on it shares that thread with
+/// the runtime's other tasks.
+fn one_thread_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .expect("runtime")
+}
+
 fn assert_good(module: &Module) {
     let out = module.reconcile(widget("good"), &limits());
     let response = out.result.expect("the good widget reconciles");
@@ -379,10 +396,7 @@ fn a_guest_sleeping_in_wasi_is_stopped_at_its_deadline_and_frees_its_sandbox() {
     const N: usize = 2;
     let engine = small_engine(N as u32);
     let module = load(&engine, modules::MISBEHAVE);
-    let one_second = Limits {
-        deadline: Duration::from_secs(1),
-        ..limits()
-    };
+    let one_second = with_deadline(Duration::from_secs(1));
     // N guests asleep (20 s) at once, in reconcile and in validate: each is stopped at its
     // 1 s deadline, not when it wakes up.
     std::thread::scope(|s| {
@@ -434,14 +448,8 @@ fn a_guest_sleeping_in_wasi_is_stopped_at_its_deadline_and_frees_its_sandbox() {
 fn an_async_call_yields_its_thread_to_other_tasks_until_its_deadline() {
     let engine = engine();
     let module = load(&engine, modules::MISBEHAVE);
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .build()
-        .expect("runtime");
-    let two_seconds = Limits {
-        deadline: Duration::from_secs(2),
-        ..limits()
-    };
+    let runtime = one_thread_runtime();
+    let two_seconds = with_deadline(Duration::from_secs(2));
     let (called, timer_fired) = runtime.block_on(async {
         let call = async {
             let out = module.reconcile_async(widget("loop"), &two_seconds).await;
@@ -480,10 +488,7 @@ fn an_async_call_yields_its_thread_to_other_tasks_until_its_deadline() {
 fn the_time_a_guest_is_given_back_to_other_tasks_is_not_charged_to_its_deadline() {
     let engine = engine();
     let module = load(&engine, modules::MISBEHAVE);
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .build()
-        .expect("runtime");
+    let runtime = one_thread_runtime();
     let one_second = Limits {
         deadline: Duration::from_secs(1),
         ..limits()
